@@ -1,0 +1,25 @@
+"""Prefect flow of the ``data`` stage (dvc.yaml: data). Run: ``python -m flows.data``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows._common import log_section, main, publish_metrics
+from stages import data
+from stages.params import load_params
+
+
+@flow(name="data")
+def data_flow(params_path: str = "params.yaml") -> dict[str, Any]:
+    """Generate the crawl, the seed corpus and the word problems."""
+    params = load_params(params_path)
+    log_section(params, "data")
+    metrics = data.run(params.data)
+    publish_metrics("data", metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(data_flow, "data"))

@@ -1,0 +1,81 @@
+"""Model I/O, written once: every stage loads and saves models here, as Hugging Face directories.
+
+A model directory holds config.json, model.safetensors and the tokenizer files. In real mode the
+base_model stage writes ``model_ref.json`` ({"path": <local dir or hub id>}) instead of copying a
+multi-GB checkpoint; :func:`resolve_model` follows it, and transformers loads (or downloads) it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from stages.core.errors import PipelineError
+from stages.core.io import atomic_path
+
+MODEL_REF = "model_ref.json"
+
+
+def resolve_model(path: str | os.PathLike[str]) -> str:
+    """Return what transformers should load for ``path``: the directory itself, or the target of
+    its ``model_ref.json``. Raises a one-line error when ``path`` is not a model directory."""
+    p = Path(path)
+    ref = p / MODEL_REF
+    if ref.is_file():
+        target = json.loads(ref.read_text())["path"]
+        if Path(target).exists():
+            check_model_dir(target)
+        return str(target)
+    check_model_dir(p)
+    return str(p)
+
+
+def check_model_dir(path: str | os.PathLike[str]) -> None:
+    """Raise a one-line :class:`PipelineError` unless ``path`` is a HF model directory."""
+    p = Path(path)
+    if not p.is_dir():
+        raise PipelineError(f"{p}: model directory not found; run the stage that writes it (dvc repro) or fix the path")
+    if not (p / "config.json").is_file():
+        raise PipelineError(f"{p}: not a Hugging Face model directory (no config.json); point to a save_pretrained() directory")
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a model directory (left padding, pad token set)."""
+    tok = AutoTokenizer.from_pretrained(resolve_model(path))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, **kwargs: Any) -> PreTrainedModel:
+    """Load a causal LM from a model directory with AutoModelForCausalLM."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(resolve_model(path), dtype=dtype, **kwargs)
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"{path}: cannot load model ({str(e).splitlines()[0]})") from None
+
+
+def check_compatible(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, where: str) -> None:
+    """Raise a one-line error when tokenizer ids do not fit the model's embedding table."""
+    n_emb = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > n_emb:
+        raise PipelineError(
+            f"{where}: tokenizer has {len(tokenizer)} tokens but the model embeds only {n_emb}; "
+            "use the tokenizer saved with this model"
+        )
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike[str],
+               extra: dict[str, Any] | None = None) -> None:
+    """Save model (safetensors) and tokenizer to ``path`` atomically; ``extra`` goes to pipeline.json."""
+    with atomic_path(path) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if extra is not None:
+            (tmp / "pipeline.json").write_text(json.dumps(extra, indent=2) + "\n")

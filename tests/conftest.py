@@ -1,0 +1,27 @@
+"""Shared test fixtures.
+
+- ``shared_data``: the real data sets in ../shared/data. Absent on a user's fresh clone, so tests
+  that need it skip with a reason; CI sets REQUIRE_SHARED_DATA=1, which turns that skip into a failure.
+- ``tiny_llama``: a tiny random Llama with a tiny tokenizer saved as a HF directory (session-scoped).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Path of ../shared/data (or $SHARED_DATA); skip, or fail under REQUIRE_SHARED_DATA=1, when absent."""
+    if not (SHARED_DATA / "README.md").is_file():
+        msg = f"real data not found at {SHARED_DATA} (set SHARED_DATA or clone beside ../shared)"
+        if os.environ.get("REQUIRE_SHARED_DATA") == "1":
+            pytest.fail(msg + "; REQUIRE_SHARED_DATA=1 makes this a failure")
+        pytest.skip(msg)
+    return SHARED_DATA
