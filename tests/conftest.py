@@ -25,3 +25,27 @@ def shared_data() -> Path:
             pytest.fail(msg + "; REQUIRE_SHARED_DATA=1 makes this a failure")
         pytest.skip(msg)
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One Prefect test server (temporary SQLite DB) for the whole test session.
+
+    Its URL is also exported as PREFECT_API_URL, so flows run in subprocesses (``python -m flows.x``,
+    ``dvc repro``) report to it instead of each starting a temporary server of their own.
+    """
+    import flows  # noqa: F401  (sets PREFECT_HOME inside the project before Prefect is imported)
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        url = PREFECT_API_URL.value()
+        old = os.environ.get("PREFECT_API_URL")
+        os.environ["PREFECT_API_URL"] = url
+        try:
+            yield url
+        finally:
+            if old is None:
+                os.environ.pop("PREFECT_API_URL", None)
+            else:
+                os.environ["PREFECT_API_URL"] = old

@@ -1,0 +1,104 @@
+"""CI check of the full default pipeline, run in a temporary clone of the current commit.
+
+1. `python -m flows.pipeline` (the README's main job) from a clean state;
+2. every metrics file declared in dvc.yaml exists (`dvc metrics show --json` reports none missing);
+3. no stage exceeds 1.5x its budget (each stage's own `wall_s` in its metrics JSON);
+4. a second `dvc repro` does nothing, in under 5 s;
+5. once the evaluate stage has them: held-out greedy accuracy RL > SFT > pretrained.
+Prints a summary table and writes it as JSON to $CHECK_OUT (default: pipeline-check.json here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BUDGETS_S = {"data": 20, "corpus": 90, "base_model": 30, "pretrain": 180, "sft": 150, "reward_model": 60,
+             "grpo": 240, "evaluate": 120}
+SLACK = 1.5
+ORCHESTRATION_BUDGET_S = 60
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sh(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    print(proc.stdout[-6000:], flush=True)
+    if proc.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(cmd)} (exit {proc.returncode})")
+    return wall, proc.stdout
+
+
+def greedy_accuracy(metrics_dir: Path) -> dict[str, float]:
+    """{model: greedy CoT accuracy on the held-out problems} from the evaluate stage's metrics."""
+    out = {}
+    for f in sorted(metrics_dir.glob("evaluate*.json")):
+        m = json.loads(f.read_text())
+        acc = m.get("generated", {}).get("cot", {}).get("greedy_acc") if isinstance(m.get("generated"), dict) else None
+        if acc is not None:
+            out[m.get("model", f.stem)] = acc
+    return out
+
+
+def main() -> int:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="pipeline-check-") as tmp:
+        clone = Path(tmp) / "clone"
+        subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+        total, _ = sh([sys.executable, "-m", "flows.pipeline"], clone, env)
+        _, out = sh(["dvc", "metrics", "show", "--json"], clone, env)
+        shown = json.loads(out[out.index("{"):]) if "{" in out else {}
+        for _rev, body in shown.items():
+            for path, data in (body.get("data") or {}).items():
+                if "error" in data:
+                    failures.append(f"metrics file {path} missing or unreadable")
+        metrics_dir = clone / "data" / "metrics"
+        walls: dict[str, float] = {}
+        for f in sorted(metrics_dir.glob("*.json")):
+            stage = f.stem.split("@")[0].split("-")[0]
+            stage = "evaluate" if stage.startswith("evaluate") else stage
+            walls[stage] = walls.get(stage, 0.0) + float(json.loads(f.read_text()).get("wall_s", 0.0))
+        rows = []
+        for stage, wall in walls.items():
+            budget = BUDGETS_S.get(stage)
+            ok = budget is None or wall <= SLACK * budget
+            rows.append({"stage": stage, "wall_s": round(wall, 1), "budget_s": budget, "ok": ok})
+            if not ok:
+                failures.append(f"stage {stage} took {wall:.1f} s > {SLACK} x budget {budget} s")
+        orchestration = total - sum(walls.values())
+        noop, out = sh(["dvc", "repro"], clone, env)
+        if "didn't change" not in out and "up to date" not in out.lower() and "Data and pipelines are up to date" not in out:
+            failures.append("second dvc repro was not a no-op")
+        if noop > 5.0:
+            failures.append(f"no-op dvc repro took {noop:.1f} s > 5 s")
+        acc = greedy_accuracy(metrics_dir)
+        if {"grpo", "sft", "pretrain"} <= set(acc):
+            if not acc["grpo"] > acc["sft"]:
+                failures.append(f"RL greedy accuracy {acc['grpo']:.3f} <= SFT {acc['sft']:.3f}")
+            if not acc["sft"] > acc["pretrain"]:
+                failures.append(f"SFT greedy accuracy {acc['sft']:.3f} <= pretrained {acc['pretrain']:.3f}")
+        summary = {"pipeline_wall_s": round(total, 1), "orchestration_s": round(orchestration, 1),
+                   "orchestration_budget_s": ORCHESTRATION_BUDGET_S, "noop_repro_s": round(noop, 2),
+                   "stages": rows, "greedy_accuracy": acc, "failures": failures}
+    print(f"{'stage':<14}{'wall_s':>8}{'budget':>8}  ok")
+    for r in rows:
+        print(f"{r['stage']:<14}{r['wall_s']:>8}{r['budget_s'] or '-':>8}  {r['ok']}")
+    print(f"pipeline {total:.1f} s, orchestration {orchestration:.1f} s, no-op repro {noop:.2f} s, accuracy {acc}")
+    Path(os.environ.get("CHECK_OUT", "pipeline-check.json")).write_text(json.dumps(summary, indent=2) + "\n")
+    if failures:
+        print("FAILURES:\n  " + "\n  ".join(failures))
+        return 1
+    print("pipeline check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

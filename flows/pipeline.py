@@ -1,0 +1,115 @@
+"""The whole pipeline as one Prefect flow: ``python -m flows.pipeline``.
+
+Each dvc.yaml stage runs as its own Prefect task, in dvc.yaml order, through ``dvc repro -s <stage>``,
+so DVC's bookkeeping (dvc.lock hashes of deps, params and outs, plus its run-cache) decides whether a
+stage runs, is restored from the run-cache, or is skipped; Prefect never caches a path itself (a
+Prefect cache could hand back a directory that DVC has deleted).
+
+One Prefect API server is started for the whole run and handed to every stage's own flow process
+through PREFECT_API_URL, so stages do not each pay the start-up of a temporary server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from stages.core.errors import PipelineError
+from stages.params import load_params
+
+
+def stage_names() -> list[str]:
+    """dvc.yaml's stages in file order (foreach stages expanded), as ``dvc stage list`` gives them."""
+    out = subprocess.run(["dvc", "stage", "list", "--name-only"], capture_output=True, text=True, check=True)
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def classify(output: str) -> str:
+    """What ``dvc repro -s`` did, from its output: ran, restored (run-cache) or skipped."""
+    if "didn't change, skipping" in output:
+        return "skipped"
+    if "is cached - skipping run" in output:
+        return "restored"
+    return "ran"
+
+
+@task(name="stage", task_run_name="{name}")
+def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
+    """Run one dvc.yaml stage through DVC; return its status and wall time."""
+    logger = get_run_logger()
+    cmd = ["dvc", "repro", "-s", name] + (["-f"] if force else [])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise PipelineError(f"stage {name} failed (dvc repro -s {name}, exit {proc.returncode}): {tail.splitlines()[-1] if tail else ''}")
+    status = classify(proc.stdout + proc.stderr)
+    logger.info("%s: %s in %.1f s", name, status, wall)
+    return {"stage": name, "status": status, "wall_s": round(wall, 2)}
+
+
+@flow(name="pipeline")
+def pipeline_flow(stages: list[str] | None = None, force: bool = False) -> list[dict[str, Any]]:
+    """Every stage in order (or the given ones), each shown as ran, restored or skipped."""
+    rows = []
+    for name in stages or stage_names():
+        rows.append(repro_stage(name, force=force))
+    create_table_artifact(key="pipeline-stages", table=rows, description="What each stage did in this run")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Validate params.yaml, start one Prefect API server, run the pipeline flow, print a summary."""
+    ap = argparse.ArgumentParser(prog="python -m flows.pipeline", description="Run the DeepSeekMath pipeline (dvc.yaml) as a Prefect flow.")
+    ap.add_argument("stages", nargs="*", help="only these stages (default: all, in dvc.yaml order)")
+    ap.add_argument("--force", action="store_true", help="re-run the stages even when up to date")
+    args = ap.parse_args(argv)
+    try:
+        load_params("params.yaml")  # a bad value fails here, before DVC deletes any output
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    server = None
+    if "PREFECT_API_URL" not in os.environ:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        server = SubprocessASGIServer()
+        server.start()
+        os.environ["PREFECT_API_URL"] = server.api_url  # inherited by every stage's process
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
+            rows = pipeline_flow(stages=args.stages or None, force=args.force)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, PipelineError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        print(f"error: {cause}", file=sys.stderr)
+        return 1
+    finally:
+        if server is not None:
+            server.stop()
+    total = time.perf_counter() - t0
+    print(f"{'stage':<24}{'status':<10}{'wall_s':>8}")
+    for r in rows:
+        print(f"{r['stage']:<24}{r['status']:<10}{r['wall_s']:>8.1f}")
+    print(f"{'total':<34}{total:>8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

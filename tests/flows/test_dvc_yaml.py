@@ -1,0 +1,96 @@
+"""dvc.yaml is exact: each stage's code deps are precisely the project modules its flow imports,
+its params name schema sections, and its cmd runs the flow module of the same name."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stages.params import Params
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("flows", "stages")
+
+
+def _module_file(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+def _with_parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def import_closure(module: str) -> set[str]:
+    """Project files (relative paths) imported, transitively, by ``module`` (including itself)."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        mod = todo.pop()
+        for m in _with_parents(mod):
+            f = _module_file(m)
+            if f is None or str(f.relative_to(ROOT)) in seen:
+                continue
+            seen.add(str(f.relative_to(ROOT)))
+            pkg = m if f.name == "__init__.py" else m.rpartition(".")[0]
+            for node in ast.walk(ast.parse(f.read_text())):
+                names: list[str] = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                        src = ".".join(base + ([node.module] if node.module else []))
+                    else:
+                        src = node.module or ""
+                    names = [src] + [f"{src}.{a.name}" for a in node.names]
+                for n in names:
+                    if n.split(".")[0] in PACKAGES and _module_file(n) is not None:
+                        todo.append(n)
+    return seen
+
+
+def _stages() -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    out = {}
+    for name, st in doc["stages"].items():
+        out[name] = st["do"] if "foreach" in st or "matrix" in st else st
+    return out
+
+
+def test_every_stage_runs_its_own_flow() -> None:
+    for name, st in _stages().items():
+        assert st["cmd"].split()[:3] == ["python", "-m", f"flows.{name}"], (name, st["cmd"])
+        assert (ROOT / "flows" / f"{name}.py").is_file()
+
+
+def test_code_deps_equal_the_flow_import_closure() -> None:
+    for name, st in _stages().items():
+        declared = {d if isinstance(d, str) else next(iter(d)) for d in st.get("deps", [])}
+        code = {d for d in declared if d.endswith(".py")}
+        expected = import_closure(f"flows.{name}")
+        assert code == expected, f"{name}: missing {sorted(expected - code)}, extra {sorted(code - expected)}"
+
+
+def test_params_name_schema_sections() -> None:
+    sections = set(Params.model_fields)
+    for name, st in _stages().items():
+        for p in st.get("params", []):
+            key = p if isinstance(p, str) else next(iter(p))
+            assert key.split(".")[0] in sections, (name, key)
+        assert name in sections or "@" in name or name in {"evaluate"}, f"{name} has no params section"
+
+
+def test_stage_order_follows_the_data_flow() -> None:
+    names = list(_stages())
+    order = ["data", "corpus", "base_model", "pretrain", "sft", "reward_model", "grpo", "evaluate"]
+    present = [n for n in order if n in names]
+    assert [n for n in names if n in order] == present
