@@ -15,9 +15,22 @@ CRAWL = GENERATED / "crawl.jsonl"  # web-like pages with ground-truth labels
 SEED = GENERATED / "seed.jsonl"  # the OpenWebMath stand-in
 PROBLEMS = GENERATED / "problems"  # sft.jsonl, rl.jsonl, test.jsonl
 
+# corpus stage
+CORPUS = DATA / "corpus"
+MATH_CORPUS = CORPUS / "math_corpus.jsonl"  # rows: id, url, text, score, domain, round
+GENERAL_TEXT = CORPUS / "general.jsonl"  # non-math crawl pages (id, url, text), deduplicated and decontaminated
+CORPUS_PROBLEMS = CORPUS / "problems"  # sft.jsonl, rl.jsonl decontaminated against the evaluation sets
+CLASSIFIER = CORPUS / "classifier.bin"  # the fastText model of the last round
+CORPUS_REPORTS = CORPUS / "reports"  # rounds, domain proposals per round, dedup and decontamination reports
+
 # models, each a Hugging Face directory (or a model_ref.json pointing at one in real mode)
 MODELS = DATA / "models"
 BASE_MODEL = MODELS / "base"
+PRETRAIN_MODEL = MODELS / "pretrain"  # pretrain stage (continual pretraining; sft starts from it)
+SFT_MODEL = MODELS / "sft"  # sft stage (GRPO starts from it)
+GRPO_MODEL = MODELS / "grpo"  # grpo stage: final policy
+SFT_CONTINUED = MODELS / "sft_continued"  # grpo stage: continued-SFT baseline (same steps and questions)
+RL_PROMPTS = DATA / "corpus" / "problems" / "rl.jsonl"  # corpus stage: the RL questions
 
 # small, git-committable reports
 METRICS = DATA / "metrics"
@@ -25,6 +38,9 @@ PLOTS = DATA / "plots"
 
 # resumable training state, outside DVC outputs (DVC deletes outputs before re-running a stage)
 CHECKPOINTS = Path("checkpoints")
+
+# evaluate stage: one directory of completions per evaluated model (evaluate.models.<name>)
+EVAL = DATA / "eval"
 
 
 def problems_file(split: str) -> Path:
@@ -40,3 +56,8 @@ def metrics_file(stage: str) -> Path:
 def plots_dir(stage: str) -> Path:
     """The directory of a stage's DVC plots (TSV / JSON curves)."""
     return PLOTS / stage
+
+
+def eval_dir(model: str) -> Path:
+    """The evaluate stage's completions directory for one model: ``data/eval/<model>``."""
+    return EVAL / model

@@ -1,0 +1,25 @@
+"""Prefect flow of the ``grpo`` stage (dvc.yaml: grpo). Run: ``python -m flows.grpo``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows._common import log_section, main, publish_metrics
+from stages import grpo
+from stages.params import load_params
+
+
+@flow(name="grpo")
+def grpo_flow(params_path: str = "params.yaml") -> dict[str, Any]:
+    """GRPO from the SFT model, plus the continued-SFT baseline."""
+    params = load_params(params_path)
+    log_section(params, "grpo")
+    metrics = grpo.run(params.grpo)
+    publish_metrics("grpo", metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(grpo_flow, "grpo"))

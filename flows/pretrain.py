@@ -1,0 +1,25 @@
+"""Prefect flow of the ``pretrain`` stage (dvc.yaml: pretrain). Run: ``python -m flows.pretrain``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows._common import log_section, main, publish_metrics
+from stages import pretrain
+from stages.params import load_params
+
+
+@flow(name="pretrain")
+def pretrain_flow(params_path: str = "params.yaml") -> dict[str, Any]:
+    """Continue pretraining the base model on the corpus mixture."""
+    params = load_params(params_path)
+    log_section(params, "pretrain")
+    metrics = pretrain.run(params.pretrain)
+    publish_metrics("pretrain", metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(pretrain_flow, "pretrain"))

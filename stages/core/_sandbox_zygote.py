@@ -1,0 +1,1013 @@
+"""The privileged half of the code sandbox: a zygote process that forks one fresh sandbox per program.
+
+Run by :mod:`stages.core.sandbox` as ``python -I -B _sandbox_zygote.py <config-json>`` with a
+``SOCK_SEQPACKET`` control socket on the fd named in the config. Standard library only, single-threaded
+(it forks, so it must never have other threads), and it never sees a program or its output: programs go
+straight from the client to the sandbox through pipes whose ends are passed to the client over the control
+socket (``SCM_RIGHTS``). So the zygote's memory, which every sandbox inherits, holds nothing of any other
+program.
+
+Process tree of one sandbox (``Z`` = this zygote, root, host namespaces)::
+
+    Z --fork--> I  PID 1 of a new PID namespace (Z unshares CLONE_NEWPID for that one fork, then setns back):
+                   joins the sandbox's cgroups, unshares mount/net/ipc/uts/cgroup namespaces, builds the
+                   file-system view, mounts /proc; then monitors: when U ends, or when the client writes to or
+                   closes the "life" pipe (timeout, client gone), it SIGKILLs every other process of the
+                   namespace (double-forked daemons included), reaps them all and reports ``D``.
+      I --fork--> U  waits (pre-forked) for the request on a pipe, applies limits, drops to a fresh
+                     unprivileged uid, sets no_new_privs and a seccomp filter, clears the environment,
+                     then runs the program as ``__main__``.
+
+If I itself dies (the zygote died: PR_SET_PDEATHSIG), the kernel kills the whole namespace.
+
+Protocol (status pipe, written by P/I/U, read by the client): text lines ``E <mechanism> <message>`` for a
+setup failure (the program is NOT run), ``X <wait-status>`` when U ended, ``D`` when every process of the
+program is gone (``W <dir>``: a host working directory to remove, without a mount namespace). Control socket (client -> Z):
+``F`` = give me a sandbox, answered by a JSON header plus the fds
+``[req_w, out_r, err_r, stat_r, life_w, res_r]``; ``Q`` = quit. The first message from Z is a JSON hello
+with the isolation report.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import json
+import math
+import os
+import platform
+import resource
+import select
+import signal
+import socket
+import stat as stat_mod
+import struct
+import sys
+import time
+import traceback
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernel constants (Linux uapi).
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+NS_FLAGS = {
+    "mountns": CLONE_NEWNS,
+    "netns": CLONE_NEWNET,
+    "ipcns": CLONE_NEWIPC,
+    "utsns": CLONE_NEWUTS,
+    "cgroupns": CLONE_NEWCGROUP,
+    "pidns": CLONE_NEWPID,
+}
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
+AT_FDCWD, AT_EMPTY_PATH, AT_RECURSIVE = -100, 0x1000, 0x8000
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, 0o2000000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+FSOPEN_CLOEXEC, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE, FSMOUNT_CLOEXEC = 1, 1, 6, 1
+# Syscalls numbered >= 424 are the same on every architecture.
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT, SYS_MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 1, 22, 38, 39
+SECCOMP_MODE_FILTER = 2
+
+# Mechanisms, in the order of the report. "uid" = drop to a fresh unprivileged uid per sandbox.
+MECHANISMS = (
+    "uid", "no_new_privs", "seccomp", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns",
+    "ro_root", "private_tmp", "shared_quota", "hide_paths", "minimal_dev", "proc", "cgroup_pids",
+    "cgroup_memory", "rlimits", "empty_env", "fresh_process",
+)
+# What a mechanism needs: disabling the key disables the values.
+DEPENDS = {
+    "mountns": ("ro_root", "private_tmp", "shared_quota", "hide_paths", "minimal_dev", "proc"),
+    "pidns": ("proc",),
+    "no_new_privs": ("seccomp",),
+}
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+
+
+class SetupError(Exception):
+    """A sandbox mechanism could not be set up; carries the mechanism's name."""
+
+    def __init__(self, mech: str, msg: str) -> None:
+        super().__init__(f"{mech}: {msg}")
+        self.mech = mech
+        self.msg = msg
+
+
+def _check(ret: int, mech: str, what: str) -> int:
+    if ret < 0:
+        e = ctypes.get_errno()
+        raise SetupError(mech, f"{what} failed: {os.strerror(e)} (errno {e})")
+    return ret
+
+
+def _b(s: str | None) -> bytes | None:
+    return None if s is None else os.fsencode(s)
+
+
+def mount(mech: str, src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(libc.mount(_b(src), _b(target), _b(fstype), flags, _b(data)), mech, f"mount {target}")
+
+
+def open_tree(mech: str, path: str, flags: int, dirfd: int = AT_FDCWD) -> int:
+    return _check(libc.syscall(SYS_OPEN_TREE, dirfd, _b(path), flags), mech, f"open_tree {path}")
+
+
+def move_mount(mech: str, fd: int, target: str) -> None:
+    _check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, _b(target), MOVE_MOUNT_F_EMPTY_PATH), mech,
+           f"move_mount {target}")
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def mount_setattr(mech: str, dirfd: int, path: str, flags: int, attr_set: int) -> None:
+    attr = _MountAttr(attr_set, 0, 0, 0)
+    _check(libc.syscall(SYS_MOUNT_SETATTR, dirfd, _b(path), flags, ctypes.byref(attr), ctypes.sizeof(attr)),
+           mech, f"mount_setattr {path or dirfd}")
+
+
+def prctl(mech: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
+    return _check(libc.prctl(option, arg2, arg3, 0, 0), mech, f"prctl({option})")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# seccomp: a deny-list filter (x86_64). Denied calls fail with EPERM (clone3: ENOSYS, so glibc falls back
+# to clone, whose namespace flags are checked); a foreign architecture or the x32 ABI kills the process.
+_X86_64_DENY = {
+    "socket": 41, "connect": 42, "ptrace": 101, "syslog": 103, "personality": 135, "vhangup": 153,
+    "pivot_root": 155, "adjtimex": 159, "chroot": 161, "acct": 163, "settimeofday": 164, "mount": 165,
+    "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "sethostname": 170, "setdomainname": 171,
+    "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176, "quotactl": 179, "clock_settime": 227,
+    "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
+    "name_to_handle_at": 303, "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308,
+    "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320,
+    "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443, "execve": 59, "execveat": 322,
+}
+_X86_64_CLONE, _X86_64_CLONE3 = 56, 435
+AUDIT_ARCH_X86_64 = 0xC000003E
+SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+_NS_CLONE_MASK = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def seccomp_supported() -> bool:
+    return platform.machine() in ("x86_64", "AMD64")
+
+
+def build_seccomp() -> tuple[_SockFprog, ctypes.Array]:
+    """The deny-list filter program (built once in the zygote; sandboxes only install it)."""
+    if not seccomp_supported():
+        raise SetupError("seccomp", f"no syscall table for {platform.machine()}")
+    ld_w_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    eperm, enosys = SECCOMP_RET_ERRNO | 1, SECCOMP_RET_ERRNO | 38
+    prog = [
+        (ld_w_abs, 0, 0, 4),  # A = arch
+        (jeq, 1, 0, AUDIT_ARCH_X86_64),
+        (ret, 0, 0, SECCOMP_RET_KILL_PROCESS),
+        (ld_w_abs, 0, 0, 0),  # A = syscall number
+        (jge, 0, 1, 0x40000000),  # x32 ABI
+        (ret, 0, 0, eperm),
+    ]
+    for nr in sorted(_X86_64_DENY.values()):
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 1, _X86_64_CLONE3), (ret, 0, 0, enosys)]
+    prog += [
+        (jeq, 0, 4, _X86_64_CLONE),
+        (ld_w_abs, 0, 0, 16),  # A = low 32 bits of args[0] (clone flags)
+        (jset, 0, 1, _NS_CLONE_MASK),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, SECCOMP_RET_ALLOW),
+        (ret, 0, 0, SECCOMP_RET_ALLOW),
+    ]
+    arr = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+    return _SockFprog(len(prog), arr), arr
+
+
+def install_seccomp(fprog: _SockFprog) -> None:
+    """Install a filter from :func:`build_seccomp` on the calling process (needs no_new_privs first)."""
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "seccomp",
+           "prctl(PR_SET_SECCOMP)")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Helpers.
+def close_fds_except(keep: set[int]) -> None:
+    """Close every fd of this process except ``keep`` (walks /proc/self/fd; falls back to a range)."""
+    try:
+        fds = [int(x) for x in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def read_exact(fd: int, n: int) -> bytes:
+    """Read exactly ``n`` bytes (fewer only at EOF)."""
+    chunks, got = [], 0
+    while got < n:
+        b = os.read(fd, min(n - got, 1 << 20))
+        if not b:
+            break
+        chunks.append(b)
+        got += len(b)
+    return b"".join(chunks)
+
+
+def cg_limit(mech: str, max_procs: int, memory_mb: int, disk_mb: int) -> bytes:
+    """The value written to the sandbox's cgroup: pids.max counts I too; the memory cap covers the program's
+    memory, its tmpfs (charged to it) and 64 MiB of copy-on-write pages of the interpreter."""
+    if mech == "cgroup_pids":
+        return str(max_procs + 1).encode()
+    return str((memory_mb + disk_mb + 64) << 20).encode()
+
+
+def write_line(fd: int, line: str) -> None:
+    try:
+        os.write(fd, (" ".join(line.split()) + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def other_traversable(path: str) -> bool:
+    """True when a process with an unrelated uid can reach ``path`` (every directory on the way is o+x)."""
+    parts = os.path.abspath(path).split("/")
+    cur = "/"
+    for part in [""] + [p for p in parts if p]:
+        cur = os.path.join(cur, part) if part else "/"
+        try:
+            st = os.stat(cur)
+        except OSError:
+            return False
+        if stat_mod.S_ISDIR(st.st_mode) and not st.st_mode & stat_mod.S_IXOTH:
+            return False
+    return True
+
+
+def first_blocked_ancestor(path: str) -> str | None:
+    cur = "/"
+    for part in [p for p in os.path.abspath(path).split("/") if p]:
+        cur = os.path.join(cur, part)
+        try:
+            st = os.stat(cur)
+        except OSError:
+            return None
+        if stat_mod.S_ISDIR(st.st_mode) and not st.st_mode & stat_mod.S_IXOTH:
+            return cur
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+class Zygote:
+    """Forks sandboxes; keeps ``prefork`` of them ready; reaps them and removes their cgroups."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+        self.ctl = socket.socket(fileno=cfg["ctl_fd"])
+        self.warnings: list[str] = []
+        self.enabled = {m: True for m in MECHANISMS}
+        self.reasons: dict[str, str] = {}
+        self.ready: list[dict] = []
+        self.children: dict[int, dict[str, str | None]] = {}  # I pid -> its cgroup dirs
+        self.counter = 0
+        self.cg_parents: dict[str, str] = {}
+        self.cg_free: list[dict[str, str | None]] = []
+        self.cg_dying: list[str] = []
+        self.expose: list[str] = []
+        self.hide: list[str] = []
+        self.disk_mb = int(cfg.get("disk_mb", 64))
+        self.memory_mb = int(cfg.get("memory_mb", 512))
+        self.max_procs = int(cfg.get("max_procs", 32))
+        self.uid_base = int(cfg.get("uid_base", 2_000_000_000))
+
+    # ---- start-up --------------------------------------------------------------------------------------
+    def disable(self, mech: str, reason: str) -> None:
+        if not self.enabled.get(mech):
+            return
+        self.enabled[mech] = False
+        self.reasons[mech] = reason
+        for dep in DEPENDS.get(mech, ()):
+            self.disable(dep, f"needs {mech}")
+
+    def start(self) -> None:
+        for mech in self.cfg.get("disable", []):
+            if mech in self.enabled:
+                self.disable(mech, "disabled by configuration")
+        if os.geteuid() != 0:
+            for mech in ("uid", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns", "cgroup_pids",
+                         "cgroup_memory"):
+                self.disable(mech, "the pipeline is not running as root")
+        if self.enabled["pidns"]:
+            try:
+                self.host_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                self.disable("pidns", f"cannot open /proc/self/ns/pid: {e}")
+        if not seccomp_supported():
+            self.disable("seccomp", f"no syscall table for {platform.machine()}")
+        else:
+            self.seccomp_prog = build_seccomp()
+        for mod in self.cfg.get("preload", []):
+            try:
+                __import__(mod)
+            except Exception as e:  # noqa: BLE001 - a missing optional module is only a warning
+                self.warnings.append(f"preload {mod!r} failed: {type(e).__name__}: {e}")
+        gc.collect()
+        gc.freeze()  # sandboxes' garbage collections then never write to (copy) the zygote's objects
+        ntasks = len(os.listdir("/proc/self/task"))
+        if ntasks > 1:  # forking a multi-threaded process can deadlock the child
+            self.warnings.append(f"zygote has {ntasks} threads after preloading; a preloaded module started threads")
+        self._plan_paths()
+        self._setup_cgroups()
+        self._probe()
+
+    def _plan_paths(self) -> None:
+        """Which host directories to hide behind empty tmpfs, and which Python directories to re-expose."""
+        hide = {p for p in self.cfg.get("hide", []) if os.path.isdir(p) and not os.path.islink(p)}
+        roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+        roots |= {p for p in sys.path if p and os.path.isdir(p)}
+        roots |= {os.path.realpath(p) for p in list(roots)}
+        expose = set()
+        for r in roots:
+            blocked = first_blocked_ancestor(r)
+            in_hidden = any(r == h or r.startswith(h.rstrip("/") + "/") for h in hide)
+            if blocked or in_hidden:
+                if blocked:
+                    hide.add(blocked)
+                expose.add(os.path.realpath(r))
+        # keep only outermost exposures
+        ex = sorted(expose)
+        self.expose = [p for p in ex if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in ex)]
+        # a hidden directory must not contain another hidden one (mount order) - keep outermost
+        hs = sorted(hide)
+        self.hide = [p for p in hs if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in hs)]
+
+    def _setup_cgroups(self) -> None:
+        for ctrl, mech in (("pids", "cgroup_pids"), ("memory", "cgroup_memory")):
+            if not self.enabled[mech]:
+                continue
+            base = f"/sys/fs/cgroup/{ctrl}"
+            try:
+                if not os.path.isfile(os.path.join(base, "cgroup.procs")):
+                    raise OSError(f"no cgroup v1 {ctrl} hierarchy at {base} (cgroup v2 is not supported)")
+                cur = ""
+                with open("/proc/self/cgroup") as f:
+                    for line in f:
+                        _, ctrls, path = line.rstrip("\n").split(":", 2)
+                        if ctrl in ctrls.split(","):
+                            cur = path
+                parent = os.path.join(base + cur, f"dsm-sandbox-{os.getpid()}")
+                os.mkdir(parent)
+                self.cg_parents[mech] = parent
+            except OSError as e:
+                self.disable(mech, str(e))
+
+    def _probe(self) -> None:
+        """Run a real program in a sandbox; a mechanism whose setup fails is disabled (with a warning)."""
+        for _ in range(len(MECHANISMS) + 1):
+            sb = self.spawn()
+            try:
+                out = self._probe_once(sb)
+            finally:
+                for k in ("req_w", "out_r", "err_r", "stat_r", "life_w", "res_r"):
+                    try:
+                        os.close(sb[k])
+                    except OSError:
+                        pass
+                self.reap(block=True)
+            if out is None:
+                return
+            mech, msg = out
+            if mech in ("fresh_process", "rlimits", "empty_env") or not self.enabled.get(mech):
+                self.warnings.append(f"sandbox probe failed and cannot degrade further: {mech}: {msg}")
+                self.fatal = f"{mech}: {msg}"
+                return
+            self.disable(mech, msg)
+        self.fatal = "sandbox probe did not converge"
+
+    def _probe_once(self, sb: dict) -> tuple[str, str] | None:
+        req = json.dumps({"code": "print('sandbox-ok')", "timeout_s": 10, "memory_mb": 128, "disk_mb": 4,
+                          "max_procs": 8}).encode()
+        try:
+            os.write(sb["req_w"], struct.pack("!Q", len(req)) + req)
+        except OSError:
+            pass
+        os.close(sb["req_w"])
+        sb["req_w"] = -1
+        out, stat = b"", b""
+        deadline = time.monotonic() + 30
+        fds = {sb["out_r"]: "out", sb["stat_r"]: "stat", sb["err_r"]: "err"}
+        err = b""
+        while fds and time.monotonic() < deadline:
+            r, _, _ = select.select(list(fds), [], [], 1.0)
+            for fd in r:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    del fds[fd]
+                elif fds[fd] == "out":
+                    out += chunk
+                elif fds[fd] == "err":
+                    err += chunk
+                else:
+                    stat += chunk
+        for line in stat.decode("utf-8", "replace").splitlines():
+            if line.startswith("E "):
+                parts = line.split(" ", 2)
+                return parts[1], parts[2] if len(parts) > 2 else ""
+        if b"sandbox-ok" not in out:
+            tail = err.decode("utf-8", "replace")[-300:]
+            return "fresh_process", f"probe program failed: status={stat!r} stderr={tail!r}"
+        return None
+
+    # ---- sandboxes -------------------------------------------------------------------------------------
+    def spawn(self) -> dict:
+        """Fork one sandbox (I -> U) that waits for its request.
+
+        With a PID namespace the zygote unshares ``CLONE_NEWPID`` just for this fork (its own PID namespace
+        never changes; only its children's), so I is PID 1 of a fresh namespace, then goes back to the
+        host namespace for its next children with ``setns``."""
+        cgdirs = self._take_cgroups()
+        req_r, req_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        stat_r, stat_w = os.pipe()
+        life_r, life_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid_err = None
+        if self.enabled["pidns"] and libc.unshare(CLONE_NEWPID) != 0:
+            pid_err = f"unshare(CLONE_NEWPID) failed: {os.strerror(ctypes.get_errno())}"
+        pid = os.fork()
+        if pid == 0:  # I
+            code = 111
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                close_fds_except({0, 1, 2, req_r, out_w, err_w, stat_w, life_r, res_w})
+                null = os.open("/dev/null", os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.close(null)
+                code = Sandbox(self, cgdirs, req_r, out_w, err_w, stat_w, life_r, res_w, pid_err).init()
+            except SetupError as e:
+                write_line(stat_w, f"E {e.mech} {e.msg}")
+            except BaseException as e:  # noqa: BLE001 - report, never run the program unisolated
+                write_line(stat_w, f"E fresh_process {type(e).__name__}: {e}")
+            finally:
+                os._exit(code)
+        if self.enabled["pidns"] and pid_err is None and libc.setns(self.host_pidns, CLONE_NEWPID) != 0:
+            raise RuntimeError(f"setns back to the host PID namespace failed: {os.strerror(ctypes.get_errno())}")
+        for fd in (req_r, out_w, err_w, stat_w, life_r, res_w):
+            os.close(fd)
+        self.children[pid] = cgdirs
+        return {"pid": pid, "uid": self.uid_base + pid if self.enabled["uid"] else None, "req_w": req_w,
+                "out_r": out_r, "err_r": err_r, "stat_r": stat_r, "life_w": life_w, "res_r": res_r}
+
+    def reap(self, block: bool = False) -> None:
+        while self.children:
+            try:
+                pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                self.children.clear()
+                return
+            if pid == 0:
+                return
+            self._release_cgroups(self.children.pop(pid, {}))
+            if block:
+                return
+
+    def _take_cgroups(self) -> dict[str, str | None]:
+        """A cgroup per controller for one sandbox: reused from finished sandboxes (cheaper than mkdir/rmdir,
+        and no dying memory cgroups pile up), else created. ``None`` = could not be created (I then refuses)."""
+        if self.cg_free:
+            return self.cg_free.pop()
+        self.counter += 1
+        out: dict[str, str | None] = {}
+        for mech, parent in self.cg_parents.items():
+            d = os.path.join(parent, f"s{self.counter}")
+            try:
+                os.mkdir(d)
+                out[mech] = d
+            except OSError:
+                out[mech] = None
+        return out
+
+    def _release_cgroups(self, cg: dict[str, str | None]) -> None:
+        def empty(d: str | None) -> bool:
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:  # type: ignore[arg-type]
+                    return not f.read().strip()
+            except (OSError, TypeError):
+                return False
+
+        if cg and all(empty(d) for d in cg.values()):
+            self.cg_free.append(cg)
+        else:
+            self.cg_dying.extend(d for d in cg.values() if d)
+        self.cg_dying = [d for d in self.cg_dying if not self._rmdir(d, tries=1)]
+
+    @staticmethod
+    def _rmdir(d: str, tries: int = 50) -> bool:
+        for i in range(tries):
+            try:
+                os.rmdir(d)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if i + 1 < tries:
+                    time.sleep(0.01)
+        return False
+
+    def report(self) -> dict:
+        return {
+            "mechanisms": {m: self.enabled[m] for m in MECHANISMS},
+            "reasons": dict(self.reasons),
+            "warnings": list(self.warnings),
+            "fatal": getattr(self, "fatal", None),
+            "hidden_paths": self.hide,
+            "exposed_paths": self.expose,
+            "uid_base": self.uid_base if self.enabled["uid"] else None,
+            "zygote_pid": os.getpid(),
+            "kernel": platform.release(),
+            "python": sys.version.split()[0],
+            "preloaded": list(self.cfg.get("preload", [])),
+        }
+
+    # ---- main loop -------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.ctl.sendall(json.dumps({"hello": self.report()}).encode())
+        prefork = int(self.cfg.get("prefork", 2))
+        poller = select.poll()
+        poller.register(self.ctl.fileno(), select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        try:
+            while True:
+                timeout = 0 if len(self.ready) < prefork and not getattr(self, "fatal", None) else None
+                events = poller.poll(timeout)
+                if not events:  # idle: pre-fork one more sandbox
+                    self.ready.append(self.spawn())
+                    continue
+                for fd, ev in events:
+                    if fd == wake_r:
+                        try:
+                            while os.read(wake_r, 4096):
+                                pass
+                        except BlockingIOError:
+                            pass
+                        self.reap()
+                        continue
+                    msg = self.ctl.recv(64) if ev & (select.POLLIN | select.POLLHUP) else b""
+                    if not msg or msg == b"Q":
+                        return
+                    if msg == b"F":
+                        sb = self.ready.pop(0) if self.ready else self.spawn()
+                        fds = [sb["req_w"], sb["out_r"], sb["err_r"], sb["stat_r"], sb["life_w"], sb["res_r"]]
+                        head = json.dumps({"pid": sb["pid"], "uid": sb["uid"]}).encode()
+                        socket.send_fds(self.ctl, [head], fds)
+                        for f in fds:
+                            os.close(f)
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        for sb in self.ready:
+            for k in ("req_w", "out_r", "err_r", "stat_r", "life_w", "res_r"):
+                try:
+                    os.close(sb[k])
+                except OSError:
+                    pass
+        self.ready.clear()
+        deadline = time.monotonic() + 5
+        while self.children and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.01)
+        for cg in self.cg_free:
+            self.cg_dying.extend(d for d in cg.values() if d)
+        self.cg_free.clear()
+        for d in self.cg_dying + list(self.cg_parents.values()):
+            self._rmdir(d)
+
+
+class Sandbox:
+    """The code of I and U for one sandbox (runs in forked children of the zygote only)."""
+
+    def __init__(self, z: Zygote, cgdirs: dict[str, str | None], req_r: int, out_w: int, err_w: int, stat_w: int,
+                 life_r: int, res_w: int, pid_err: str | None) -> None:
+        self.z = z
+        self.on = z.enabled
+        self.cgdirs = cgdirs
+        self.req_r, self.out_w, self.err_w, self.stat_w, self.life_r, self.res_w = req_r, out_w, err_w, stat_w, life_r, res_w
+        self.pid_err = pid_err
+        self.cg_fds: dict[str, int] = {}
+        self.uid: int | None = None
+
+    # ---- I: PID 1 of the sandbox, and its monitor ------------------------------------------------------
+    def init(self) -> int:
+        prctl("fresh_process", PR_SET_PDEATHSIG, signal.SIGKILL)  # the zygote dies -> the sandbox dies
+        if self.on["pidns"]:
+            if self.pid_err:
+                raise SetupError("pidns", self.pid_err)
+            if os.getpid() != 1:
+                raise SetupError("pidns", "the sandbox is not PID 1 of a new PID namespace")
+        host_pid = int(os.readlink("/proc/self"))  # the host's /proc is still mounted here
+        self.uid = self.z.uid_base + host_pid if self.on["uid"] else None
+        try:  # the monitor must survive an out-of-memory kill in its cgroup
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("-1000")
+        except OSError:
+            pass
+        for mech, d in self.cgdirs.items():
+            if d is None:
+                raise SetupError(mech, "could not create the sandbox's cgroup")
+            try:
+                with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                    f.write("0")  # this process
+                name = "pids.max" if mech == "cgroup_pids" else "memory.limit_in_bytes"
+                self.cg_fds[mech] = os.open(os.path.join(d, name), os.O_WRONLY)
+                os.write(self.cg_fds[mech], cg_limit(mech, self.z.max_procs, self.z.memory_mb, self.z.disk_mb))
+            except OSError as e:
+                raise SetupError(mech, f"joining {d}: {e}") from e
+        flags = 0
+        for mech, fl in NS_FLAGS.items():
+            if self.on[mech] and mech != "pidns":
+                flags |= fl
+        if flags and libc.unshare(flags) != 0:
+            err = ctypes.get_errno()
+            for mech, fl in NS_FLAGS.items():  # name the culprit
+                if flags & fl and libc.unshare(fl) != 0:
+                    raise SetupError(mech, f"unshare failed: {os.strerror(ctypes.get_errno())}")
+            raise SetupError("mountns", f"unshare failed: {os.strerror(err)}")
+        if self.on["utsns"]:
+            name = b"sandbox"
+            _check(libc.sethostname(name, len(name)), "utsns", "sethostname")
+        if self.on["mountns"]:
+            self.build_fs()
+        if self.on["proc"]:
+            mount("proc", "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        upid = os.fork()
+        if upid == 0:
+            code = 111
+            try:
+                code = self.user()
+            except SetupError as e:
+                write_line(self.stat_w, f"E {e.mech} {e.msg}")
+            except BaseException as e:  # noqa: BLE001
+                write_line(self.stat_w, f"E fresh_process {type(e).__name__}: {e}")
+                try:
+                    os.write(2, traceback.format_exc().encode("utf-8", "replace"))
+                except OSError:
+                    pass
+            finally:
+                os._exit(code)
+        for fd in (self.req_r, self.out_w, self.err_w, self.res_w, *self.cg_fds.values()):
+            os.close(fd)
+        # Wait for U to end, or for the client to write to / close the life pipe (timeout, client gone).
+        status = None
+        try:
+            pidfd: int | None = os.pidfd_open(upid)
+        except (AttributeError, OSError):
+            pidfd = None
+        poller = select.poll()
+        poller.register(self.life_r, select.POLLIN | select.POLLHUP)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        while status is None:
+            events = poller.poll(None if pidfd is not None else 20)
+            if any(fd == self.life_r for fd, _ in events):
+                break
+            pid, st = os.waitpid(upid, os.WNOHANG)
+            if pid:
+                status = st
+        self.kill_all(upid)
+        if status is not None:
+            write_line(self.stat_w, f"X {status}")
+        write_line(self.stat_w, "D")  # every process of the program is gone
+        return 0
+
+    def kill_all(self, upid: int) -> None:
+        """Kill and reap every process of the sandbox but this one."""
+        if self.on["pidns"] and os.getpid() == 1:  # kill(-1) from PID 1 reaches this namespace only
+            while True:
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    os.waitpid(-1, 0)
+                except ChildProcessError:
+                    return
+        try:
+            os.kill(upid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.sweep()
+        try:
+            while True:
+                os.waitpid(-1, 0)
+        except ChildProcessError:
+            pass
+
+    def sweep(self) -> None:
+        """Fallback tree kill (no PID namespace): SIGKILL every process of the sandbox uid, then the cgroup."""
+        if self.uid is not None:
+            kpid = os.fork()
+            if kpid == 0:
+                try:
+                    os.setresgid(self.uid, self.uid, self.uid)
+                    os.setresuid(self.uid, self.uid, self.uid)
+                    for _ in range(1000):
+                        os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    os._exit(0)
+                except BaseException:  # noqa: BLE001
+                    os._exit(1)
+                os._exit(0)
+            os.waitpid(kpid, 0)
+        for mech, d in self.cgdirs.items():
+            if mech == "cgroup_pids" and d:
+                for _ in range(100):
+                    try:
+                        with open(os.path.join(d, "cgroup.procs")) as f:
+                            pids = [int(x) for x in f.read().split()]
+                        pids = [p for p in pids if p != os.getpid()]
+                    except OSError:
+                        break
+                    if not pids:
+                        break
+                    for p in pids:
+                        try:
+                            os.kill(p, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    time.sleep(0.005)
+
+    def build_fs(self) -> None:
+        """The sandbox's file-system view (new mount namespace, run as root in I)."""
+        mount("mountns", None, "/", None, MS_REC | MS_PRIVATE)
+        exposed = []
+        if self.on["hide_paths"]:
+            for p in self.z.expose:
+                exposed.append((p, open_tree("hide_paths", p, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)))
+        devs = []
+        if self.on["minimal_dev"]:
+            for name in ("null", "zero", "full", "random", "urandom"):
+                if os.path.exists(f"/dev/{name}"):
+                    devs.append((name, open_tree("minimal_dev", f"/dev/{name}", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)))
+        if self.on["ro_root"]:
+            mount_setattr("ro_root", AT_FDCWD, "/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)
+            for _, fd in exposed + devs:
+                mount_setattr("ro_root", fd, "", AT_EMPTY_PATH | AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)
+        if self.on["hide_paths"]:
+            for h in self.z.hide:
+                if h in ("/tmp", "/dev", "/dev/shm"):
+                    continue
+                mount("hide_paths", "tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+                for p, fd in exposed:
+                    if p.startswith(h.rstrip("/") + "/"):
+                        os.makedirs(p, mode=0o755, exist_ok=True)
+                        move_mount("hide_paths", fd, p)
+                        os.close(fd)
+                mount("hide_paths", None, h, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        if self.on["minimal_dev"]:
+            mount("minimal_dev", "tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=0755")
+            for name, fd in devs:
+                open(f"/dev/{name}", "w").close()
+                move_mount("minimal_dev", fd, f"/dev/{name}")
+                os.close(fd)
+            for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                                 ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+                os.symlink(target, f"/dev/{name}")
+            os.mkdir("/dev/shm", 0o755)
+        if self.on["private_tmp"]:
+            self.mount_work(self.z.disk_mb)
+        if self.on["minimal_dev"]:
+            mount("minimal_dev", None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+
+    def mount_work(self, disk_mb: int) -> None:
+        """One size-limited tmpfs shown at /tmp (the working directory) and /dev/shm: one quota for both."""
+        uid = self.uid if self.uid is not None else 0
+        opts = f"size={max(1, disk_mb)}m,mode=0700,uid={uid},gid={uid}"
+        if self.on["shared_quota"]:
+            try:
+                fs = _check(libc.syscall(SYS_FSOPEN, b"tmpfs", FSOPEN_CLOEXEC), "shared_quota", "fsopen")
+                for k, v in (("size", f"{max(1, disk_mb)}m"), ("mode", "0755")):
+                    _check(libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_SET_STRING, k.encode(), v.encode(), 0),
+                           "shared_quota", f"fsconfig {k}")
+                _check(libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0), "shared_quota", "fsconfig create")
+                mfd = _check(libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV),
+                             "shared_quota", "fsmount")
+                os.close(fs)
+                for sub, mode in (("work", 0o700), ("shm", 0o700)):
+                    os.mkdir(sub, mode, dir_fd=mfd)
+                    os.chown(sub, uid, uid, dir_fd=mfd)
+                for sub, target in (("work", "/tmp"), ("shm", "/dev/shm")):
+                    if target == "/dev/shm" and not os.path.isdir(target):
+                        continue
+                    t = open_tree("shared_quota", sub, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, dirfd=mfd)
+                    move_mount("shared_quota", t, target)
+                    os.close(t)
+                os.close(mfd)
+                return
+            except SetupError:
+                raise
+        mount("private_tmp", "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+        if os.path.isdir("/dev/shm"):
+            mount("private_tmp", "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+
+    # ---- U (the program) -------------------------------------------------------------------------------
+    def user(self) -> int:
+        os.close(self.life_r)
+        head = read_exact(self.req_r, 8)
+        if len(head) < 8:  # sandbox discarded unused
+            return 0
+        (size,) = struct.unpack("!Q", head)
+        body = read_exact(self.req_r, size)
+        os.close(self.req_r)
+        if len(body) < size:
+            return 0
+        req = json.loads(body.decode("utf-8"))
+        os.setsid()
+        # --- limits, while still root
+        max_procs = int(req.get("max_procs", 32))
+        memory_mb = int(req.get("memory_mb", 512))
+        disk_mb = int(req.get("disk_mb", self.z.disk_mb))
+        for mech, fd in self.cg_fds.items():
+            val = cg_limit(mech, max_procs, memory_mb, disk_mb)
+            if val != cg_limit(mech, self.z.max_procs, self.z.memory_mb, self.z.disk_mb):
+                try:
+                    os.write(fd, val)
+                except OSError as e:
+                    raise SetupError(mech, f"setting limit: {e}") from e
+            os.close(fd)
+        try:  # I is exempt from the OOM killer; the program is its first choice
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
+        if self.on["private_tmp"] and disk_mb != self.z.disk_mb:
+            mount("private_tmp", None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, f"size={max(1, disk_mb)}m")
+        cpu = max(1, math.ceil(float(req.get("cpu_s") or req.get("timeout_s", 10))))
+        with open("/proc/self/statm") as f:
+            vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        try:
+            for lim, val in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+                             (resource.RLIMIT_AS, vsz + (memory_mb << 20)), (resource.RLIMIT_NPROC, max_procs),
+                             (resource.RLIMIT_FSIZE, max(1, disk_mb) << 20), (resource.RLIMIT_NOFILE, 256),
+                             (resource.RLIMIT_MEMLOCK, 0), (resource.RLIMIT_MSGQUEUE, 0)):
+                soft, hard = val if isinstance(val, tuple) else (val, val)
+                resource.setrlimit(lim, (soft, hard))
+        except (OSError, ValueError) as e:
+            raise SetupError("rlimits", str(e)) from e
+        os.chdir("/tmp" if self.on["private_tmp"] else self._host_workdir())
+        os.umask(0o077)
+        # --- stdio
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(self.out_w, 1)
+        os.dup2(self.err_w, 2)
+        for fd in (null, self.out_w, self.err_w):
+            if fd > 2:
+                os.close(fd)
+        os.environ.clear()
+        # --- drop privileges
+        if self.on["uid"]:
+            try:
+                os.setgroups([])
+                os.setresgid(self.uid, self.uid, self.uid)
+                os.setresuid(self.uid, self.uid, self.uid)
+            except OSError as e:
+                raise SetupError("uid", str(e)) from e
+            if os.getresuid() != (self.uid,) * 3 or os.getgroups():
+                raise SetupError("uid", "uid drop did not take")
+            try:
+                os.setuid(0)
+            except PermissionError:
+                pass
+            else:
+                raise SetupError("uid", "could regain root")
+        if self.on["no_new_privs"]:
+            prctl("no_new_privs", PR_SET_NO_NEW_PRIVS, 1)
+        if self.on["seccomp"]:
+            install_seccomp(self.z.seccomp_prog[0])
+        call = req.get("call")
+        close_fds_except({0, 1, 2, self.res_w} if call else {0, 1, 2})
+        return run_program(req["code"], call, self.res_w)
+
+    def _host_workdir(self) -> str:
+        """Without a mount namespace: a fresh directory under /tmp (removed by the client)."""
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="dsm-sandbox-")
+        if self.uid is not None:
+            os.chown(d, self.uid, self.uid)
+        write_line(self.stat_w, f"W {d}")
+        return d
+
+
+def run_program(code: str, call: str | None, res_w: int) -> int:
+    """Run ``code`` as ``__main__`` in this (already sandboxed) process; return the exit code."""
+    import atexit
+    import builtins
+    import io
+    import linecache
+    import types
+
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                                    errors="surrogateescape", write_through=False)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                                    errors="backslashreplace", line_buffering=True)
+    sys.argv = [""]
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    filename = "<string>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    exit_code = 0
+    try:
+        exec(compile(code, filename, "exec"), main.__dict__)  # noqa: S102 - this is the sandbox
+        if call:
+            if call not in main.__dict__:
+                raise NameError(f"name {call!r} is not defined")
+            result = main.__dict__[call]()
+            text = str(result)
+            data = text.encode("utf-8", "backslashreplace")
+            view = memoryview(data)
+            while view:
+                n = os.write(res_w, view)
+                view = view[n:]
+            os.close(res_w)
+    except SystemExit as e:
+        if e.code is None:
+            exit_code = 0
+        elif isinstance(e.code, int):
+            exit_code = e.code & 0xFF
+        else:
+            print(e.code, file=sys.stderr)
+            exit_code = 1
+    except BaseException as e:  # noqa: BLE001 - the program's own error: print it like Python does
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        try:
+            sys.stderr.write("".join(traceback.format_exception(type(e), e, tb)))
+        except BaseException:  # noqa: BLE001
+            os.write(2, f"{type(e).__name__}\n".encode())
+        exit_code = 1
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            exit_code = exit_code or 120
+    return exit_code
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    z = Zygote(cfg)
+    try:
+        z.start()
+        z.serve()
+    except BaseException:
+        traceback.print_exc()
+        z.shutdown()
+        raise
+
+
+if __name__ == "__main__":
+    main()

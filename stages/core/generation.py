@@ -1,0 +1,564 @@
+"""Generation, written once: one sampling interface over two backends (``hf`` and ``vllm``).
+
+Used by SFT data checking, evaluation and GRPO rollouts. A caller builds a generator once with
+:func:`make_generator` and asks it for ``n`` completions per prompt::
+
+    gen = make_generator("auto", "data/models/sft", None)          # or a model object + tokenizer
+    outs = gen.generate(prompts, SamplingParams(temperature=1.0, n=8, max_new_tokens=256, stop=("```output",)))
+    outs[i][j].text, outs[i][j].token_ids, outs[i][j].logprobs, outs[i][j].finish_reason
+    gen.sync_weights(policy)                                        # after an optimizer step (RL)
+
+Semantics, identical in both backends:
+
+- Prompts are tokenised with the model's tokenizer as plain text (``tokenizer(prompt)``, so BOS is added
+  when the tokenizer adds it); the completion's ``token_ids`` are the generated ids only.
+- ``logprobs[i] = log softmax(logits / T)[token_ids[i]]`` with ``T = temperature`` (``T = 1`` when greedy),
+  computed in float32 from the full distribution: top-p/top-k only restrict what is *sampled*, they do not
+  renormalise the reported log-probs (the quantity GRPO's importance ratio needs).
+- Generation of a sequence ends at the first of: an EOS token (kept in ``token_ids``, left out of ``text``),
+  a stop string (the token that completes it is the last one generated), ``max_new_tokens`` tokens, or the
+  model's maximum length. ``finish_reason`` is ``"stop"`` for the first two and ``"length"`` otherwise.
+- ``text = tokenizer.decode(token_ids, skip_special_tokens=True)``, except that when a stop string ended
+  the sequence the text is cut right after that stop string (the completing token may carry characters
+  past it, e.g. ``"```output\\n"``): the text then *ends with* the stop string, as in vLLM.
+- A prompt whose token count already reaches the model's maximum length gets ``n`` empty completions
+  with finish_reason ``"length"`` instead of an error (few-shot prompts on the tiny model can be long).
+
+Backends:
+
+- ``hf`` (:class:`HFGenerator`, default on CPU): the transformers model's own forward with a KV cache,
+  many sequences per forward (left padding, per-row position ids), a KV cache preallocated per batch (no
+  per-token concatenation), finished rows dropped from the batch as they accumulate. Sampling is seeded
+  per (prompt index, sample index), so results do not depend on batch size or on the other prompts.
+- ``vllm`` (``stages.core.vllm_backend.VLLMGenerator``, default when a CUDA GPU and vllm are present):
+  the vLLM offline engine; ``sync_weights`` loads new weights into the running engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
+
+from stages.core.errors import PipelineError
+
+Backend = Literal["auto", "hf", "vllm"]
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample. ``temperature == 0`` is greedy decoding (then ``top_p``/``top_k``/``seed`` are unused,
+    and the ``n`` completions of a prompt are identical)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k restriction
+    n: int = 1
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # a lone string is one stop string, not one per character
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not self.temperature >= 0:
+            raise PipelineError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise PipelineError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise PipelineError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.n < 1:
+            raise PipelineError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise PipelineError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise PipelineError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is greedy (temperature 0)."""
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated continuation of a prompt (see the module docstring for the exact semantics)."""
+
+    text: str
+    token_ids: list[int] = field(repr=False)
+    logprobs: list[float] = field(repr=False)
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """What every backend provides."""
+
+    def generate(self, prompts: Sequence[str], sp: SamplingParams) -> list[list[Completion]]:
+        """``n`` completions for each prompt: ``result[prompt_index][sample_index]``."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make later generations use ``model``'s current weights (same architecture)."""
+        ...
+
+
+# ----------------------------------------------------------------------------------------------------------
+# helpers shared by the backends
+
+
+def sample_seed(seed: int, prompt_index: int, sample_index: int = 0) -> int:
+    """The RNG seed of one (prompt, sample) pair: a hash of the three numbers (63-bit, non-negative)."""
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}:{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model_config: Any = None,
+                  generation_config: Any = None) -> set[int]:
+    """Every id that ends a sequence: the tokenizer's EOS and the model's (generation) config EOS ids."""
+    ids: set[int] = set()
+    for src in (tokenizer, generation_config, model_config):
+        val = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(val, int):
+            ids.add(val)
+        elif isinstance(val, (list, tuple)):
+            ids.update(int(v) for v in val)
+    if not ids:
+        raise PipelineError("generation: the tokenizer has no EOS token; set tokenizer.eos_token")
+    return ids
+
+
+def model_max_length(config: Any) -> int | None:
+    """The longest sequence (prompt + completion) the model takes, from its config; None if unknown."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        val = getattr(config, key, None)
+        if isinstance(val, int) and val > 0:
+            return val
+    return None
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str | None:
+    """``text`` cut right after the stop string occurrence that ends first, or None when none occurs."""
+    ends = [i + len(s) for s in stop if (i := text.find(s)) >= 0]
+    return text[: min(ends)] if ends else None
+
+
+def finish_text(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int], stop: Sequence[str],
+                stopped_by_string: bool) -> str:
+    """The completion's text: the decoded ids, cut after the stop string when one ended the sequence."""
+    text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    if stopped_by_string:
+        cut = cut_at_stop(text, stop)
+        if cut is not None:
+            return cut
+    return text
+
+
+def tokenize_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each prompt as the model sees it (the tokenizer's special tokens, e.g. BOS, included)."""
+    if isinstance(prompts, str):
+        raise PipelineError("generate() takes a list of prompts, got a single string")
+    if not prompts:
+        return []
+    return [list(ids) for ids in tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
+
+
+class StopChecker:
+    """Finds, cheaply, the step at which a stop string appears in a growing completion.
+
+    Only tokens that can complete a stop string trigger a decode: those whose own text contains the last
+    character of some stop string, is empty, or holds a replacement character (an incomplete UTF-8 byte
+    sequence whose completion depends on neighbours). Then only a tail window of the completion is decoded:
+    a stop string of ``k`` characters spans at most ``4k`` bytes, hence at most ``4k`` tokens.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str], vocab_size: int,
+                 device: torch.device) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.window = 4 * max((len(s) for s in self.stop), default=0) + 4
+        self.candidates = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        if not self.stop:
+            return
+        last_chars = {s[-1] for s in self.stop}
+        if any(c.isspace() for c in last_chars):
+            # tokenizers may drop a leading space when decoding a token alone: check every token
+            self.candidates[:] = True
+            return
+        n = min(vocab_size, len(tokenizer))
+        pieces = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=True)
+        flags = [(not p) or ("\ufffd" in p) or any(c in p for c in last_chars) for p in pieces]
+        self.candidates[:n] = torch.tensor(flags, dtype=torch.bool, device=device)
+        self.candidates[n:] = True
+
+    def hit(self, ids: Sequence[int]) -> bool:
+        """Whether the completion ``ids`` contains a stop string (checked on its tail window)."""
+        text = self.tokenizer.decode(list(ids[-self.window:]), skip_special_tokens=True)
+        return any(s in text for s in self.stop)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# hf backend
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer whose storage is allocated once per batch: ``update`` writes in place and returns
+    views, instead of concatenating (which copies the whole cache at every token)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        b, h, _, d = key_states.shape
+        self.k_buf = key_states.new_empty(b, h, self.capacity, d)
+        self.v_buf = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        t = key_states.shape[-2]
+        if self.length + t > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
+        self.k_buf[:, :, self.length:self.length + t] = key_states
+        self.v_buf[:, :, self.length:self.length + t] = value_states
+        self.length += t
+        self.keys = self.k_buf[:, :, :self.length]
+        self.values = self.v_buf[:, :, :self.length]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self.k_buf = self.k_buf.index_select(0, indices)
+            self.v_buf = self.v_buf.index_select(0, indices)
+            self.keys = self.k_buf[:, :, :self.length]
+            self.values = self.v_buf[:, :, :self.length]
+
+    def reset(self) -> None:
+        self.length = 0
+        super().reset()
+
+
+def _make_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
+    """A DynamicCache whose plain full-attention layers are preallocated to ``capacity`` tokens."""
+    cache = DynamicCache(config=model.config)
+    if cache.layers:
+        cache.layers = [_PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer
+                        for layer in cache.layers]
+    return cache
+
+
+def _select_rows(cache: DynamicCache, keep: torch.Tensor) -> None:
+    for layer in cache.layers:
+        if isinstance(layer, _PreallocatedLayer):
+            layer.batch_select_indices(keep)
+        elif getattr(layer, "is_initialized", False) and layer.keys is not None:
+            layer.keys = layer.keys.index_select(0, keep)
+            layer.values = layer.values.index_select(0, keep)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in ("auto", "model"):
+        return None
+    if dtype not in _DTYPES:
+        raise PipelineError(f"generation dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+@dataclass
+class _Row:
+    """One sequence being generated: prompt ``prompt_index``, sample ``sample_index``."""
+
+    prompt_index: int
+    sample_index: int
+    ids: list[int]
+    limit: int  # most tokens it may generate
+
+
+class HFGenerator:
+    """The ``hf`` backend: batched KV-cache decoding with the transformers model itself.
+
+    Args:
+        model: a causal LM (``PreTrainedModel``). It is used as is (not copied) unless ``dtype`` asks for
+            another dtype, in which case a converted copy is kept and :meth:`sync_weights` refreshes it.
+        tokenizer: its tokenizer.
+        batch_size: most sequences decoded together in one forward pass.
+        dtype: None (the model's own), "float32", "bfloat16" or a torch dtype. bfloat16 is about 1.5x
+            faster on CPUs with AMX but its log-probs differ from float32 by ~1e-2.
+        compact_at: drop finished rows from the batch once this fraction of its rows has finished.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 64,
+                 dtype: torch.dtype | str | None = None, compact_at: float = 0.25) -> None:
+        if batch_size < 1:
+            raise PipelineError(f"generation batch_size must be >= 1, got {batch_size}")
+        want = _as_dtype(dtype)
+        self.source = model
+        self.model = model if want is None or want == model.dtype else copy.deepcopy(model).to(want)
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.compact_at = compact_at
+        self.eos_ids = eos_token_ids(tokenizer, model.config, getattr(model, "generation_config", None))
+        self.max_length = model_max_length(model.config)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        forward_params = inspect.signature(self.model.forward).parameters
+        self._takes_logits_to_keep = "logits_to_keep" in forward_params
+        # transformers >= 5.2x renamed past_key_values to cache
+        self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
+        self._stop_checkers: dict[tuple[str, ...], StopChecker] = {}
+
+    # -- public API -------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str], sp: SamplingParams) -> list[list[Completion]]:
+        """``sp.n`` completions for each prompt, ``result[prompt_index][sample_index]``."""
+        prompt_ids = tokenize_prompts(self.tokenizer, prompts)
+        return self.generate_ids(prompt_ids, sp)
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], sp: SamplingParams) -> list[list[Completion]]:
+        """Like :meth:`generate` for prompts given as token ids."""
+        results: list[list[Completion | None]] = [[None] * sp.n for _ in prompt_ids]
+        rows: list[_Row] = []
+        n_rows = 1 if sp.greedy else sp.n  # greedy samples are identical: decode once, copy
+        for i, ids in enumerate(prompt_ids):
+            limit = sp.max_new_tokens
+            if self.max_length is not None:
+                limit = min(limit, self.max_length - len(ids))
+            if limit <= 0:
+                results[i] = [Completion("", [], [], "length") for _ in range(sp.n)]
+                continue
+            rows.extend(_Row(i, j, list(ids), limit) for j in range(n_rows))
+        # similar lengths together: less padding
+        rows.sort(key=lambda r: len(r.ids))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(rows), self.batch_size):
+                    chunk = rows[start:start + self.batch_size]
+                    for row, comp in zip(chunk, self._decode(chunk, sp)):
+                        results[row.prompt_index][row.sample_index] = comp
+        finally:
+            self.model.train(was_training)
+        if sp.greedy and sp.n > 1:
+            for res in results:
+                first = res[0]
+                if first is not None:
+                    res[1:] = [Completion(first.text, list(first.token_ids), list(first.logprobs), first.finish_reason)
+                               for _ in range(sp.n - 1)]
+        return [list(res) for res in results]  # type: ignore[arg-type]
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Use ``model``'s current weights. A no-op when the generator decodes with that very model."""
+        if model is self.model:
+            return
+        with torch.no_grad():
+            self.model.load_state_dict(model.state_dict())
+
+    def close(self) -> None:
+        """Nothing to release (kept for symmetry with the vllm backend)."""
+
+    # -- decoding ---------------------------------------------------------------------------------------
+
+    def _stop_checker(self, stop: tuple[str, ...], vocab: int, device: torch.device) -> StopChecker:
+        key = stop
+        if key not in self._stop_checkers:
+            self._stop_checkers[key] = StopChecker(self.tokenizer, stop, vocab, device)
+        return self._stop_checkers[key]
+
+    def _forward(self, cache: DynamicCache, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 position_ids: torch.Tensor) -> torch.Tensor:
+        kw: dict[str, Any] = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
+        kw[self._cache_kw] = cache
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, **kw)
+        return out.logits[:, -1, :].float()
+
+    def _decode(self, rows: list[_Row], sp: SamplingParams) -> list[Completion]:
+        device = self.model.device
+        b = len(rows)
+        lengths = [len(r.ids) for r in rows]
+        width = max(lengths)
+        max_new = max(r.limit for r in rows)
+        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((b, width + max_new), dtype=torch.long)
+        for k, r in enumerate(rows):  # left padding
+            input_ids[k, width - len(r.ids):] = torch.tensor(r.ids, dtype=torch.long)
+            mask[k, width - len(r.ids):] = 1
+        mask[:, width:] = 1
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+        next_pos = torch.tensor(lengths, dtype=torch.long, device=device)
+        limits = torch.tensor([r.limit for r in rows], dtype=torch.long, device=device)
+
+        cache = _make_cache(self.model, width + max_new)
+        logits = self._forward(cache, input_ids, mask[:, :width], positions)
+        vocab = logits.shape[-1]
+        eos = torch.zeros(vocab, dtype=torch.bool, device=device)
+        eos[[i for i in self.eos_ids if i < vocab]] = True
+        checker = self._stop_checker(sp.stop, vocab, device) if sp.stop else None
+        gens = None
+        if not sp.greedy:
+            gens = []
+            for r in rows:
+                g = torch.Generator(device=device)
+                g.manual_seed(sample_seed(sp.seed, r.prompt_index, r.sample_index))
+                gens.append(g)
+
+        out_tok = torch.zeros((b, max_new), dtype=torch.long, device=device)
+        out_lp = torch.zeros((b, max_new), dtype=torch.float32, device=device)
+        n_done = [0] * b  # tokens generated per row, set when it finishes
+        by_string = [False] * b
+        live = torch.arange(b, device=device)  # original row index of each batch row
+        finished = torch.zeros(b, dtype=torch.bool, device=device)  # per batch row
+        n_live_rows = b
+        for step in range(max_new):
+            tok, lp = self._pick(logits, sp, gens, live)
+            out_tok[live, step] = tok
+            out_lp[live, step] = lp
+            done_now = ~finished & (eos[tok] | (step + 1 >= limits[live]))
+            if checker is not None:
+                cand = (~finished & ~done_now & checker.candidates[tok]).nonzero().flatten().tolist()
+                if cand:
+                    rows_tok = out_tok[live[cand], : step + 1].tolist()
+                    for k, ids in zip(cand, rows_tok):
+                        if checker.hit(ids):
+                            done_now[k] = True
+                            by_string[int(live[k])] = True
+            if bool(done_now.any()):
+                for k in done_now.nonzero().flatten().tolist():
+                    n_done[int(live[k])] = step + 1
+                finished |= done_now
+                n_fin = int(finished.sum())
+                if n_fin == len(live):
+                    break
+                if n_fin >= max(1, self.compact_at * n_live_rows) and len(live) - n_fin >= 1:
+                    keep = (~finished).nonzero().flatten()
+                    _select_rows(cache, keep)
+                    live, tok, finished = live[keep], tok[keep], finished[keep]
+                    mask, next_pos = mask[keep], next_pos[keep]
+                    if gens is not None:
+                        gens = [gens[k] for k in keep.tolist()]
+                    n_live_rows = len(live)
+            logits = self._forward(cache, tok[:, None], mask[:, : width + step + 1], next_pos[:, None])
+            next_pos = next_pos + 1
+
+        out_tok_l, out_lp_l = out_tok.tolist(), out_lp.tolist()
+        comps = []
+        for k in range(b):
+            n = n_done[k]
+            ids = out_tok_l[k][:n]
+            stopped = by_string[k] or (n > 0 and ids[-1] in self.eos_ids)
+            text = finish_text(self.tokenizer, ids, sp.stop, by_string[k])
+            comps.append(Completion(text, ids, out_lp_l[k][:n], "stop" if stopped else "length"))
+        return comps
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, sp: SamplingParams, gens: list[torch.Generator] | None,
+              live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token of each row and its log-prob under softmax(logits / T), T = 1 when greedy."""
+        if sp.greedy:
+            logp = torch.log_softmax(logits, dim=-1)
+            tok = logits.argmax(dim=-1)
+            return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+        logp = torch.log_softmax(logits / sp.temperature, dim=-1)
+        scores = logp
+        if sp.top_k > 0 and sp.top_k < scores.shape[-1]:
+            kth = scores.topk(sp.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if sp.top_p < 1.0:
+            sorted_s, order = scores.sort(dim=-1, descending=True)
+            probs = sorted_s.softmax(dim=-1)
+            # drop a token when the tokens ranked above it already reach top_p; the top token always stays
+            drop = (probs.cumsum(dim=-1) - probs) >= sp.top_p
+            sorted_s = sorted_s.masked_fill(drop, float("-inf"))
+            scores = torch.full_like(scores, float("-inf")).scatter(-1, order, sorted_s)
+        # Gumbel-max with per-row generators: argmax(log p - log E), E ~ Exp(1), samples from softmax(scores)
+        assert gens is not None
+        noise = torch.empty_like(scores)
+        for k, g in enumerate(gens):
+            noise[k].exponential_(generator=g)
+        tok = (scores - noise.log()).argmax(dim=-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# factory
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA GPU is usable (the condition for the vllm backend being the default)."""
+    return torch.cuda.is_available()
+
+
+def vllm_importable() -> bool:
+    """Whether the vllm package can be imported in this environment (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(backend: Backend) -> Literal["hf", "vllm"]:
+    """``auto`` -> ``vllm`` when a CUDA GPU and vllm are present, else ``hf``. $GENERATION_BACKEND overrides auto."""
+    if backend == "auto":
+        env = os.environ.get("GENERATION_BACKEND", "")
+        if env in ("hf", "vllm"):
+            return env  # type: ignore[return-value]
+        return "vllm" if cuda_available() and vllm_importable() else "hf"
+    if backend not in ("hf", "vllm"):
+        raise PipelineError(f"generation backend {backend!r} is not one of auto, hf, vllm")
+    return backend
+
+
+def make_generator(backend: Backend, model_or_path: PreTrainedModel | str | os.PathLike[str],
+                   tokenizer: PreTrainedTokenizerBase | None = None, **kw: Any) -> HFGenerator | Any:
+    """Build a generator.
+
+    Args:
+        backend: "hf", "vllm" or "auto" (see :func:`resolve_backend`).
+        model_or_path: a loaded causal LM, or a model directory (loaded with stages.core.modeling).
+        tokenizer: the model's tokenizer; None loads it from ``model_or_path`` (which must then be a path).
+        **kw: backend options: hf -> :class:`HFGenerator` (batch_size, dtype, compact_at); vllm ->
+            ``VLLMGenerator`` (dtype, gpu_memory_utilization, max_model_len, enforce_eager, engine options).
+    """
+    name = resolve_backend(backend)
+    if tokenizer is None:
+        if isinstance(model_or_path, torch.nn.Module):
+            raise PipelineError("make_generator: pass the tokenizer along with a model object")
+        from stages.core.modeling import load_tokenizer
+
+        tokenizer = load_tokenizer(model_or_path)
+    if name == "vllm":
+        from stages.core.vllm_backend import VLLMGenerator
+
+        return VLLMGenerator(model_or_path, tokenizer, **kw)
+    if isinstance(model_or_path, torch.nn.Module):
+        model = model_or_path
+    else:
+        from stages.core.modeling import load_model
+
+        dtype = _as_dtype(kw.pop("dtype", None)) or torch.float32
+        model = load_model(model_or_path, dtype=dtype)
+    return HFGenerator(model, tokenizer, **kw)  # type: ignore[arg-type]

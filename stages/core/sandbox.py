@@ -1,0 +1,581 @@
+"""The one executor for model-written Python: SFT data checks, PoT/TIR evaluation and tool-integrated rollouts.
+
+Programs are untrusted and the pipeline often runs as root, so isolation is enforced by the kernel, never by
+inspecting the code. Every program runs in a fresh process forked from a pre-started *zygote* (a clean
+Python with math modules such as ``sympy`` and ``numpy`` already imported, see :data:`DEFAULT_PRELOAD`), and
+every sandbox is used once and destroyed.
+
+Guaranteed on a Linux host where the pipeline runs as root (check :func:`isolation_report`; every mechanism
+that could not be set up is logged as a warning when the zygote starts, never skipped silently):
+
+- ``uid``: the program runs as a fresh unprivileged uid (``uid_base`` + a pid; no supplementary groups, no
+  capabilities), so it cannot signal, ptrace or read ``/proc/<pid>/environ`` of anything else, and rlimits
+  such as ``RLIMIT_NPROC`` apply (they do not for root);
+- ``no_new_privs`` and a ``seccomp`` deny-list (x86_64): no ``execve`` (no shell, no other binary), no
+  ``socket``/``connect`` (``socketpair`` works), no ``ptrace``, ``mount``, ``unshare``/namespace clones,
+  ``bpf``, ``io_uring``, keyrings, kernel modules, ...; foreign-ABI syscalls kill the process;
+- namespaces: ``pidns`` (the program sees only its own processes; when it exits, or on timeout, the kernel
+  kills every process it started, double-forked ones included, before :func:`run_python` returns),
+  ``netns`` (no network interface but a down loopback), ``mountns``, ``ipcns``, ``utsns``, ``cgroupns``;
+- file system: the host is mounted read-only (``ro_root``); ``/root``, ``/home``, ``/run``, ``/var/tmp`` and
+  any directory an unprivileged user cannot enter are replaced by empty read-only directories, except the
+  Python installation, which is re-exposed read-only (``hide_paths``); ``/dev`` holds only null, zero, full,
+  random and urandom (``minimal_dev``); ``/proc`` shows the sandbox's processes only; the working directory
+  ``/tmp`` (fresh and empty) and ``/dev/shm`` share one size-limited tmpfs (``disk_mb``) that vanishes with
+  the sandbox;
+- limits: wall clock (``timeout_s``), CPU seconds (``RLIMIT_CPU``), memory (``RLIMIT_AS`` = the interpreter's
+  own address space + ``memory_mb``, and a memory cgroup for the whole tree), processes and threads
+  (``RLIMIT_NPROC`` and a pids cgroup), file size, 256 open files, no core dumps;
+- an empty environment (the zygote itself starts with a minimal one, so ``/proc/self/environ`` holds no
+  secret of the caller either), stdin is ``/dev/null``;
+- output: stdout and stderr are captured separately, decoded as UTF-8 with replacement characters, and cut
+  to their first and last ``max_output_bytes / 2`` bytes when longer (the middle is replaced by a marker),
+  so a huge or binary output never breaks the caller.
+
+Not guaranteed: the program can read world-readable host files outside the hidden directories (read-only);
+it can use up to its limits of CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the
+surface, it does not remove it); without root (or on another architecture, or with cgroup v2) the
+corresponding mechanisms are missing and reported as such.
+
+Fast path: the zygote pre-forks sandboxes (namespaces and mounts ready, program not yet known), so a
+program costs a few forks, not an interpreter start-up. State cannot leak between programs: each runs in
+its own process forked from the zygote, which never sees programs or their outputs (they travel between the
+caller and the sandbox over pipes). :func:`run_python` is thread-safe; :func:`run_many` runs a batch over a
+bounded thread pool.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ZYGOTE_SCRIPT = Path(__file__).with_name("_sandbox_zygote.py")
+DEFAULT_PRELOAD: tuple[str, ...] = (
+    "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics", "random",
+    "re", "string", "datetime", "heapq", "bisect", "operator", "json", "numpy", "sympy",
+)
+DEFAULT_HIDE: tuple[str, ...] = ("/root", "/home", "/run", "/var/tmp", "/sys/fs/cgroup")
+DEFAULT_UID_BASE = 2_000_000_000
+STATUSES = ("ok", "error", "timeout", "killed")
+_DONE = re.compile(rb"(?m)^D$")
+_KILL_GRACE_S = 10.0  # after a timeout, how long teardown may take before we give up waiting
+
+
+@dataclass
+class ExecResult:
+    """What one program did.
+
+    ``status``: "ok" (exit 0), "error" (non-zero exit, e.g. an exception; or ``sandbox_error`` set: the
+    sandbox could not be set up and the program did NOT run), "timeout" (wall clock or CPU limit), "killed"
+    (ended by a signal: segfault, out-of-memory kill, ...). ``returncode`` is the exit code, ``-signal``
+    when killed by a signal, ``None`` when the program did not finish. ``stdout``/``stderr`` are decoded text,
+    possibly truncated (``*_truncated``; ``*_bytes`` is the full size that was produced).
+    """
+
+    status: str
+    stdout: str
+    stderr: str
+    returncode: int | None
+    wall_s: float
+    signal: str | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    sandbox_error: str | None = None
+    sandbox_uid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the program exited with status 0."""
+        return self.status == "ok"
+
+
+class _Capture:
+    """Keeps the first ``limit`` bytes and the last ``limit // 2`` bytes of a stream."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(2, int(limit))
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            keep = self.limit // 2
+            if len(self.tail) > 4 * keep:
+                del self.tail[: len(self.tail) - keep]
+
+    def text(self) -> tuple[str, bool]:
+        if self.total <= self.limit:
+            return bytes(self.head).decode("utf-8", "replace"), False
+        half = self.limit // 2
+        last = (bytes(self.head) + bytes(self.tail))[-half:]
+        omitted = self.total - half - len(last)
+        marker = f"\n...[{omitted} bytes truncated]...\n"
+        return (bytes(self.head[:half]).decode("utf-8", "replace") + marker + last.decode("utf-8", "replace"),
+                True)
+
+
+def _recv_fds(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
+    """socket.recv_fds, but the fds are close-on-exec (MSG_CMSG_CLOEXEC)."""
+    import array
+
+    fds = array.array("i")
+    msg, ancdata, _flags, _addr = sock.recvmsg(65536, socket.CMSG_LEN(maxfds * fds.itemsize),
+                                               getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+    for level, ctype, data in ancdata:
+        if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    return msg, list(fds)
+
+
+class SandboxExecutor:
+    """A handle on one zygote process; thread-safe. Most code uses the module functions instead.
+
+    ``prefork``: sandboxes kept ready; ``preload``: modules imported once in the zygote; ``hide``: extra host
+    directories to hide; ``disable``: mechanisms to switch off (for tests of degraded hosts; each one is
+    logged as a warning); ``disk_mb``: tmpfs size prepared in advance (other sizes cost a remount);
+    ``max_concurrent``: programs running at once through this executor (more callers wait).
+    """
+
+    def __init__(
+        self,
+        *,
+        prefork: int = 2,
+        preload: Sequence[str] = DEFAULT_PRELOAD,
+        hide: Sequence[str] = DEFAULT_HIDE,
+        disable: Sequence[str] = (),
+        uid_base: int = DEFAULT_UID_BASE,
+        disk_mb: int = 64,
+        max_concurrent: int | None = None,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        self._cfg: dict[str, Any] = {
+            "prefork": int(prefork), "preload": list(preload), "hide": list(hide), "disable": list(disable),
+            "uid_base": int(uid_base), "disk_mb": int(disk_mb), "memory_mb": 512, "max_procs": 32,
+        }
+        self._startup_timeout_s = startup_timeout_s
+        self._lock = threading.Lock()
+        self._sem = threading.BoundedSemaphore(max_concurrent or max(4, 4 * (os.cpu_count() or 1)))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._owner: int | None = None
+        self._report: dict[str, Any] | None = None
+        self._closed = False
+
+    # ---- zygote lifecycle ------------------------------------------------------------------------------
+    def _start_locked(self) -> None:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cfg = dict(self._cfg, ctl_fd=b.fileno())
+        env = {"PATH": os.defpath, "LC_ALL": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1"}
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
+                pass_fds=[b.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            b.close()
+        a.settimeout(self._startup_timeout_s)
+        try:
+            hello = json.loads(a.recv(1 << 20).decode())["hello"]
+        except (OSError, ValueError, KeyError) as e:
+            proc.kill()
+            proc.wait()
+            a.close()
+            raise RuntimeError(f"sandbox zygote failed to start: {e}") from e
+        a.settimeout(None)
+        self._proc, self._sock, self._owner, self._report = proc, a, os.getpid(), hello
+        for mech, on in hello["mechanisms"].items():
+            if not on:
+                logger.warning("sandbox: isolation mechanism %r is NOT active: %s", mech,
+                               hello["reasons"].get(mech, "unavailable"))
+        for w in hello["warnings"]:
+            logger.warning("sandbox: %s", w)
+        if hello.get("fatal"):
+            logger.error("sandbox: cannot run programs: %s", hello["fatal"])
+
+    def _ensure_locked(self) -> None:
+        if self._closed:
+            raise RuntimeError("sandbox executor is closed")
+        if self._owner is not None and self._owner != os.getpid():
+            # forked caller: the parent's zygote connection is not ours to use
+            if self._sock is not None:
+                self._sock.close()
+            self._proc = self._sock = self._owner = None
+        if self._proc is not None and self._proc.poll() is not None:
+            logger.warning("sandbox: zygote exited (status %s); restarting it", self._proc.returncode)
+            self._stop_locked()
+        if self._proc is None:
+            self._start_locked()
+
+    def _stop_locked(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.send(b"Q")
+            except OSError:
+                pass
+            self._sock.close()
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = self._sock = self._owner = None
+
+    def close(self) -> None:
+        """Stop the zygote (sandboxes in flight are killed when their callers' handles close)."""
+        with self._lock:
+            if self._owner == os.getpid():
+                self._stop_locked()
+            self._closed = True
+
+    def report(self) -> dict[str, Any]:
+        """The isolation report of the zygote (starting it if needed)."""
+        with self._lock:
+            self._ensure_locked()
+            assert self._report is not None
+            rep = dict(self._report)
+        rep["active"] = [m for m, on in rep["mechanisms"].items() if on]
+        rep["inactive"] = [m for m, on in rep["mechanisms"].items() if not on]
+        return rep
+
+    def _acquire(self) -> tuple[dict[str, Any], list[int]]:
+        with self._lock:
+            for attempt in range(2):
+                self._ensure_locked()
+                assert self._sock is not None and self._report is not None
+                if self._report.get("fatal"):
+                    raise RuntimeError(f"sandbox unavailable: {self._report['fatal']}")
+                try:
+                    self._sock.send(b"F")
+                    msg, fds = _recv_fds(self._sock, 6)
+                    if len(fds) == 6:
+                        return json.loads(msg.decode()), fds
+                    for fd in fds:
+                        os.close(fd)
+                    raise OSError("zygote sent no sandbox")
+                except OSError as e:
+                    if attempt:
+                        raise RuntimeError(f"sandbox zygote unusable: {e}") from e
+                    logger.warning("sandbox: zygote connection failed (%s); restarting it", e)
+                    self._stop_locked()
+            raise AssertionError("unreachable")
+
+    # ---- running ---------------------------------------------------------------------------------------
+    def run(
+        self,
+        code: str,
+        *,
+        timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        disk_mb: int = 64,
+        max_procs: int = 32,
+        max_output_bytes: int = 65536,
+        cpu_s: float | None = None,
+        call: str | None = None,
+    ) -> tuple[ExecResult, str | None]:
+        """Run ``code``; with ``call`` also call that top-level function and return ``str()`` of its result."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be str, not {type(code).__name__}")
+        req = json.dumps({"code": code, "timeout_s": float(timeout_s), "cpu_s": cpu_s, "memory_mb": int(memory_mb),
+                          "disk_mb": int(disk_mb), "max_procs": int(max_procs), "call": call}).encode()
+        with self._sem:
+            t0 = time.monotonic()
+            head, fds = self._acquire()
+            req_w, out_r, err_r, stat_r, life_w, res_r = fds
+            try:
+                return self._drive(head, req, t0, float(timeout_s), int(max_output_bytes), req_w, out_r, err_r,
+                                   stat_r, life_w, res_r)
+            finally:
+                for fd in fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+
+    def _drive(self, head: dict, req: bytes, t0: float, timeout_s: float, max_out: int, req_w: int, out_r: int,
+               err_r: int, stat_r: int, life_w: int, res_r: int) -> tuple[ExecResult, str | None]:
+        try:
+            data = memoryview(struct.pack("!Q", len(req)) + req)
+            while data:
+                n = os.write(req_w, data)
+                data = data[n:]
+        except OSError:
+            pass  # the sandbox failed during setup; its status pipe says why
+        deadline = time.monotonic() + timeout_s
+        out, err, res = _Capture(max_out), _Capture(max_out), _Capture(1 << 20)
+        stat = bytearray()
+        sinks = {out_r: out.add, err_r: err.add, stat_r: stat.extend, res_r: res.add}
+        poller = select.poll()
+        for fd in sinks:
+            poller.register(fd, select.POLLIN)
+        open_fds = set(sinks)
+        timed_out = False
+        gave_up = False
+        kill_deadline = 0.0
+        while open_fds:
+            now = time.monotonic()
+            if not timed_out and now >= deadline:
+                timed_out = True
+                kill_deadline = now + _KILL_GRACE_S
+                try:
+                    os.write(life_w, b"K")  # the monitor kills the sandbox's PID 1: the kernel does the rest
+                except OSError:
+                    pass
+            if timed_out and now >= kill_deadline:
+                gave_up = True
+                break
+            wait = (kill_deadline if timed_out else deadline) - now
+            for fd, _ev in poller.poll(max(1, int(wait * 1000) + 1)):
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    sinks[fd](chunk)
+                if not chunk or (fd == stat_r and _DONE.search(stat) is not None):
+                    # "D": every process of the program is gone (the monitors exit on their own)
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+        wall = time.monotonic() - t0
+        xstatus, errors, workdir = None, [], None
+        for line in bytes(stat).decode("utf-8", "replace").splitlines():
+            kind, _, rest = line.partition(" ")
+            if kind == "X":
+                try:
+                    xstatus = int(rest)
+                except ValueError:
+                    pass
+            elif kind == "E":
+                errors.append(rest)
+            elif kind == "W":
+                workdir = rest
+        if workdir and workdir.startswith("/tmp/dsm-sandbox-"):
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+        stdout, out_trunc = out.text()
+        stderr, err_trunc = err.text()
+        sig_name, rc, sandbox_error = None, None, None
+        if errors:
+            status, sandbox_error = "error", "; ".join(errors)
+            logger.error("sandbox setup failed, program not run: %s", sandbox_error)
+        elif timed_out:
+            status = "timeout"
+        elif xstatus is None:
+            status = "killed"
+        elif os.WIFSIGNALED(xstatus):
+            sig = os.WTERMSIG(xstatus)
+            rc = -sig
+            sig_name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            status = "timeout" if sig == signal.SIGXCPU else "killed"
+        else:
+            rc = os.WEXITSTATUS(xstatus)
+            status = "ok" if rc == 0 else "error"
+        if gave_up:
+            sandbox_error = f"sandbox teardown did not finish within {_KILL_GRACE_S}s"
+            logger.error("sandbox: %s", sandbox_error)
+        result = ExecResult(status=status, stdout=stdout, stderr=stderr, returncode=rc, wall_s=wall,
+                            signal=sig_name, stdout_truncated=out_trunc, stderr_truncated=err_trunc,
+                            stdout_bytes=out.total, stderr_bytes=err.total, sandbox_error=sandbox_error,
+                            sandbox_uid=head.get("uid"))
+        value = None
+        if status == "ok" and res.total:
+            value = res.text()[0]
+        return result, value
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Module-level default executor.
+_default: SandboxExecutor | None = None
+_default_lock = threading.Lock()
+
+
+def get_executor() -> SandboxExecutor:
+    """The process-wide executor (started on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = SandboxExecutor()
+        return _default
+
+
+def configure(**kwargs: Any) -> SandboxExecutor:
+    """Replace the process-wide executor with one built from ``kwargs`` (see :class:`SandboxExecutor`)."""
+    global _default
+    with _default_lock:
+        old, _default = _default, SandboxExecutor(**kwargs)
+    if old is not None:
+        old.close()
+    return _default
+
+
+@atexit.register
+def _close_default() -> None:
+    if _default is not None:
+        _default.close()
+
+
+def default_workers() -> int:
+    """Default size of the batch pool: the number of CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def isolation_report() -> dict[str, Any]:
+    """Which isolation mechanisms are active here: ``{"mechanisms": {name: bool}, "active": [...],
+    "inactive": [...], "reasons": {name: why}, "warnings": [...], ...}``."""
+    return get_executor().report()
+
+
+def run_python(
+    code: str,
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 512,
+    disk_mb: int = 64,
+    max_procs: int = 32,
+    max_output_bytes: int = 65536,
+    cpu_s: float | None = None,
+) -> ExecResult:
+    """Run ``code`` as a fresh ``__main__`` in its own sandbox; thread-safe.
+
+    ``timeout_s``: wall clock; ``cpu_s``: CPU seconds per process (default ``timeout_s``); ``memory_mb``:
+    address space the program may add to the interpreter's (and the cgroup cap of the whole tree);
+    ``disk_mb``: total size of the working directory and /dev/shm; ``max_procs``: processes + threads;
+    ``max_output_bytes``: kept per stream (first and last halves).
+    """
+    return get_executor().run(code, timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb,
+                              max_procs=max_procs, max_output_bytes=max_output_bytes, cpu_s=cpu_s)[0]
+
+
+def run_many(codes: Sequence[str], *, workers: int | None = None, **kw: Any) -> list[ExecResult]:
+    """Run many programs over a pool of ``workers`` threads (default: CPUs); results in input order."""
+    if not codes:
+        return []
+    n = min(len(codes), workers or default_workers())
+    if n <= 1:
+        return [run_python(c, **kw) for c in codes]
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="sandbox") as pool:
+        return list(pool.map(lambda c: run_python(c, **kw), codes))
+
+
+def run_pot(code: str, **kw: Any) -> tuple[ExecResult, str | None]:
+    """Run a program-of-thought program (defines ``solution()``); return (result, ``str(solution())``).
+
+    The value is ``None`` unless the program ran to completion (``status == "ok"``). Keyword arguments as
+    for :func:`run_python`.
+    """
+    return get_executor().run(code, call="solution", **kw)
+
+
+def run_many_pot(codes: Sequence[str], *, workers: int | None = None, **kw: Any) -> list[tuple[ExecResult, str | None]]:
+    """:func:`run_pot` over a pool of ``workers`` threads; results in input order."""
+    if not codes:
+        return []
+    n = min(len(codes), workers or default_workers())
+    if n <= 1:
+        return [run_pot(c, **kw) for c in codes]
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="sandbox") as pool:
+        return list(pool.map(lambda c: run_pot(c, **kw), codes))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tool-integrated reasoning (DeepSeekMath evaluation/infer/run_tool_integrated_eval.py conventions).
+def truncate_output(text: str) -> str:
+    """The reference evaluator's cut: over 100 characters -> first 50 + "..." + last 50."""
+    if len(text) > 100:
+        return text[:50] + "..." + text[-50:]
+    return text
+
+
+def _error_text(res: ExecResult, error_format: str) -> str:
+    if res.status == "timeout":
+        msg = "Timeout Error"
+    elif res.sandbox_error:
+        msg = f"SandboxError: {res.sandbox_error}"
+    elif res.status == "killed":
+        msg = f"Killed by {res.signal}" if res.signal else "Killed"
+    elif res.status == "error":
+        lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+        if error_format == "full":
+            msg = res.stderr.strip()
+        else:
+            msg = lines[-1] if lines else f"Exit code {res.returncode}"
+    else:
+        return ""
+    if error_format == "full":
+        return "Runtime errors: " + truncate_output(msg.strip())
+    return truncate_output(msg.strip())
+
+
+def run_tir_code(code_so_far: str, *, error_format: str = "concise", **kw: Any) -> str:
+    """Execute the accumulated code of a TIR solution; return the text for its ```output block.
+
+    As the reference evaluator: on success the printed output, stripped and cut by :func:`truncate_output`
+    (stdout is discarded when the program fails); when that is empty, the error: the last traceback line
+    (``error_format="concise"``, the reference's ``--use_concise_exec_info``) or ``"Runtime errors: "`` plus
+    the traceback (``"full"``; the reference cuts that one by 50+50 tokens, here by characters), "Timeout
+    Error" on timeout. Keyword arguments as for :func:`run_python`.
+    """
+    if error_format not in ("concise", "full"):
+        raise ValueError(f"error_format must be 'concise' or 'full', not {error_format!r}")
+    res = run_python(code_so_far, **kw)
+    out = truncate_output(res.stdout.strip()) if res.status == "ok" else ""
+    if not out:
+        out = _error_text(res, error_format)
+    return out.strip()
+
+
+def extract_tir_code(text: str) -> str:
+    """The code to run after a TIR response so far (reference ``extract_code``): "" unless ``text`` ends with
+    a closed code block; all ```python blocks joined, earlier blocks without their ``print(`` lines."""
+    if not text.strip().endswith("```"):
+        return ""
+    if text.startswith("```python"):
+        text = "hey\n" + text
+    blocks = [block.split("```", 1)[0].strip() for block in text.split("```python") if "```" in block]
+    blocks = [block for block in blocks if block]
+    if not blocks:
+        return ""
+    code = []
+    for block in blocks[:-1]:
+        for line in block.split("\n"):
+            if line.startswith("    ") or line.startswith("import") or line.startswith("def "):
+                code.append(line)
+            elif "print(" not in line:
+                code.append(line)
+    return ("\n".join(code) + "\n" + blocks[-1]).strip()
+
+
+def tir_output_block(output: str) -> str:
+    """The text appended after a TIR code block (reference format)."""
+    return f"\n```output\n{output.strip()}\n```\n"
+

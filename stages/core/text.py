@@ -1,0 +1,201 @@
+"""Text normalisation and word n-grams, shared by the crawl generator and the corpus stage.
+
+One definition of a "gram" for the whole project (decontamination, the crawl's contamination
+guard): a ``\\w+`` run after NFKC normalisation and lower-casing, except that every CJK character
+is a gram of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterator
+
+import numpy as np
+
+# CJK ideographs, kana, hangul: one gram per character.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_GRAM = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
+_GSM8K_CALC = re.compile(r"<<[^<>]*>>")
+_SPACE = re.compile(r"\s+")
+
+
+def nfkc_lower(text: str) -> str:
+    """NFKC-normalise and lower-case ``text``."""
+    return unicodedata.normalize("NFKC", text).lower()
+
+
+def grams(text: str) -> list[str]:
+    """The grams of ``text``: ``\\w+`` tokens of the NFKC-normalised, lower-cased text, one per CJK character."""
+    return _GRAM.findall(nfkc_lower(text))
+
+
+def ngrams(tokens: list[str], n: int) -> Iterator[tuple[str, ...]]:
+    """Every contiguous ``n``-gram of ``tokens`` (none when there are fewer than ``n``)."""
+    for i in range(len(tokens) - n + 1):
+        yield tuple(tokens[i:i + n])
+
+
+def strip_calculator(text: str) -> str:
+    """Remove GSM8K ``<<48/2=24>>`` calculator annotations."""
+    return _GSM8K_CALC.sub("", text)
+
+
+def normalize_for_classifier(text: str) -> str:
+    """The text fastText sees: NFKC, lower case, one line, grams and LaTeX/arithmetic symbols kept as tokens.
+
+    Punctuation that carries meaning for math (``$ \\ ^ _ { } = + - * / < >``) is split off as its own
+    token; other punctuation is dropped; digits are kept (numbers matter for math vs. other).
+    """
+    t = nfkc_lower(text)
+    t = re.sub(r"([$\\^_{}=+\-*/<>()%])", r" \1 ", t)
+    t = re.sub(r"[^\w$\\^_{}=+\-*/<>()%]+", " ", t)
+    return _SPACE.sub(" ", t).strip()
+
+
+def normalize_for_hash(text: str) -> str:
+    """Canonical form for exact deduplication: NFKC, lower case, grams joined by single spaces."""
+    return " ".join(grams(text))
+
+
+def url_domain(url: str) -> str:
+    """The base domain of ``url``: host name, lower case, without port, ``www.`` or ``m.``."""
+    rest = url.split("://", 1)[-1]
+    host = re.split(r"[/?#]", rest, maxsplit=1)[0].rsplit("@", 1)[-1].split(":", 1)[0].lower()
+    for pre in ("www.", "m."):
+        if host.startswith(pre):
+            host = host[len(pre):]
+    return host
+
+
+def url_prefix(url: str, depth: int = 1) -> str:
+    """The first ``depth`` path segments of ``url`` as ``/a/b/`` (``/`` for pages at the top of the site)."""
+    rest = url.split("://", 1)[-1]
+    path = re.split(r"[?#]", rest, maxsplit=1)[0]
+    path = path.split("/", 1)[1] if "/" in path else ""
+    segs = [s for s in path.split("/")[:-1] if s][:depth]  # the last segment is the page itself
+    return "/" + "".join(f"{s}/" for s in segs)
+
+
+# Polynomial n-gram hash modulo 2**64 with a fixed odd base (so hashes agree across processes):
+# hash(w) = sum_j w[j] * B**j. Window hashes come from prefix sums: (H[i+L] - H[i]) * B**-i.
+_B = 0x9E3779B97F4A7C15
+_BINV = pow(_B, -1, 2**64)
+_POW: list[np.ndarray] = [np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64)]  # B**k, B**-k
+
+
+def _powers(k: int) -> tuple[np.ndarray, np.ndarray]:
+    if len(_POW[0]) < k:
+        size = max(k, 2 * len(_POW[0]), 4096)
+        for i, base in enumerate((_B, _BINV)):
+            arr = np.full(size, base, dtype=np.uint64)
+            arr[0] = 1
+            _POW[i] = np.cumprod(arr, dtype=np.uint64)
+    return _POW[0], _POW[1]
+
+
+class NgramIndex:
+    """An index of source texts answering "which source does this text copy?" (decontamination).
+
+    A query matches a source when they share an ``n``-gram, or when the source has between
+    ``min_short`` and ``n - 1`` grams and the query contains all of them as a contiguous run (the
+    rule for benchmark texts shorter than ``n``). Grams are mapped to integer ids (a vocabulary
+    built from the sources; a query gram outside it cannot be part of a match) and every window of
+    ids to a 64-bit polynomial hash, so the index is two sorted numpy arrays and a query is a few
+    vectorised operations. Two different n-grams collide with probability about 2**-64 per pair.
+    """
+
+    def __init__(self, n: int, *, min_short: int = 3) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self.n = n
+        self.min_short = min_short
+        self.vocab: dict[str, int] = {}
+        self.sources: list[object] = []
+        self._parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def _ids(self, toks: list[str], grow: bool) -> np.ndarray:
+        if grow:
+            v = self.vocab
+            return np.fromiter((v.setdefault(t, len(v) + 1) for t in toks), dtype=np.uint64, count=len(toks))
+        get = self.vocab.get
+        return np.array([get(t, 0) for t in toks], dtype=np.uint64)
+
+    def add(self, text: str, source: object, *, whole_if_short: bool = True) -> None:
+        """Index ``text`` under ``source`` (its n-grams; the whole text when it is short and ``whole_if_short``)."""
+        toks = grams(text)
+        if len(toks) >= self.n:
+            length = self.n
+        elif whole_if_short and len(toks) >= self.min_short:
+            length = len(toks)
+        else:
+            return
+        ids = self._ids(toks, grow=True)
+        h = _window_hashes(ids, length)
+        if length < self.n:
+            h = h[:1]
+        self.sources.append(source)
+        self._parts.setdefault(length, []).append((h, np.full(len(h), len(self.sources) - 1, dtype=np.int64)))
+        self._tables = None
+
+    def _build(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        if self._tables is None:
+            tables = {}
+            for length, parts in sorted(self._parts.items()):
+                keys = np.concatenate([h for h, _ in parts])
+                vals = np.concatenate([s for _, s in parts])
+                keys, first = np.unique(keys, return_index=True)  # sorted; the first source wins a shared gram
+                tables[length] = (keys, vals[first])
+            self._tables = tables
+        return self._tables
+
+    def match(self, text: str, toks: list[str] | None = None) -> object | None:
+        """The source ``text`` copies (the one matching earliest in the text), or None.
+
+        ``toks``: the grams of ``text`` when the caller already has them."""
+        tables = self._build()
+        if not tables:
+            return None
+        ids = self._ids(grams(text) if toks is None else toks, grow=False)
+        if len(ids) == 0 or not ids.any():
+            return None
+        prefix = _prefix_hashes(ids)
+        best: tuple[int, int] | None = None  # (position in text, source index)
+        for length, (keys, vals) in tables.items():
+            if len(ids) < length:
+                continue
+            h = _window_hashes(ids, length, prefix)
+            pos = np.searchsorted(keys, h)
+            pos[pos == len(keys)] = 0
+            hit = (keys[pos] == h) & _valid_windows(ids, length)
+            if hit.any():
+                i = int(np.argmax(hit))
+                if best is None or i < best[0]:
+                    best = (i, int(vals[pos[i]]))
+        return None if best is None else self.sources[best[1]]
+
+
+def _prefix_hashes(ids: np.ndarray) -> np.ndarray:
+    """H[i] = sum_{k<i} ids[k] * B**k (uint64 arithmetic wraps around)."""
+    pw, _ = _powers(len(ids))
+    h = np.zeros(len(ids) + 1, dtype=np.uint64)
+    np.cumsum(ids * pw[:len(ids)], out=h[1:])
+    return h
+
+
+def _window_hashes(ids: np.ndarray, length: int, prefix: np.ndarray | None = None) -> np.ndarray:
+    """Hash of every window of ``length`` ids."""
+    h = _prefix_hashes(ids) if prefix is None else prefix
+    m = len(ids) - length + 1
+    _, inv = _powers(len(ids))
+    return (h[length:length + m] - h[:m]) * inv[:m]
+
+
+def _valid_windows(ids: np.ndarray, length: int) -> np.ndarray:
+    """True for windows without an unknown (id 0) gram."""
+    unknown = np.concatenate([[0], np.cumsum(ids == 0)])
+    return (unknown[length:] - unknown[:-length]) == 0

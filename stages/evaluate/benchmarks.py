@@ -1,0 +1,152 @@
+"""Benchmarks and their prompts: the held-out generated problems, GSM8K and MATH test files.
+
+Every benchmark becomes a list of :class:`Problem` (id, question, gold answer, difficulty). Difficulty
+is what the per-difficulty breakdown groups by: ``n_steps`` for the generated problems, the number of
+solution lines before ``####`` for GSM8K (its reasoning steps), ``level`` for MATH.
+
+Prompts (:func:`build_prompt`):
+- zero-shot (SFT / RL models): the chat prompt with DeepSeekMath's instruction
+  (:func:`stages.core.prompts.chat_prompt`), generation ends at EOS;
+- few-shot (base / pretrained models): GSM8K 8-shot ``Q:/A:`` (stop ``\\nQ:``), MATH 4-shot Minerva
+  (stop ``\\nProblem:``), and for the generated problems ``n_shots`` exemplars drawn from the SFT split in
+  the same ``Q:/A:`` format, whose answer is the exemplar's CoT, PoT program or TIR solution by mode.
+  DeepSeekMath's few-shot PAL / tool prompts for GSM8K and MATH are not included: few-shot PoT / TIR
+  works on the generated problems only (a one-line error otherwise).
+- tir mode also stops at ```` ```output ```` so that the loop can run the code and inject its output.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from stages.core.answers import gsm8k_gold
+from stages.core.errors import PipelineError
+from stages.core.io import iter_jsonl
+from stages.core.prompts import (
+    MINERVA_STOP,
+    QA_STOP,
+    chat_prompt,
+    gsm8k_fewshot_prompt,
+    minerva_math_prompt,
+    qa_fewshot_prompt,
+)
+
+TIR_STOP = "```output"
+"""Where tool-integrated generation pauses for the code to run (DeepSeekMath's stop word)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One evaluation problem."""
+
+    id: str
+    benchmark: str
+    question: str
+    gold: str
+    difficulty: int | None
+
+
+def load_generated(path: str | Path, limit: int | None = None) -> list[Problem]:
+    """The held-out generated problems (data/generated/problems/test.jsonl); difficulty = n_steps."""
+    out = []
+    for row in iter_jsonl(path):
+        out.append(Problem(str(row["id"]), "generated", row["question"], str(row["answer"]), int(row["n_steps"])))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
+    """GSM8K test rows ``{question, answer}``; gold after ``#### ``; difficulty = solution lines."""
+    out = []
+    for i, row in enumerate(iter_jsonl(path)):
+        if "question" not in row or "answer" not in row:
+            raise PipelineError(f"{path}: row {i + 1} lacks 'question' or 'answer'; expected GSM8K's JSONL format")
+        steps = [ln for ln in row["answer"].split("####")[0].splitlines() if ln.strip()]
+        out.append(Problem(f"gsm8k-{i}", "gsm8k", row["question"], gsm8k_gold(row["answer"]), len(steps)))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def load_math(path: str | Path, limit: int | None = None) -> list[Problem]:
+    """MATH test rows ``{problem, answer, level}`` (rows without an answer are skipped); difficulty = level."""
+    out = []
+    for i, row in enumerate(iter_jsonl(path)):
+        if "problem" not in row:
+            raise PipelineError(f"{path}: row {i + 1} lacks 'problem'; expected the MATH JSONL format")
+        if row.get("answer") is None:
+            continue
+        level = row.get("level")
+        pid = str(row.get("unique_id") or f"math-{i}")
+        out.append(Problem(pid, "math", row["problem"], str(row["answer"]),
+                           int(level) if isinstance(level, int) else None))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def fewshot_exemplars(sft_path: str | Path, n_shots: int, mode: str, seed: int) -> list[tuple[str, str]]:
+    """``n_shots`` (question, solution) pairs drawn at random (``seed``) from the SFT split, solution by mode.
+
+    One exemplar per difficulty first (round-robin over n_steps) so the prompt shows every problem length.
+    """
+    if n_shots == 0:
+        return []
+    rows = list(iter_jsonl(sft_path))
+    if len(rows) < n_shots:
+        raise PipelineError(f"{sft_path}: {len(rows)} SFT problems, fewer than evaluate.common.n_shots={n_shots}")
+    rng = random.Random(seed)
+    rng.shuffle(rows)
+    by_steps: dict[int, list[dict]] = {}
+    for r in rows:
+        by_steps.setdefault(int(r.get("n_steps", 0)), []).append(r)
+    picked: list[dict] = []
+    levels = sorted(by_steps)
+    while len(picked) < n_shots:
+        for lv in levels:
+            if by_steps[lv] and len(picked) < n_shots:
+                picked.append(by_steps[lv].pop())
+    rng.shuffle(picked)
+    return [(r["question"], r[mode]) for r in picked]
+
+
+def stop_strings(benchmark: str, mode: str, prompting: str) -> tuple[str, ...]:
+    """Stop strings of a (benchmark, mode, prompting) combination (EOS always ends generation too)."""
+    stops: list[str] = []
+    if prompting == "few_shot":
+        stops.append(MINERVA_STOP if benchmark == "math" else QA_STOP)
+    if mode == "tir":
+        stops.append(TIR_STOP)
+    return tuple(stops)
+
+
+def check_supported(benchmark: str, mode: str, prompting: str) -> None:
+    """Raise a one-line error for combinations without a prompt format."""
+    if prompting == "few_shot" and mode != "cot" and benchmark != "generated":
+        raise PipelineError(
+            f"evaluate: few-shot {mode} on {benchmark} has no prompt here (DeepSeekMath's PAL / tool few-shot "
+            "prompts are not included); use greedy_modes/sample_modes [cot] for few-shot models on GSM8K/MATH"
+        )
+
+
+def build_prompt(problem: Problem, mode: str, prompting: str, exemplars: list[tuple[str, str]] | None = None) -> str:
+    """The prompt of one problem (see the module docstring)."""
+    check_supported(problem.benchmark, mode, prompting)
+    if prompting == "zero_shot":
+        return chat_prompt(problem.question, mode)  # type: ignore[arg-type]
+    if problem.benchmark == "gsm8k":
+        return gsm8k_fewshot_prompt(problem.question)
+    if problem.benchmark == "math":
+        return minerva_math_prompt(problem.question)
+    return qa_fewshot_prompt(problem.question, exemplars or [])
+
+
+def strip_stops(text: str, stops: tuple[str, ...]) -> str:
+    """``text`` without a trailing few-shot stop string (the generator keeps the stop string it hit)."""
+    for s in stops:
+        if s != TIR_STOP and text.endswith(s):
+            return text[: -len(s)]
+    return text

@@ -1,0 +1,211 @@
+"""The evaluation loop: generate, run programs (PoT / TIR), extract answers, judge them, checkpoint.
+
+One *run* is a (benchmark, mode, decoding) triple, e.g. ``generated_cot_greedy`` or ``gsm8k_cot_sample``.
+Its problems are processed in fixed batches of ``batch_size``; each finished batch is appended to the
+run's checkpoint JSONL with one ``write`` + ``fsync``, so an interrupted run resumes after its last
+finished batch. Batch ``b`` always holds the same problems and samples with seed ``seed + b``, so a
+resumed run draws the same samples as an uninterrupted one (given a deterministic backend).
+
+Modes:
+- ``cot``: the completion is the answer text (extract_answer).
+- ``pot``: the completion is a ``def solution()`` program (or holds one in a ```python block); it runs in
+  the sandbox (``run_many_pot``) and ``str(solution())`` is the answer.
+- ``tir``: DeepSeekMath's tool-integrated loop: generate until ```` ```output ````, run the code written so far
+  (``extract_tir_code``: earlier blocks without their prints, then the last block; ``run_tir_code``: output
+  cut to 50 + 50 characters), append the ```output block (``tir_output_block``) and continue; at most
+  ``tir_max_rounds`` generations (reference 2). After the last round the output is still injected, so the
+  answer can come from the last ```output block, as in the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stages.core.answers import are_equivalent, extract_answer
+from stages.core.generation import SamplingParams
+from stages.core.io import iter_jsonl
+from stages.core.sandbox import extract_tir_code, run_many_pot, run_tir_code, tir_output_block
+from stages.evaluate.benchmarks import TIR_STOP, Problem, build_prompt, stop_strings, strip_stops
+
+_PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run evaluates."""
+
+    benchmark: str
+    mode: str  # cot | pot | tir
+    decoding: str  # greedy | sample
+    n: int  # completions per problem (1 for greedy)
+
+    @property
+    def name(self) -> str:
+        return f"{self.benchmark}_{self.mode}_{self.decoding}"
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Run-independent settings of the loop (from evaluate.common)."""
+
+    batch_size: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    tir_max_rounds: int
+    exec_timeout_s: float
+    exec_workers: int
+
+
+def sampling_params(spec: RunSpec, s: LoopSettings, stops: tuple[str, ...], batch_index: int, n: int | None = None,
+                    round_: int = 0) -> SamplingParams:
+    """Greedy (temperature 0, n 1) or sampling at ``s.temperature`` with seed ``seed + batch + round``."""
+    if spec.decoding == "greedy":
+        return SamplingParams(temperature=0.0, n=1, max_new_tokens=s.max_new_tokens, stop=stops, seed=s.seed)
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, n=spec.n if n is None else n,
+                          max_new_tokens=s.max_new_tokens, stop=stops,
+                          seed=s.seed + batch_index + 1_000_003 * round_)
+
+
+def pot_program(text: str) -> str:
+    """The program of a PoT completion: its last ```python block, else the text before any ```` ``` ````;
+    leading whitespace of the first line removed (responses start with a space)."""
+    blocks = _PY_BLOCK.findall(text)
+    code = blocks[-1] if blocks else text.split("```")[0]
+    return code.lstrip().rstrip()
+
+
+def generate_tir(generator: Any, prompts: Sequence[str], spec: RunSpec, s: LoopSettings, stops: tuple[str, ...],
+                 batch_index: int, pool: ThreadPoolExecutor) -> list[list[dict[str, Any]]]:
+    """The tool-integrated loop for one batch; returns per problem its n completions as dicts."""
+    streams: list[dict[str, Any]] = []  # one per (problem, sample)
+    first = generator.generate(list(prompts), sampling_params(spec, s, stops, batch_index))
+    for pi, comps in enumerate(first):
+        for c in comps:
+            streams.append({"problem": pi, "text": c.text, "finish_reason": c.finish_reason,
+                            "n_tokens": len(c.token_ids), "rounds": 1, "executions": 0})
+    for round_ in range(1, s.tir_max_rounds + 1):  # round_ generations done so far
+        waiting = [st for st in streams if st["finish_reason"] == "stop" and st["text"].endswith(TIR_STOP)]
+        if not waiting:
+            break
+        for st in waiting:  # the reference keeps the text without its stop word, right-stripped
+            st["text"] = st["text"][: -len(TIR_STOP)].rstrip()
+        codes = [extract_tir_code(st["text"]) for st in waiting]
+        ran = [(st, code) for st, code in zip(waiting, codes, strict=True) if code]  # no code: nothing to inject
+        outputs = list(pool.map(lambda sc: run_tir_code(sc[1], timeout_s=s.exec_timeout_s), ran))
+        for (st, _), out in zip(ran, outputs, strict=True):
+            st["text"] += tir_output_block(out)
+            st["executions"] += 1
+        for st in waiting:
+            st["finish_reason"] = "tool"  # paused for the tool; set again by the next generation
+        if round_ >= s.tir_max_rounds:
+            break  # the reference injects the last output but generates no more
+        sp = sampling_params(spec, s, stops, batch_index, n=1, round_=round_)
+        more = generator.generate([prompts[st["problem"]] + st["text"] for st in waiting], sp)
+        for st, comps in zip(waiting, more, strict=True):
+            c = comps[0]
+            st["text"] += c.text
+            st["finish_reason"] = c.finish_reason
+            st["n_tokens"] += len(c.token_ids)
+            st["rounds"] += 1
+    out: list[list[dict[str, Any]]] = [[] for _ in prompts]
+    for st in streams:
+        out[st["problem"]].append({k: st[k] for k in ("text", "finish_reason", "n_tokens", "rounds", "executions")})
+    return out
+
+
+def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s: LoopSettings, prompting: str,
+                   exemplars: list[tuple[str, str]] | None, batch_index: int,
+                   pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
+    """Generate, execute, extract and judge one batch; returns one record per problem."""
+    stops = stop_strings(spec.benchmark, spec.mode, prompting)
+    prompts = [build_prompt(p, spec.mode, prompting, exemplars) for p in problems]
+    if spec.mode == "tir":
+        comps = generate_tir(generator, prompts, spec, s, stops, batch_index, pool)
+    else:
+        raw = generator.generate(prompts, sampling_params(spec, s, stops, batch_index))
+        comps = [[{"text": c.text, "finish_reason": c.finish_reason, "n_tokens": len(c.token_ids)} for c in cs]
+                 for cs in raw]
+    flat = [c for cs in comps for c in cs]
+    for c in flat:
+        c["text"] = strip_stops(c["text"], stops)
+    bench = "math" if spec.benchmark == "math" else "gsm8k"
+    if spec.mode == "pot":
+        results = run_many_pot([pot_program(c["text"]) for c in flat], timeout_s=s.exec_timeout_s,
+                               workers=s.exec_workers)
+        for c, (res, value) in zip(flat, results, strict=True):
+            c["exec_status"] = res.status
+            c["answer"] = None if value is None else str(value).strip()
+    else:
+        for c in flat:
+            c["answer"] = extract_answer(c["text"], bench)
+    golds = [p.gold for p, cs in zip(problems, comps, strict=True) for _ in cs]
+    for c, ok in zip(flat, are_equivalent([c["answer"] for c in flat], golds, workers=s.exec_workers), strict=True):
+        c["correct"] = bool(ok)
+    records = []
+    for p, cs in zip(problems, comps, strict=True):
+        records.append({
+            "id": p.id, "benchmark": p.benchmark, "mode": spec.mode, "decoding": spec.decoding,
+            "difficulty": p.difficulty, "question": p.question, "gold": p.gold,
+            "n_correct": sum(c["correct"] for c in cs), "completions": cs,
+        })
+    return records
+
+
+def read_checkpoint(path: Path) -> dict[str, dict[str, Any]]:
+    """Finished records of a run's checkpoint by problem id (a torn last line is ignored)."""
+    if not path.is_file():
+        return {}
+    return {r["id"]: r for r in iter_jsonl(path, skip_bad=True) if "id" in r}
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a partial last line (a kill in the middle of a write) so that appends start on a fresh line."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def _append(path: Path, records: list[dict[str, Any]]) -> None:
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_one(generator: Any, problems: Sequence[Problem], spec: RunSpec, s: LoopSettings, prompting: str,
+            exemplars: list[tuple[str, str]] | None, checkpoint: Path,
+            progress: Callable[[int, int], None] | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Evaluate ``problems`` for one run, resuming from ``checkpoint``; returns (records in problem order,
+    number of problems resumed from the checkpoint)."""
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    _drop_torn_tail(checkpoint)
+    done = read_checkpoint(checkpoint)
+    resumed = sum(1 for p in problems if p.id in done)
+    with ThreadPoolExecutor(max_workers=max(1, s.exec_workers)) as pool:
+        for b, batch in _batches(problems, s.batch_size):
+            todo = [p for p in batch if p.id not in done]
+            if todo:
+                recs = evaluate_batch(generator, todo, spec, s, prompting, exemplars, b, pool)
+                _append(checkpoint, recs)
+                done.update({r["id"]: r for r in recs})
+            if progress is not None:
+                progress(min((b + 1) * s.batch_size, len(problems)), len(problems))
+    return [done[p.id] for p in problems], resumed
+
+
+def _batches(items: Sequence[Problem], size: int) -> Iterator[tuple[int, Sequence[Problem]]]:
+    for b, start in enumerate(range(0, len(items), size)):
+        yield b, items[start:start + size]

@@ -1,0 +1,260 @@
+"""The ``evaluate`` stage for one model: every run it asks for, its completions, metrics and plots.
+
+Outputs (``<model>`` is a key of ``evaluate.models``):
+- ``data/eval/<model>/<benchmark>_<mode>_<greedy|sample>.jsonl``: one row per problem with every
+  completion, its extracted answer and verdict; ``prompts.txt``: the first prompt of each run;
+- ``data/metrics/evaluate_<model>.json`` (dvc metrics): per benchmark, mode and decoding: greedy
+  accuracy, or pass@k / maj@k for k = 1, 2, 4, ... n; each also per difficulty; ``wall_s``;
+- ``data/plots/evaluate/<model>/<benchmark>_<mode>.tsv`` (dvc plots): k, pass@k, maj@k per sampled run.
+
+Resumable: each run appends finished batches to ``checkpoints/evaluate/<hash>/<run>.jsonl``, where the
+hash covers the model's weights, the params, the benchmark files and the evaluation code, so only an
+identical evaluation resumes; the checkpoint is deleted once the outputs are written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stages.core import generation, paths
+from stages.core.answers import is_equivalent
+from stages.core.errors import PipelineError
+from stages.core.io import atomic_path, write_json
+from stages.core.modeling import resolve_model
+from stages.evaluate.benchmarks import (
+    Problem,
+    build_prompt,
+    check_supported,
+    fewshot_exemplars,
+    load_generated,
+    load_gsm8k,
+    load_math,
+)
+from stages.evaluate.loop import LoopSettings, RunSpec, run_one
+from stages.evaluate.metrics import default_ks, sample_metrics
+from stages.params import EvalCommonParams, EvalModelParams, EvaluateParams
+
+_CODE_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "core")
+
+
+def load_benchmarks(c: EvalCommonParams) -> dict[str, list[Problem]]:
+    """The benchmarks the params ask for, each cut to ``limit`` problems."""
+    out: dict[str, list[Problem]] = {}
+    if c.generated:
+        out["generated"] = load_generated(paths.problems_file("test"), c.limit)
+    if c.gsm8k_test:
+        out["gsm8k"] = load_gsm8k(c.gsm8k_test, c.limit)
+    if c.math_test:
+        out["math"] = load_math(c.math_test, c.limit)
+    if not out:
+        raise PipelineError("evaluate.common: no benchmark selected; set generated: true or give gsm8k_test / math_test")
+    return out
+
+
+def plan_runs(m: EvalModelParams, benchmarks: Sequence[str]) -> list[RunSpec]:
+    """Every (benchmark, mode, decoding) run of one model, checked for a prompt format up front."""
+    runs = []
+    for bench in benchmarks:
+        for mode in m.greedy_modes:
+            check_supported(bench, mode, m.prompting)
+            runs.append(RunSpec(bench, mode, "greedy", 1))
+        for mode in m.sample_modes:
+            check_supported(bench, mode, m.prompting)
+            runs.append(RunSpec(bench, mode, "sample", m.n_samples))
+    if not runs:
+        raise PipelineError("evaluate.models: a model with no greedy_modes and no sample_modes evaluates nothing")
+    return runs
+
+
+def _file_digest(path: Path, h: Any) -> None:
+    st = path.stat()
+    h.update(f"{path.name}:{st.st_size}:".encode())
+    if st.st_size <= 256 * 2**20:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(2**20), b""):
+                h.update(chunk)
+    else:  # multi-GB weights: size and mtime stand in for the content
+        h.update(str(st.st_mtime_ns).encode())
+
+
+def fingerprint(model: str, m: EvalModelParams, c: EvalCommonParams, data_files: Sequence[str | Path]) -> str:
+    """Hash of everything an evaluation's results depend on (the checkpoint directory name)."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"model": model, "m": m.model_dump(), "c": c.model_dump()}, sort_keys=True).encode())
+    target = Path(resolve_model(m.path))
+    files = sorted(p for p in target.iterdir() if p.is_file()) if target.is_dir() else []
+    h.update(str(target if not files else "").encode())
+    for p in files:
+        _file_digest(p, h)
+    for f in data_files:
+        _file_digest(Path(f), h)
+    for d in _CODE_DIRS:
+        for p in sorted(d.glob("*.py")):
+            _file_digest(p, h)
+    return h.hexdigest()[:16]
+
+
+def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams) -> dict[str, Any]:
+    """Metrics of one run: greedy accuracy, or pass@k / maj@k; overall and per difficulty."""
+    if spec.decoding == "greedy":
+        return _greedy_summary(records, spec)
+    ks = default_ks(spec.n)
+    per_problem = []
+    for i, r in enumerate(records):
+        comps = r["completions"]
+        per_problem.append(sample_metrics(
+            [x["answer"] for x in comps], [x["correct"] for x in comps],
+            lambda a, b: is_equivalent(a, b), ks, max_subsets=c.maj_subsets, seed=c.seed + i,
+        ))
+    out: dict[str, Any] = {"n": len(records), "n_samples": spec.n, "temperature": c.temperature}
+    out.update(_mean_dicts(per_problem))
+    comps_all = [x for r in records for x in r["completions"]]
+    out["no_answer"] = _frac(x["answer"] is None for x in comps_all)
+    by: dict[str, list[dict[str, float]]] = {}
+    for r, pm in zip(records, per_problem, strict=True):
+        by.setdefault(str(r["difficulty"]), []).append(pm)
+    out["by_difficulty"] = {d: {"n": len(v), **_mean_dicts(v)} for d, v in sorted(by.items())}
+    return out
+
+
+def _greedy_summary(records: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
+    comps = [r["completions"][0] for r in records]
+    out: dict[str, Any] = {
+        "acc": _frac(x["correct"] for x in comps),
+        "n": len(records),
+        "no_answer": _frac(x["answer"] is None for x in comps),
+        "truncated": _frac(x["finish_reason"] == "length" for x in comps),
+        "mean_tokens": round(sum(x["n_tokens"] for x in comps) / max(1, len(comps)), 2),
+    }
+    if spec.mode == "pot":
+        out["exec_ok"] = _frac(x.get("exec_status") == "ok" for x in comps)
+    if spec.mode == "tir":
+        out["mean_executions"] = round(sum(x.get("executions", 0) for x in comps) / max(1, len(comps)), 3)
+    by: dict[str, list[bool]] = {}
+    for r, x in zip(records, comps, strict=True):
+        by.setdefault(str(r["difficulty"]), []).append(x["correct"])
+    out["by_difficulty"] = {d: {"acc": _frac(v), "n": len(v)} for d, v in sorted(by.items())}
+    return out
+
+
+def _frac(xs: Any) -> float:
+    xs = list(xs)
+    return round(sum(bool(x) for x in xs) / len(xs), 4) if xs else 0.0
+
+
+def _mean_dicts(ds: list[dict[str, float]]) -> dict[str, float]:
+    if not ds:
+        return {}
+    return {k: round(sum(d[k] for d in ds) / len(ds), 4) for k in ds[0]}
+
+
+def make_generator(c: EvalCommonParams, model_path: str) -> Any:
+    """The generation backend (evaluate.common.backend) for the model directory ``model_path``."""
+    backend = generation.resolve_backend(c.backend)
+    kw: dict[str, Any] = {"dtype": c.dtype}
+    if backend == "hf":
+        kw["batch_size"] = c.batch_size
+    return generation.make_generator(backend, resolve_model(model_path), None, **kw)
+
+
+def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
+    """Evaluate the model ``model`` (a key of ``p.models``); returns (and writes) its metrics.
+
+    ``generator`` overrides the backend built from params (tests pass one).
+    """
+    t0 = time.perf_counter()
+    if model not in p.models:
+        raise PipelineError(f"evaluate: unknown model {model!r}; evaluate.models has {sorted(p.models)}")
+    m, c = p.models[model], p.common
+    resolve_model(m.path)  # one-line error when the model directory is missing
+    benchmarks = load_benchmarks(c)
+    runs = plan_runs(m, list(benchmarks))
+    sft_file = paths.problems_file("sft")
+    need_shots = m.prompting == "few_shot" and "generated" in benchmarks and c.n_shots > 0
+    data_files = [f for f in (paths.problems_file("test") if c.generated else None, c.gsm8k_test, c.math_test,
+                              sft_file if need_shots else None) if f]
+    ckpt_dir = paths.CHECKPOINTS / "evaluate" / fingerprint(model, m, c, data_files)
+    if generator is None:
+        generator = make_generator(c, m.path)
+    settings = LoopSettings(c.batch_size, c.max_new_tokens, c.temperature, c.top_p, c.seed, c.tir_max_rounds,
+                            c.exec_timeout_s, c.exec_workers)
+
+    metrics: dict[str, Any] = {"model": model, "prompting": m.prompting}
+    outputs: dict[str, list[dict[str, Any]]] = {}
+    prompt_examples: list[str] = []
+    resumed_total = 0
+    gen_tokens = 0
+    for spec in runs:
+        problems = benchmarks[spec.benchmark]
+        if spec.decoding == "sample" and c.sample_limit is not None:
+            problems = problems[: c.sample_limit]
+        exemplars = (fewshot_exemplars(sft_file, c.n_shots, spec.mode, c.seed)
+                     if m.prompting == "few_shot" and spec.benchmark == "generated" else None)
+        prompt_examples.append(f"===== {spec.name} =====\n{build_prompt(problems[0], spec.mode, m.prompting, exemplars)}")
+        t_run = time.perf_counter()
+        records, resumed = run_one(generator, problems, spec, settings, m.prompting, exemplars,
+                                   ckpt_dir / f"{spec.name}.jsonl", progress=_progress(f"{model}:{spec.name}"))
+        resumed_total += resumed
+        gen_tokens += sum(x["n_tokens"] for r in records for x in r["completions"])
+        outputs[spec.name] = records
+        summary = summarize(records, spec, c)
+        summary["wall_s"] = round(time.perf_counter() - t_run, 2)
+        metrics.setdefault(spec.benchmark, {}).setdefault(spec.mode, {})[spec.decoding] = summary
+
+    with atomic_path(paths.eval_dir(model)) as tmp:
+        tmp.mkdir(parents=True)
+        for name, records in outputs.items():
+            with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        (tmp / "prompts.txt").write_text("\n\n".join(prompt_examples) + "\n", encoding="utf-8")
+    write_plots(model, metrics)
+    metrics["resumed_problems"] = resumed_total
+    metrics["generated_tokens"] = gen_tokens
+    metrics["wall_s"] = round(time.perf_counter() - t0, 2)
+    write_json(paths.metrics_file(f"evaluate_{model}"), metrics)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    return metrics
+
+
+def write_plots(model: str, metrics: dict[str, Any]) -> None:
+    """dvc plots under data/plots/evaluate/<model>/: per sampled run ``<bench>_<mode>_at_k.tsv`` (k,
+    pass_at_k, maj_at_k); per greedy run ``<bench>_<mode>_greedy_by_difficulty.tsv`` (difficulty, acc, n)."""
+    out_dir = paths.plots_dir("evaluate") / model
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        for bench, modes in metrics.items():
+            if not isinstance(modes, dict):
+                continue
+            for mode, decs in modes.items():
+                if not isinstance(decs, dict):
+                    continue
+                if "sample" in decs:
+                    s = decs["sample"]
+                    rows = ["k\tpass_at_k\tmaj_at_k"]
+                    rows += [f"{k}\t{s[f'pass@{k}']}\t{s[f'maj@{k}']}" for k in default_ks(s["n_samples"])]
+                    (tmp / f"{bench}_{mode}_at_k.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+                if "greedy" in decs:
+                    g = decs["greedy"]["by_difficulty"]
+                    rows = ["difficulty\tacc\tn"] + [f"{d}\t{v['acc']}\t{v['n']}" for d, v in g.items()]
+                    (tmp / f"{bench}_{mode}_greedy_by_difficulty.tsv").write_text("\n".join(rows) + "\n",
+                                                                                 encoding="utf-8")
+
+
+def _progress(label: str) -> Any:
+    last = [0.0]
+
+    def report(done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done == total or now - last[0] > 5.0:
+            last[0] = now
+            print(f"[evaluate] {label}: {done}/{total} problems", file=sys.stderr, flush=True)
+
+    return report

@@ -1,0 +1,72 @@
+"""The ``pretrain`` stage: continual pretraining of the base model on a mixture of text sources.
+
+Paper ([P] section 2.3, ../shared/docs/deepseekmath.md section 2): 500B tokens, 56% math corpus, 4%
+AlgebraicStack, 10% arXiv, 20% code, 10% general text; AdamW (0.9, 0.95, wd 0.1); multi-step LR (warm-up
+2000 steps, 31.6% of the peak after 80% of the steps, 10% after 90%); 4K context. The tiny default mixes
+the corpus stage's math corpus with its general crawl text. The first ``eval_docs`` rows of the first
+source (the math corpus) are held out: their loss and perplexity are measured before and after training.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from stages.core import paths
+from stages.core.io import write_json
+from stages.params import PretrainParams
+from stages.train.checkpoint import run_hash
+from stages.train.common import cli, export_model, is_main_process, load_start_model, loop_metrics, write_curves
+from stages.train.data import PackedMixture, read_heldout_texts, text_eval_batches
+from stages.train.loop import eval_loss, train
+
+
+def pretrain(p: PretrainParams, *, base_dir: str | Path, out_dir: str | Path, ckpt_root: str | Path,
+             plots_dir: str | Path) -> dict[str, Any]:
+    """Train the model in ``base_dir`` on ``p.mixture``; save it to ``out_dir``; return metrics (no wall_s)."""
+    t = p.train
+    model, tok = load_start_model(base_dir, t.seq_len, "pretrain")
+    sources = [(s.path, s.ratio) for s in p.mixture]
+    stream = PackedMixture(sources, tok, t.seq_len, t.seed, skip_first_rows=p.eval_docs)
+    heldout = text_eval_batches(read_heldout_texts(p.mixture[0].path, p.eval_docs), tok, t.seq_len, p.eval_tokens,
+                                t.micro_batch_size)
+
+    def eval_fn(m: Any) -> float:
+        return eval_loss(m, heldout)
+
+    before = eval_fn(model) if heldout else float("nan")
+    rh = run_hash(p.model_dump(), [base_dir, *[s.path for s in p.mixture]])
+    res = train(model, stream, t, Path(ckpt_root) / rh, eval_fn=eval_fn if heldout else None, desc="pretrain")
+    after = res.evals[-1]["eval_loss"] if res.evals else float("nan")
+    metrics: dict[str, Any] = {
+        **loop_metrics(res),
+        "n_params": sum(x.numel() for x in model.parameters()),
+        "heldout_tokens": sum(int((b["labels"] != -100).sum()) for b in heldout),
+        "eval_loss_before": round(before, 4),
+        "eval_loss_after": round(after, 4),
+        "perplexity_before": round(math.exp(before), 2) if math.isfinite(before) else None,
+        "perplexity_after": round(math.exp(after), 2) if math.isfinite(after) else None,
+        "mixture_tokens": {s.path: n for s, n in zip(p.mixture, stream.tokens_by_source, strict=True)},
+        "source_epochs": {s.path: r.epoch for s, r in zip(p.mixture, stream.readers, strict=True)},
+    }
+    export_model(model, tok, out_dir, res, extra={"stage": "pretrain", "params": p.model_dump(), "run_hash": rh})
+    if is_main_process():
+        metrics["plots"] = write_curves("pretrain", Path(plots_dir), res, "pretrain: loss on the mixture")
+    return metrics
+
+
+def run(p: PretrainParams) -> dict[str, Any]:
+    """Pretrain data/models/base on the mixture into data/models/pretrain; write data/metrics/pretrain.json."""
+    t0 = time.perf_counter()
+    metrics = pretrain(p, base_dir=paths.BASE_MODEL, out_dir=paths.PRETRAIN_MODEL,
+                       ckpt_root=paths.CHECKPOINTS / "pretrain", plots_dir=paths.plots_dir("pretrain"))
+    metrics["wall_s"] = round(time.perf_counter() - t0, 2)
+    if is_main_process():
+        write_json(paths.metrics_file("pretrain"), metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli("pretrain", run))

@@ -1,0 +1,65 @@
+"""The continued-SFT baseline of the grpo stage: the start model trained further with the SFT loss on
+the reference CoT solutions of exactly the questions GRPO saw, step by step (same number of steps,
+same questions per step). It answers "is RL better than just more SFT on the same data?".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from stages.core.errors import PipelineError
+from stages.core.prompts import chat_prompt, response_text
+from stages.rl.data import step_questions
+
+
+def sft_batch(rows: list[dict[str, Any]], tokenizer: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """(input_ids, attention_mask, labels) right-padded; labels are -100 except on the response + EOS."""
+    seqs, labs = [], []
+    for r in rows:
+        p = tokenizer(chat_prompt(r["question"], "cot"))["input_ids"]
+        a = tokenizer(response_text(r["cot"]), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(p + a)
+        labs.append([-100] * len(p) + a)
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros(len(seqs), L, dtype=torch.long)
+    lab = torch.full((len(seqs), L), -100, dtype=torch.long)
+    for i, (s, la) in enumerate(zip(seqs, labs, strict=True)):
+        ids[i, :len(s)] = torch.tensor(s)
+        att[i, :len(s)] = 1
+        lab[i, :len(la)] = torch.tensor(la)
+    return ids, att, lab
+
+
+def continued_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, steps: int, per_step: int, seed: int,
+                  lr: float, max_grad_norm: float, micro_batch_size: int) -> list[dict[str, float]]:
+    """Train ``model`` in place for ``steps`` SFT steps over the GRPO question order; return per-step rows."""
+    if any("cot" not in r for r in rows):
+        raise PipelineError("grpo.baseline: the prompt rows have no 'cot' reference solution; disable the baseline or add them")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    history = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        batch = [rows[i] for i in step_questions(len(rows), step, per_step, seed)]
+        ids, att, lab = sft_batch(batch, tokenizer)
+        n_tok = int((lab[:, 1:] != -100).sum())
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for sl in torch.arange(len(batch)).split(micro_batch_size):
+            logits = model(input_ids=ids[sl], attention_mask=att[sl], use_cache=False).logits[:, :-1].float()
+            tgt = lab[sl][:, 1:]
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                                     ignore_index=-100, reduction="sum") / max(n_tok, 1)
+            loss.backward()
+            total += loss.item()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        if torch.isfinite(gn):
+            opt.step()
+        history.append({"step": step, "sft_loss": total, "grad_norm": float(gn), "step_s": time.perf_counter() - t0})
+    model.eval()
+    return history

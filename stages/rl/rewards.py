@@ -1,0 +1,98 @@
+"""Reward functions for GRPO rollouts (the paper's "rule" reward is answer correctness, section 5.2.1).
+
+Every reward function is called with keyword arguments and returns a float::
+
+    fn(*, question: str, completion: str, answer: str, finish_reason: str, row: dict) -> float
+
+``completion`` is the decoded output (special tokens skipped), ``answer`` the gold answer,
+``finish_reason`` "stop" (EOS or a stop string) or "length" (cut at max_new_tokens), ``row`` the
+prompt row (every key of the prompt JSONL). A custom function is given by import path
+``package.module:function`` in ``grpo.reward.custom``; accept ``**_`` for arguments you do not use.
+
+The reward of a sample is ``sum_k w_k * fn_k(...)``. If any function raises or returns a
+non-finite value for a sample, that sample's reward is NaN: it is excluded from its group's
+statistics and from the loss, and counted (``n_reward_failures``); the rest of the batch is kept.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stages.core.errors import PipelineError
+
+RewardFn = Callable[..., float]
+
+_BOXED = re.compile(r"\\boxed\{")
+
+
+def accuracy_reward(*, completion: str, answer: str, **_: Any) -> float:
+    """1.0 when the extracted final answer (DeepSeekMath's extraction order) equals the gold answer, else 0.0."""
+    from stages.core.answers import extract_answer, is_equivalent
+
+    return 1.0 if is_equivalent(extract_answer(completion, "math"), answer) else 0.0
+
+
+def format_reward(*, completion: str, finish_reason: str, **_: Any) -> float:
+    """1.0 when the output stopped by itself (not truncated) and holds exactly one ``\\boxed{``, else 0.0."""
+    return 1.0 if finish_reason == "stop" and len(_BOXED.findall(completion)) == 1 else 0.0
+
+
+def import_reward(path: str) -> RewardFn:
+    """Import ``module:function``; a bad path is a one-line PipelineError."""
+    mod_name, sep, fn_name = path.partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise PipelineError(f"grpo.reward.custom: {path!r} is not 'module:function'")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise PipelineError(f"grpo.reward.custom: cannot import {path!r} ({e})") from None
+    if not callable(fn):
+        raise PipelineError(f"grpo.reward.custom: {path!r} is not callable")
+    return fn
+
+
+@dataclass
+class RewardSet:
+    """Named reward functions with weights; ``score`` one sample, ``score_many`` a batch."""
+
+    fns: list[tuple[str, RewardFn, float]]
+    failures: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_params(cls, accuracy_weight: float, format_weight: float, custom: Sequence[str],
+                    custom_weights: Sequence[float]) -> RewardSet:
+        if len(custom) != len(custom_weights):
+            raise PipelineError(
+                f"grpo.reward: custom has {len(custom)} entries but custom_weights {len(custom_weights)}; give one weight per function"
+            )
+        fns: list[tuple[str, RewardFn, float]] = []
+        if accuracy_weight:
+            fns.append(("accuracy", accuracy_reward, accuracy_weight))
+        if format_weight:
+            fns.append(("format", format_reward, format_weight))
+        for path, w in zip(custom, custom_weights, strict=True):
+            fns.append((path, import_reward(path), w))
+        if not fns:
+            raise PipelineError("grpo.reward: every weight is 0 and no custom function is given; enable at least one reward")
+        return cls(fns)
+
+    def score(self, **sample: Any) -> tuple[float, dict[str, float]]:
+        """(total reward, per-function values); total is NaN when any function failed on this sample."""
+        parts: dict[str, float] = {}
+        total = 0.0
+        for name, fn, w in self.fns:
+            try:
+                v = float(fn(**sample))
+            except Exception:  # a user reward function may fail on one odd sample: exclude it, count it
+                v = math.nan
+            if not math.isfinite(v):
+                self.failures[name] = self.failures.get(name, 0) + 1
+                total = math.nan
+            parts[name] = v
+            total += w * v
+        return total, parts

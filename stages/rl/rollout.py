@@ -1,0 +1,147 @@
+"""Rollouts for GRPO: sample G outputs per question, score them, and lay them out as tensors.
+
+Sampling goes through the project's generation interface (stages.core.generation), so the same code
+runs on HF (CPU) and vLLM. The log-probs used in the ratio (pi_old) and the KL (pi_ref) come from a
+teacher-forced forward pass of the training / reference model over prompt + completion, with
+logits / temperature and no top-p / top-k truncation (TRL #6789). The sampler's own log-probs are
+only compared with them (``mismatch`` metrics, verl #2996).
+
+Tensor layout of a rollout batch of N = Q * G outputs (row n = q * G + g)::
+
+    input_ids       (N, P + T)  prompt left-padded to P, completion right-padded to T
+    attention_mask  (N, P + T)
+    completion_mask (N, T)      1 on generated tokens (EOS included)
+    loss_mask       (N, T)      completion_mask minus tool-output tokens, excluded outputs, ...
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_OUTPUT_BLOCK = re.compile(r"```output\n.*?(?:```|$)", re.DOTALL)
+
+
+@dataclass
+class Rollout:
+    """One step's samples and their tensors (see the module docstring for shapes)."""
+
+    rows: list[dict[str, Any]]
+    texts: list[str]
+    finish_reasons: list[str]
+    input_ids: Tensor
+    attention_mask: Tensor
+    completion_mask: Tensor
+    loss_mask: Tensor
+    sampler_logprobs: Tensor
+    prompt_len: int
+    group_size: int
+
+    @property
+    def completion_lengths(self) -> Tensor:
+        return self.completion_mask.sum(-1)
+
+
+def tool_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
+    """1 per token, 0 for tokens that overlap a tool-injected ```output ... ``` block.
+
+    The executor, not the policy, wrote those tokens, so they take no part in the loss or the KL
+    (TIR rollouts). Cheap when there is no such block (one decode).
+    """
+    ids = list(token_ids)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if "```output" not in text:
+        return [1] * len(ids)
+    # character end offset of every token, by decoding growing prefixes
+    ends = [len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) for k in range(len(ids))]
+    spans = [(m.start(), m.end()) for m in _OUTPUT_BLOCK.finditer(text)]
+    keep = []
+    start = 0
+    for end in ends:
+        overlap = any(s < end and start < e for s, e in spans) and end > start
+        keep.append(0 if overlap else 1)
+        start = end
+    return keep
+
+
+def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: list[list[Any]], tokenizer: Any,
+                  *, mask_truncated: bool) -> Rollout:
+    """Tokenise prompts (with BOS, as the tokenizer adds it) and concatenate the generated ids.
+
+    ``completions[q][g]`` follows the generation interface (token_ids, logprobs, text, finish_reason).
+    """
+    G = len(completions[0])
+    pad = tokenizer.pad_token_id
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    P = max(len(x) for x in prompt_ids)
+    flat = [(q, c) for q, group in enumerate(completions) for c in group]
+    T = max(1, max(len(c.token_ids) for _, c in flat))
+    N = len(flat)
+    input_ids = torch.full((N, P + T), pad, dtype=torch.long)
+    attn = torch.zeros(N, P + T, dtype=torch.long)
+    cmask = torch.zeros(N, T)
+    lmask = torch.zeros(N, T)
+    slp = torch.zeros(N, T)
+    texts, reasons = [], []
+    for n, (q, c) in enumerate(flat):
+        p = prompt_ids[q]
+        ids = list(c.token_ids)
+        input_ids[n, P - len(p):P] = torch.tensor(p)
+        attn[n, P - len(p):P] = 1
+        if ids:
+            input_ids[n, P:P + len(ids)] = torch.tensor(ids)
+            attn[n, P:P + len(ids)] = 1
+            cmask[n, :len(ids)] = 1
+            lmask[n, :len(ids)] = torch.tensor(tool_output_mask(ids, tokenizer), dtype=torch.float)
+            if c.logprobs is not None:
+                slp[n, :len(ids)] = torch.tensor([float(x) for x in c.logprobs][: len(ids)])
+        if mask_truncated and c.finish_reason == "length":
+            lmask[n] = 0
+        texts.append(c.text)
+        reasons.append(c.finish_reason)
+    return Rollout(
+        rows=[rows[q] for q, _ in flat],
+        texts=texts, finish_reasons=reasons, input_ids=input_ids, attention_mask=attn,
+        completion_mask=cmask, loss_mask=lmask, sampler_logprobs=slp, prompt_len=P, group_size=G,
+    )
+
+
+def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float,
+                   *, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Teacher-forced log pi(o_t | q, o_<t) of the completion tokens, from logits / temperature.
+
+    input_ids/attention_mask: (B, P + T), prompt left-padded to P. Returns (B, T) log-probs (with
+    gradient if enabled) and, when ``entropy``, the (B, T) entropy of the full-vocabulary
+    distribution softmax(logits / T) (detached). Position ids follow the attention mask, as in
+    generation with left padding.
+    """
+    T = input_ids.shape[1] - prompt_len
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, logits_to_keep=T + 1, use_cache=False)
+    logits = out.logits[:, :-1, :].float() / temperature  # position P-1+t predicts completion token t
+    logp_all = torch.log_softmax(logits, dim=-1)
+    targets = input_ids[:, prompt_len:]
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent
+
+
+def mismatch_metrics(sampler_logprobs: Tensor, train_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+    """Train/rollout log-prob mismatch over ``mask``: mean |delta|, max |delta| and a k3 KL(sampler||train)."""
+    m = mask.bool()
+    if not m.any():
+        return {"mismatch_abs_mean": 0.0, "mismatch_abs_max": 0.0, "mismatch_kl": 0.0}
+    d = (train_logprobs - sampler_logprobs)[m].double()
+    return {
+        "mismatch_abs_mean": float(d.abs().mean()),
+        "mismatch_abs_max": float(d.abs().max()),
+        "mismatch_kl": float((d.exp() - d - 1).mean()),
+    }

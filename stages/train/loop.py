@@ -1,0 +1,438 @@
+"""The one training loop (pretrain and sft): AdamW, LR schedule, accumulation, clipping, bf16 autocast,
+non-finite step skipping, atomic resumable checkpoints, held-out evaluation with best-checkpoint
+keeping, progress bar; plain PyTorch or a DeepSpeed engine (ZeRO 0-3) with the same optimizer,
+schedule and data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from stages.core.errors import PipelineError
+from stages.core.io import atomic_path
+from stages.params import TrainLoopParams
+from stages.train import checkpoint as ck
+from stages.train.data import BatchSource
+from stages.train.ds_config import deepspeed_config
+from stages.train.losses import token_nll_sum
+from stages.train.schedule import lr_factor
+
+EvalFn = Callable[[torch.nn.Module], float]
+
+
+# ---------------------------------------------------------------------------------------------
+# small pieces
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """Whether to train with bf16: ``bf16`` always, ``fp32`` never, ``auto`` where bf16 matmuls are fast
+    (CUDA with bf16 support; CPUs with AMX tiles, whose oneDNN kernels run bf16 matmuls on AMX)."""
+    if precision != "auto":
+        return precision == "bf16"
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay on matrices (weights, embeddings), none on 1-D tensors (norm scales, biases)."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: torch.nn.Module, p: TrainLoopParams) -> torch.optim.AdamW:
+    """AdamW with the params' betas, eps and decoupled weight decay (paper: 0.9, 0.95, 0.1)."""
+    return torch.optim.AdamW(param_groups(model, p.weight_decay), lr=p.lr, betas=(p.adam_beta1, p.adam_beta2),
+                             eps=p.adam_eps, foreach=False)
+
+
+def make_scheduler(opt: torch.optim.Optimizer, p: TrainLoopParams) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR over :func:`stages.train.schedule.lr_factor` (stepped once per optimizer step, skipped or not)."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, p.steps, p.warmup_steps, p.schedule))
+
+
+def _rng_state() -> dict[str, Any]:
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict[str, Any]) -> None:
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed_env() -> None:
+    """Make a single plain process look like rank 0 of a world of 1 (deepspeed/torchrun set these themselves)."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def launched_distributed() -> bool:
+    """True when launched by ``deepspeed`` / ``torchrun`` with several processes (WORLD_SIZE > 1); a single
+    process uses DeepSpeed only when ``deepspeed.enabled`` is set."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+@contextlib.contextmanager
+def gathered_params(model: torch.nn.Module, zero_stage: int) -> Iterator[None]:
+    """Inside: ZeRO-3 partitioned parameters are whole on every rank (a no-op otherwise)."""
+    if zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+            yield
+    else:
+        yield
+
+
+def full_state_dict(model: torch.nn.Module, zero_stage: int = 0) -> dict[str, torch.Tensor]:
+    """A CPU copy of the full state dict (gathered under ZeRO-3; tied weights kept once)."""
+    with gathered_params(model, zero_stage):
+        out: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for k, v in model.state_dict().items():
+            if v.data_ptr() in seen and v.numel() > 0:
+                continue
+            seen.add(v.data_ptr())
+            out[k] = v.detach().to("cpu", copy=True).contiguous()
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+@dataclass
+class TrainResult:
+    """What a call of :func:`train` did."""
+
+    total_steps: int
+    start_step: int
+    steps_run: int
+    skipped_steps: int
+    tokens: int
+    target_tokens: int
+    train_wall_s: float
+    precision: str
+    history: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    best_eval_loss: float | None = None
+    best_step: int | None = None
+    run_dir: str = ""
+    world_size: int = 1
+    zero_stage: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Input tokens processed per second of this call's training time (all ranks)."""
+        return self.tokens / self.train_wall_s if self.train_wall_s > 0 else 0.0
+
+
+def forward_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor], bf16: bool, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed NLL and scored-token count of one batch (packed rows: block-diagonal attention via position_ids)."""
+    b = {k: v.to(device) for k, v in batch.items()}
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False).logits
+    return token_nll_sum(logits, b["labels"])
+
+
+@torch.no_grad()
+def eval_loss(model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]], *, bf16: bool = False,
+              device: torch.device | None = None) -> float:
+    """Mean per-token NLL over fixed batches (nan when there are none)."""
+    device = device or next(model.parameters()).device
+    was = model.training
+    model.eval()
+    tot, n = 0.0, 0
+    for b in batches:
+        s, c = forward_nll(model, b, bf16, device)
+        tot, n = tot + float(s), n + int(c)
+    model.train(was)
+    return tot / n if n else float("nan")
+
+
+def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir: str | os.PathLike[str], *,
+          eval_fn: EvalFn | None = None, keep_best: bool = False, desc: str = "train",
+          fault_hook: Callable[[int], None] | None = None) -> TrainResult:
+    """Train ``model`` in place for ``p.steps`` optimizer steps, resuming from ``run_dir`` when it holds a checkpoint.
+
+    Each step draws ``micro_batch_size * grad_accum * world_size`` rows; every rank scores its slice and the
+    loss is token-weighted over the whole step (``sum nll / target tokens of the step``). A step whose loss
+    or gradient norm is not finite is skipped (no parameter update, counted; the LR schedule still advances).
+    ``eval_fn(model) -> loss`` runs every ``eval_every`` steps and at the end; with ``keep_best`` the weights
+    of the lowest eval loss are kept (``run_dir/best``) and loaded into ``model`` before returning.
+    DeepSpeed is used when ``p.deepspeed.enabled`` or when launched by deepspeed/torchrun.
+    ``fault_hook(step)`` is called before each step (tests inject faults with it).
+    """
+    run_dir = Path(run_dir)
+    distributed = p.deepspeed.enabled or launched_distributed()
+    if p.num_threads:
+        torch.set_num_threads(p.num_threads)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+    bf16 = use_bf16(p.precision, device)
+    seed_everything(p.seed)
+    model.to(device)
+    model.train()
+    if getattr(model.config, "use_cache", None) is not None:
+        model.config.use_cache = False
+    opt = make_optimizer(model, p)
+    sched = make_scheduler(opt, p)
+
+    engine = None
+    rank, world = 0, 1
+    if distributed:
+        import deepspeed
+
+        init_distributed_env()
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        engine, opt, _, sched = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched,
+                                                     config=deepspeed_config(p, bf16=bf16))
+        device = engine.device
+    zero_stage = p.deepspeed.zero_stage if engine is not None else 0
+    net: torch.nn.Module = engine.module if engine is not None else model
+    autocast_bf16 = bf16 and engine is None  # DeepSpeed's bf16 mode replaces autocast
+    is_main = rank == 0
+
+    state: dict[str, Any] = {"step": 0, "skipped": 0, "tokens": 0, "target_tokens": 0, "history": [], "evals": [],
+                             "best_eval_loss": None, "best_step": None}
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    latest = ck.latest_checkpoint(run_dir)
+    if latest is not None:
+        state = _load_checkpoint(latest, model, opt, sched, data, engine)
+    start = int(state["step"])
+
+    def save(step: int) -> None:
+        _save_checkpoint(run_dir, step, model, opt, sched, data, engine, state, is_main)
+
+    def evaluate(step: int) -> None:
+        if eval_fn is None:
+            return
+        with gathered_params(net, zero_stage):
+            loss = float(eval_fn(net))
+        state["evals"].append({"step": step, "eval_loss": loss})
+        if keep_best and math.isfinite(loss) and (state["best_eval_loss"] is None or loss < state["best_eval_loss"]):
+            state["best_eval_loss"], state["best_step"] = loss, step
+            sd = full_state_dict(net, zero_stage)
+            if is_main:
+                with atomic_path(run_dir / "best") as tmp:
+                    tmp.mkdir()
+                    save_file(sd, str(tmp / "model.safetensors"))
+
+    rows_per_micro = p.micro_batch_size
+    t0 = time.perf_counter()
+    tokens0 = state["tokens"]
+    bar = tqdm(total=p.steps, initial=start, desc=desc, disable=not is_main, mininterval=2.0, dynamic_ncols=True)
+    window: list[float] = []
+    tw = time.perf_counter()
+    tok_w = 0
+    params = [q for q in model.parameters() if q.requires_grad]
+    for step in range(start, p.steps):
+        if fault_hook is not None:
+            fault_hook(step)
+        big = data.next_batch(rows_per_micro * p.grad_accum * world)
+        n_target = int((big["labels"][:, 1:] != -100).sum())
+        mine = {k: v[rank::world] for k, v in big.items()} if world > 1 else big
+        step_loss = 0.0
+        bad = False
+        for a in range(p.grad_accum):
+            mb = {k: v[a * rows_per_micro:(a + 1) * rows_per_micro] for k, v in mine.items()}
+            if engine is None:
+                nll, _ = forward_nll(model, mb, autocast_bf16, device)
+                loss = nll / max(n_target, 1)
+                if not torch.isfinite(loss):
+                    bad = True
+                    break
+                loss.backward()
+                step_loss += float(loss.detach())
+            else:
+                nll, _ = forward_nll(engine, mb, autocast_bf16, device)
+                loss = nll / max(n_target, 1) * world  # DeepSpeed averages gradients over ranks
+                if torch.isfinite(loss):
+                    engine.backward(loss, scale_wrt_gas=False)
+                    step_loss += float(loss.detach()) / world
+                else:
+                    bad = True  # no backward; the step still runs (DeepSpeed counts micro-steps), at LR 0
+                if a == p.grad_accum - 1 and bad:
+                    _zero_lr(opt)
+                engine.step()
+        if engine is not None:
+            gn = engine.get_global_grad_norm()
+            grad_norm = float(gn) if gn is not None else float("nan")
+            if bad:
+                state["skipped"] += 1
+        else:
+            if not bad:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, p.grad_clip if p.grad_clip > 0 else float("inf")))
+                bad = not math.isfinite(grad_norm)
+            else:
+                grad_norm = float("nan")
+            if bad:
+                state["skipped"] += 1
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+        lr = sched.get_last_lr()[0]
+        state["step"] = step + 1
+        n_tok = int(big["input_ids"].numel())
+        state["tokens"] += n_tok
+        state["target_tokens"] += n_target
+        tok_w += n_tok
+        if not bad:
+            window.append(step_loss)
+        if (step + 1) % p.log_every == 0 or step + 1 == p.steps:
+            now = time.perf_counter()
+            rec = {"step": step + 1, "loss": float(np.mean(window)) if window else float("nan"), "lr": lr,
+                   "grad_norm": grad_norm, "tokens_per_s": tok_w / max(now - tw, 1e-9), "skipped": state["skipped"]}
+            state["history"].append(rec)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
+            window, tw, tok_w = [], now, 0
+        bar.update(1)
+        last = step + 1 == p.steps
+        if (p.eval_every and (step + 1) % p.eval_every == 0) or last:
+            evaluate(step + 1)
+        if (p.checkpoint_every and (step + 1) % p.checkpoint_every == 0) or last:
+            save(step + 1)
+    bar.close()
+    wall = time.perf_counter() - t0
+    if start == p.steps and eval_fn is not None and not state["evals"]:
+        evaluate(p.steps)
+    if keep_best and (run_dir / "best" / "model.safetensors").is_file():
+        sd = load_file(str(run_dir / "best" / "model.safetensors"))
+        with gathered_params(net, zero_stage):
+            net.load_state_dict(sd, strict=False)
+    if engine is not None:
+        torch.distributed.barrier()
+    return TrainResult(
+        total_steps=p.steps, start_step=start, steps_run=p.steps - start, skipped_steps=int(state["skipped"]),
+        tokens=int(state["tokens"] - tokens0), target_tokens=int(state["target_tokens"]), train_wall_s=wall,
+        precision="bf16" if bf16 else "fp32", history=list(state["history"]), evals=list(state["evals"]),
+        best_eval_loss=state["best_eval_loss"], best_step=state["best_step"], run_dir=str(run_dir), world_size=world,
+        zero_stage=zero_stage,
+    )
+
+
+def _zero_lr(opt: torch.optim.Optimizer) -> None:
+    """Skip a step under DeepSpeed: run it at LR 0 (the scheduler restores the LR for the next step)."""
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def _save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, opt: Any, sched: Any, data: BatchSource,
+                     engine: Any, state: dict[str, Any], is_main: bool) -> None:
+    target = ck.step_dir(run_dir, step)
+    tmp = run_dir / f".{target.name}.tmp"
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    trainer_state = {"trainer": dict(state), "data": data.state_dict(), "rng": _rng_state()}
+    if engine is not None:
+        torch.distributed.barrier()
+        engine.save_checkpoint(str(tmp / "ds"), tag="state", save_latest=False)
+        torch.distributed.barrier()
+    else:
+        save_file({k: v.detach().cpu().contiguous() for k, v in _untied_state(model).items()}, str(tmp / "model.safetensors"))
+        torch.save({"optimizer": opt.state_dict()}, tmp / "optimizer.pt")
+        trainer_state["scheduler"] = sched.state_dict()
+    if is_main:
+        torch.save(trainer_state, tmp / "state.pt")
+        ck.write_manifest(tmp, step)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+        ck.prune(run_dir)
+    if engine is not None:
+        torch.distributed.barrier()
+
+
+def _untied_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without duplicate (tied) tensors, which safetensors refuses."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k, v in model.state_dict().items():
+        if v.data_ptr() in seen:
+            continue
+        seen.add(v.data_ptr())
+        out[k] = v
+    return out
+
+
+def _load_checkpoint(ckpt: Path, model: torch.nn.Module, opt: Any, sched: Any, data: BatchSource, engine: Any
+                     ) -> dict[str, Any]:
+    step = ck.verify_manifest(ckpt)
+    try:
+        st = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
+        raise ck.corrupt(ckpt, f"state.pt does not load: {type(e).__name__}") from None
+    if engine is not None:
+        try:
+            path, _ = engine.load_checkpoint(str(ckpt / "ds"), tag="state", load_optimizer_states=True,
+                                             load_lr_scheduler_states=True)
+        except Exception as e:  # noqa: BLE001
+            raise ck.corrupt(ckpt, f"DeepSpeed state does not load: {type(e).__name__}") from None
+        if path is None:
+            raise ck.corrupt(ckpt, "DeepSpeed state missing")
+    else:
+        try:
+            sd = load_file(str(ckpt / "model.safetensors"))
+            missing, unexpected = model.load_state_dict(sd, strict=False)
+            opt.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)["optimizer"])
+            sched.load_state_dict(st["scheduler"])
+        except PipelineError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise ck.corrupt(ckpt, f"weights or optimizer do not load: {type(e).__name__}") from None
+        real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+        if unexpected or real_missing:
+            raise ck.corrupt(ckpt, f"weights do not match the model ({len(real_missing)} missing, {len(unexpected)} unexpected)")
+    data.load_state_dict(st["data"])
+    _set_rng_state(st["rng"])
+    trainer = dict(st["trainer"])
+    if int(trainer["step"]) != step:
+        raise ck.corrupt(ckpt, f"state step {trainer['step']} != manifest step {step}")
+    return trainer

@@ -1,0 +1,129 @@
+"""The evaluate stage end to end on a tiny random model: outputs, metrics, plots, resume, and GSM8K in
+real mode (few-shot and zero-shot). The scores are meaningless (random weights); the plumbing is tested."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stages.core import paths
+from stages.core.errors import PipelineError
+from stages.evaluate import stage
+from stages.params import EvaluateParams
+
+
+def _params(model_dir: Path, **over: Any) -> EvaluateParams:
+    common = {
+        "backend": "hf", "dtype": "float32", "batch_size": 4, "max_new_tokens": 12, "temperature": 0.7,
+        "top_p": 1.0, "seed": 0, "tir_max_rounds": 2, "exec_timeout_s": 5.0, "exec_workers": 2,
+        "maj_subsets": 64, "n_shots": 3, "generated": True, "limit": 6, "sample_limit": 4,
+        "gsm8k_test": None, "math_test": None,
+    }
+    common.update(over.pop("common", {}))
+    models = {
+        "tiny_zs": {"path": str(model_dir), "prompting": "zero_shot", "greedy_modes": ["cot", "pot", "tir"],
+                    "sample_modes": ["cot"], "n_samples": 4},
+        "tiny_fs": {"path": str(model_dir), "prompting": "few_shot", "greedy_modes": ["cot"],
+                    "sample_modes": [], "n_samples": 1},
+    }
+    return EvaluateParams.model_validate({"common": common, "models": models})
+
+
+def test_stage_writes_completions_metrics_and_plots(project: Path, tiny_model_dir: Path) -> None:
+    p = _params(tiny_model_dir)
+    m = stage.run(p, "tiny_zs")
+    out = paths.eval_dir("tiny_zs")
+    names = {f.name for f in out.iterdir()}
+    assert names == {"generated_cot_greedy.jsonl", "generated_pot_greedy.jsonl", "generated_tir_greedy.jsonl",
+                     "generated_cot_sample.jsonl", "prompts.txt"}
+    rows = [json.loads(x) for x in (out / "generated_cot_sample.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(len(r["completions"]) == 4 for r in rows)
+    assert {"text", "answer", "correct", "finish_reason"} <= set(rows[0]["completions"][0])
+    greedy = [json.loads(x) for x in (out / "generated_cot_greedy.jsonl").read_text().splitlines()]
+    assert len(greedy) == 6
+    g = m["generated"]["cot"]["greedy"]
+    assert g["n"] == 6 and g["acc"] == pytest.approx(sum(r["completions"][0]["correct"] for r in greedy) / 6, abs=1e-4)
+    assert sum(v["n"] for v in g["by_difficulty"].values()) == 6
+    s = m["generated"]["cot"]["sample"]
+    assert set(s) >= {"pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4", "by_difficulty"}
+    assert s["pass@1"] <= s["pass@2"] <= s["pass@4"]
+    assert "exec_ok" in m["generated"]["pot"]["greedy"] and "mean_executions" in m["generated"]["tir"]["greedy"]
+    assert m["wall_s"] > 0
+    assert json.loads(paths.metrics_file("evaluate_tiny_zs").read_text()) == m
+    tsv = (paths.plots_dir("evaluate") / "tiny_zs" / "generated_cot_at_k.tsv").read_text().splitlines()
+    assert tsv[0] == "k\tpass_at_k\tmaj_at_k" and [r.split("\t")[0] for r in tsv[1:]] == ["1", "2", "4"]
+    assert not any((paths.CHECKPOINTS / "evaluate").iterdir())  # checkpoint removed once done
+
+
+def test_few_shot_model_uses_sft_exemplars(project: Path, tiny_model_dir: Path) -> None:
+    m = stage.run(_params(tiny_model_dir), "tiny_fs")
+    prompts = (paths.eval_dir("tiny_fs") / "prompts.txt").read_text()
+    assert prompts.count("\nA: ") == 3 and "The answer is \\boxed{" in prompts  # 3 CoT exemplars
+    assert m["generated"]["cot"]["greedy"]["n"] == 6 and m["prompting"] == "few_shot"
+
+
+def test_interrupted_stage_resumes(project: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _params(tiny_model_dir)
+    ref = stage.run(p, "tiny_zs")
+    ref_rows = (paths.eval_dir("tiny_zs") / "generated_tir_greedy.jsonl").read_text()
+
+    real = stage.make_generator(p.common, str(tiny_model_dir))
+
+    class Killed(Exception):
+        pass
+
+    class DiesAfter:
+        def __init__(self, n: int) -> None:
+            self.n, self.calls = n, 0
+
+        def generate(self, prompts, sp):
+            self.calls += 1
+            if self.calls > self.n:
+                raise Killed
+            return real.generate(prompts, sp)
+
+    with pytest.raises(Killed):
+        stage.run(p, "tiny_zs", generator=DiesAfter(6))  # greedy cot, pot done; tir interrupted
+    counting = DiesAfter(10**6)
+    m = stage.run(p, "tiny_zs", generator=counting)
+    assert m["resumed_problems"] >= 12  # the finished cot and pot runs were not regenerated
+    assert (paths.eval_dir("tiny_zs") / "generated_tir_greedy.jsonl").read_text() == ref_rows
+    for mode in ("cot", "pot", "tir"):
+        assert m["generated"][mode]["greedy"]["acc"] == ref["generated"][mode]["greedy"]["acc"]
+
+
+def test_unknown_model_and_bad_combination(project: Path, tiny_model_dir: Path) -> None:
+    p = _params(tiny_model_dir)
+    with pytest.raises(PipelineError, match="unknown model 'nope'"):
+        stage.run(p, "nope")
+    bad = EvaluateParams.model_validate({**p.model_dump(), "models": {"x": {
+        "path": str(tiny_model_dir), "prompting": "few_shot", "greedy_modes": ["pot"], "sample_modes": [],
+        "n_samples": 1}}, "common": {**p.common.model_dump(), "generated": False, "gsm8k_test": None,
+                                     "math_test": None}})
+    with pytest.raises(PipelineError, match="no benchmark selected"):
+        stage.run(bad, "x")
+    missing = EvaluateParams.model_validate({**p.model_dump(), "models": {"y": {
+        "path": "data/models/absent", "prompting": "zero_shot", "greedy_modes": ["cot"], "sample_modes": [],
+        "n_samples": 1}}})
+    with pytest.raises(PipelineError, match="model directory not found"):
+        stage.run(missing, "y")
+
+
+def test_gsm8k_real_mode_few_and_zero_shot(project: Path, tiny_model_dir: Path, shared_data: Path) -> None:
+    gsm = str(shared_data / "gsm8k" / "test.jsonl")
+    p = _params(tiny_model_dir, common={"generated": False, "gsm8k_test": gsm, "limit": 3, "sample_limit": 2})
+    zs = stage.run(p, "tiny_zs")
+    fs = stage.run(p, "tiny_fs")
+    for name, m in (("tiny_zs", zs), ("tiny_fs", fs)):
+        assert set(m) >= {"gsm8k", "wall_s"} and "generated" not in m
+        assert m["gsm8k"]["cot"]["greedy"]["n"] == 3
+        assert paths.metrics_file(f"evaluate_{name}").is_file()
+    assert zs["gsm8k"]["cot"]["sample"]["n"] == 2 and "pass@4" in zs["gsm8k"]["cot"]["sample"]
+    prompts = (paths.eval_dir("tiny_fs") / "prompts.txt").read_text()
+    assert "Q: There are 15 trees in the grove." in prompts  # the DeepSeekMath 8-shot prompt
+    rows = [json.loads(x) for x in (paths.eval_dir("tiny_fs") / "gsm8k_cot_greedy.jsonl").read_text().splitlines()]
+    gold = [json.loads(x)["answer"].split("####")[-1].strip() for x in open(gsm).read().splitlines()[:3]]
+    assert [r["gold"] for r in rows] == [g.replace(",", "") for g in gold]

@@ -1,0 +1,129 @@
+"""End-to-end GRPO on a tiny random model: parameters change, metrics/plots/models are written,
+non-finite steps are skipped, resume continues from the checkpoint, and the ratio is 1 on-policy."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from stages import grpo
+from stages.core import paths
+from stages.core.errors import PipelineError
+from stages.params import GrpoParams
+
+from .conftest import write_prompts
+
+torch.set_num_threads(1)
+
+
+def tiny_params(**over) -> GrpoParams:
+    raw = dict(
+        seed=0, prompts_file=None, steps=2, questions_per_step=3, group_size=4, temperature=1.0, top_p=1.0,
+        max_new_tokens=12, backend="hf", lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, mu=1, minibatches=1,
+        micro_batch_size=5, clip_eps=0.2, clip_eps_high=None, beta=0.04, aggregation="seq-mean-token-mean",
+        scale_rewards="group", adv_eps=1e-4, mask_truncated=False, skip_zero_std_groups=True,
+        reward=dict(accuracy_weight=1.0, format_weight=0.0, custom=["tests.rl.custom_rewards:length_reward"],
+                    custom_weights=[1.0]),
+        baseline=dict(enabled=True, lr=1e-3), log_completions_every=1, checkpoint_every=1,
+    )
+    raw.update(over)
+    return GrpoParams.model_validate(raw)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, tiny_model_dir):
+    """A temporary project root holding data/models/sft and data/corpus/problems/rl.jsonl."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir, paths.SFT_MODEL)
+    paths.RL_PROMPTS.parent.mkdir(parents=True)
+    write_prompts(paths.RL_PROMPTS, 8)
+    return tmp_path
+
+
+def _weights(d: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(d / "model.safetensors"))
+
+
+def test_tiny_grpo_run_end_to_end(project):
+    m = grpo.run(tiny_params())
+    before, after, base = _weights(paths.SFT_MODEL), _weights(paths.GRPO_MODEL), _weights(paths.SFT_CONTINUED)
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # GRPO changed the policy
+    assert any(not torch.equal(before[k], base[k]) for k in before)  # the baseline trained too
+    saved = json.loads(paths.metrics_file("grpo").read_text())
+    assert saved["grpo"]["steps"] == 2 and saved["wall_s"] > 0 and saved == json.loads(json.dumps(m))
+    assert saved["grpo"]["skipped_nonfinite"] == 0
+    plots = paths.plots_dir("grpo")
+    for name in ("reward_mean", "kl", "entropy", "grad_norm", "t_generation", "mismatch_abs_mean"):
+        lines = (plots / f"{name}.csv").read_text().splitlines()
+        assert lines[0] == f"step,{name}" and len(lines) == 3
+    assert (plots / "baseline_sft_loss.csv").is_file()
+    samples = (paths.GRPO_MODEL / "samples.jsonl").read_text().splitlines()
+    assert len(samples) == 2 * 3 and "completion" in json.loads(samples[0])
+
+
+def test_on_policy_ratio_is_one_and_kl_zero_at_start(project):
+    """mu = 1, one minibatch: old log-probs are the update's own forward, so ratio == 1 exactly;
+    at step 0 the policy equals the reference, so the k3 KL is exactly 0."""
+    rows = []
+    grpo.train_grpo(*_load(), tiny_params(steps=1), ckpt_dir=None, on_step=rows.append)
+    assert rows[0]["ratio_mean"] == 1.0 and rows[0]["kl"] == 0.0
+    assert rows[0]["clip_frac_low"] == 0.0 and rows[0]["clip_frac_high"] == 0.0
+    # mu = 2: the second pass is off-policy (ratio != 1) and the old log-probs come from a separate pass
+    rows2 = []
+    grpo.train_grpo(*_load(), tiny_params(steps=1, mu=2, minibatches=2), ckpt_dir=None, on_step=rows2.append)
+    assert rows2[0]["optimizer_steps"] == 4 and rows2[0]["ratio_mean"] != 1.0
+
+
+def _load():
+    from stages.core.modeling import load_model, load_tokenizer
+    from stages.rl.data import load_prompts
+
+    return load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
+
+
+def test_nonfinite_step_is_skipped_and_counted(project, monkeypatch):
+    real = grpo.grpo_loss
+
+    def nan_loss(*a, **k):
+        loss, m = real(*a, **k)
+        return loss * math.nan, m
+
+    monkeypatch.setattr(grpo, "grpo_loss", nan_loss)
+    model, tok, rows = _load()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    hist, _, _ = grpo.train_grpo(model, tok, rows, tiny_params(steps=1), ckpt_dir=None)
+    assert hist[0]["skipped_nonfinite"] == 1 and hist[0]["optimizer_steps"] == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_resume_continues_from_checkpoint(project):
+    p = tiny_params(steps=3, checkpoint_every=1)
+    ckpt = Path("checkpoints/grpo/run")
+
+    def crash_at_1(row):
+        if row["step"] == 1:
+            raise KeyboardInterrupt
+
+    model, tok, rows = _load()
+    with pytest.raises(KeyboardInterrupt):
+        grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
+    assert [d.name for d in ckpt.iterdir()] == ["step-00000001"]  # saved after step 0; step 1 crashed before its save
+    model, tok, rows = _load()
+    hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt)
+    assert info["resumed_from_step"] == 1 and [r["step"] for r in hist] == [0, 1, 2]
+    assert sorted(d.name for d in ckpt.iterdir()) == ["step-00000001", "step-00000002"]
+    (ckpt / "step-00000002" / "state.pt").write_bytes(b"garbage")
+    with pytest.raises(PipelineError, match="corrupt checkpoint"):
+        grpo.train_grpo(*_load(), p, ckpt_dir=ckpt)
+
+
+def test_run_removes_its_checkpoints_when_done(project):
+    grpo.run(tiny_params(steps=2, checkpoint_every=1, baseline=dict(enabled=False, lr=1e-3)))
+    assert not any(Path("checkpoints/grpo").iterdir())
+    assert json.loads((paths.SFT_CONTINUED / "pipeline.json").read_text())["baseline"].startswith("disabled")
