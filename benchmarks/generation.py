@@ -35,18 +35,27 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def build_model(out_dir: Path, n_texts: int) -> None:
-    """Save the tiny base model (params.yaml sizes, random weights) and its tokenizer to ``out_dir``."""
+    """Save the tiny base model (params.yaml sizes, random weights) and its tokenizer to ``out_dir``.
+
+    The tokenizer learns from the data stage's texts when data/generated exists (as the base_model stage
+    does, reaching the configured vocabulary size), else from synthetic problems only (a smaller vocabulary).
+    """
     import yaml
 
-    from stages.base_model import init_model, train_tokenizer
+    from stages.base_model import corpus_texts, init_model, train_tokenizer
     from stages.data.problems import sample_problem
     from stages.params import BaseModelParams
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())["base_model"]
     p = BaseModelParams(**raw)
-    rng = random.Random(0)
-    rows = [sample_problem(rng, n_steps=1 + i % 3, max_value=20) for i in range(n_texts)]
-    tok = train_tokenizer(("\n".join([r["question"], r["cot"], r["pot"], r["tir"]]) for r in rows), p.vocab_size)
+    generated = ROOT / "data" / "generated"
+    if (generated / "problems" / "sft.jsonl").is_file():
+        texts = list(corpus_texts(generated, n_texts))
+    else:
+        rng = random.Random(0)
+        rows = [sample_problem(rng, n_steps=1 + i % 3, max_value=20) for i in range(n_texts)]
+        texts = ["\n".join([r["question"], r["cot"], r["pot"], r["tir"]]) for r in rows]
+    tok = train_tokenizer(texts, p.vocab_size)
     model = init_model(p, tok)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
@@ -138,7 +147,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4, help="samples per prompt (GRPO-like rollouts)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=64, help="hf / model.generate rows per forward")
-    ap.add_argument("--tokenizer-texts", type=int, default=2000)
+    ap.add_argument("--tokenizer-texts", type=int, default=6000)
     ap.add_argument("--only", choices=["hf", "vllm"], default=None)
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse a saved model (internal)")
     ap.add_argument("--json-out", type=Path, default=RESULTS)

@@ -358,7 +358,7 @@ class HFGenerator:
             with torch.inference_mode():
                 for start in range(0, len(rows), self.batch_size):
                     chunk = rows[start:start + self.batch_size]
-                    for row, comp in zip(chunk, self._decode(chunk, sp)):
+                    for row, comp in zip(chunk, self._decode(chunk, sp), strict=True):
                         results[row.prompt_index][row.sample_index] = comp
         finally:
             self.model.train(was_training)
@@ -443,7 +443,7 @@ class HFGenerator:
                 cand = (~finished & ~done_now & checker.candidates[tok]).nonzero().flatten().tolist()
                 if cand:
                     rows_tok = out_tok[live[cand], : step + 1].tolist()
-                    for k, ids in zip(cand, rows_tok):
+                    for k, ids in zip(cand, rows_tok, strict=True):
                         if checker.hit(ids):
                             done_now[k] = True
                             by_string[int(live[k])] = True

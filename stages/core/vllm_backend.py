@@ -175,11 +175,11 @@ class VLLMGenerator:
             owners.append(i)
         outputs = self.llm.generate(requests, vparams, use_tqdm=False) if requests else []
         truncated = sp.top_p < 1.0 or sp.top_k > 0
-        for i, out in zip(owners, outputs):
+        for i, out in zip(owners, outputs, strict=True):
             comps = []
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
-                lps = [self._token_logprob(step, tok) for step, tok in zip(c.logprobs or [], ids)]
+                lps = [self._token_logprob(step, tok) for step, tok in zip(c.logprobs or [], ids, strict=False)]
                 by_string = isinstance(c.stop_reason, str)
                 stopped = c.finish_reason == "stop"
                 text = finish_text(self.tokenizer, ids, sp.stop, by_string)
@@ -239,8 +239,8 @@ class VLLMGenerator:
             return
         reqs = [{"prompt_token_ids": list(prompt_ids[i]) + list(results[i][k].token_ids)} for i, k in jobs]
         score = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        for (i, k), out in zip(jobs, self.llm.generate(reqs, score, use_tqdm=False)):
+        for (i, k), out in zip(jobs, self.llm.generate(reqs, score, use_tqdm=False), strict=True):
             c = results[i][k]
             tail = out.prompt_logprobs[-len(c.token_ids):]
-            lps = [self._token_logprob(step, tok) for step, tok in zip(tail, c.token_ids)]
+            lps = [self._token_logprob(step, tok) for step, tok in zip(tail, c.token_ids, strict=True)]
             results[i][k] = Completion(c.text, c.token_ids, lps, c.finish_reason)

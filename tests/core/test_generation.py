@@ -76,7 +76,7 @@ def test_greedy_matches_transformers_generate_and_teacher_forcing(lm):
     model, tok = lm
     prompts = tiny_prompts(4)
     outs = HFGenerator(model, tok).generate(prompts, SamplingParams(max_new_tokens=24))
-    for prompt, (c,) in zip(prompts, outs):
+    for prompt, (c,) in zip(prompts, outs, strict=True):
         enc = tok(prompt, return_tensors="pt")
         ref = model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
         assert c.token_ids == ref[0, enc["input_ids"].shape[1]:].tolist()
@@ -93,7 +93,7 @@ def test_logprobs_same_alone_and_in_padded_batch(lm):
     assert len(set(lengths)) > 1, "the batch must need padding"
     batched, alone = HFGenerator(model, tok, batch_size=8), HFGenerator(model, tok, batch_size=1)
     for sp in (SamplingParams(max_new_tokens=16), SamplingParams(temperature=0.8, max_new_tokens=16, seed=3)):
-        for k, (a, b) in enumerate(zip(alone.generate(prompts, sp), batched.generate(prompts, sp))):
+        for k, (a, b) in enumerate(zip(alone.generate(prompts, sp), batched.generate(prompts, sp), strict=True)):
             assert a[0].token_ids == b[0].token_ids
             diff = (torch.tensor(a[0].logprobs) - torch.tensor(b[0].logprobs)).abs().max().item()
             assert diff <= 1e-5, f"prompt {k}: alone vs padded batch log-probs differ by {diff}"
@@ -145,7 +145,7 @@ def test_stop_string_included_and_generation_stops_at_completing_token(lm):
     sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=0, stop=(stop, "\u00a7never\u00a7"))
     stopped = gen.generate(prompts, sp)
     hits = 0
-    for k, ((f,), (s,)) in enumerate(zip(free, stopped)):
+    for (f,), (s,) in zip(free, stopped, strict=True):
         assert s.token_ids == f.token_ids[: len(s.token_ids)], "a stop only cuts the same sampled sequence"
         full = tok.decode(s.token_ids, skip_special_tokens=True)
         before = tok.decode(s.token_ids[:-1], skip_special_tokens=True)

@@ -50,7 +50,7 @@ def test_same_greedy_text_tokens_and_logprobs_as_hf(setup):
     sp = SamplingParams(max_new_tokens=MAX_NEW, n=2)
     hf, vl = HFGenerator(model, tok).generate(prompts, sp), engine.generate(prompts, sp)
     assert ids(vl) == ids(hf)
-    for h, v in zip(hf, vl):
+    for h, v in zip(hf, vl, strict=True):
         assert [c.text for c in v] == [c.text for c in h]
         assert [c.finish_reason for c in v] == [c.finish_reason for c in h]
         assert torch.allclose(torch.tensor(v[0].logprobs), torch.tensor(h[0].logprobs), atol=1e-4, rtol=0)
@@ -76,7 +76,7 @@ def test_sampling_seeded_with_temperature_logprobs(setup):
     a, b = engine.generate(prompts, sp), engine.generate(prompts, sp)
     assert ids(a) == ids(b)
     assert len({tuple(c.token_ids) for c in a[0]}) > 1
-    for prompt, row in zip(prompts, a):
+    for prompt, row in zip(prompts, a, strict=True):
         for c in row:
             tf = teacher_forced_logprobs(model, tok, prompt, c.token_ids, 0.8)
             assert torch.allclose(torch.tensor(c.logprobs), tf, atol=1e-4, rtol=0)
