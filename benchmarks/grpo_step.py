@@ -1,7 +1,8 @@
 """Time per GRPO step, split into generation / scoring / log-probs (pi_ref, pi_old) / update.
 
 Usage: ``python benchmarks/grpo_step.py [--model data/models/sft] [--steps 3] [--threads 2]``
-Writes benchmarks/results/grpo_step.json and prints a table. Uses the grpo section of params.yaml
+Writes benchmarks/results/grpo_step.json and prints a table: wall seconds (t_*) and CPU seconds of this
+process, all threads (cpu_*); on a shared machine the CPU seconds are the steadier figure. Uses the grpo section of params.yaml
 (questions_per_step x group_size, max_new_tokens, beta, ...), except that zero-std groups are kept so
 that every step runs a full update. Without --model (or when data/models/sft is absent) it times a
 randomly initialised model of the tiny default size (base_model section), whose outputs run to
@@ -32,7 +33,8 @@ from stages.core.modeling import load_model, load_tokenizer, save_model  # noqa:
 from stages.params import load_params  # noqa: E402
 from stages.rl.rewards import RewardSet  # noqa: E402
 
-PARTS = ("t_generation", "t_scoring", "t_logprobs", "t_update", "step_s")
+PARTS = ("t_generation", "t_scoring", "t_logprobs", "t_update", "step_s",
+         "cpu_generation", "cpu_scoring", "cpu_logprobs", "cpu_update", "cpu_step_s")
 
 
 def _prompts() -> list[dict[str, str]]:
@@ -79,7 +81,7 @@ def main() -> int:
     for step in range(args.steps):
         m, _, _ = grpo.grpo_step(step, p, model, tok, ref, gen, opt, rows, rs)
         rows_out.append(m)
-        print(f"step {step}: " + "  ".join(f"{k}={m[k]:.2f}" for k in PARTS), flush=True)
+        print(f"step {step}: " + "  ".join(f"{k}={m[k]:.2f}" for k in PARTS[:5]), flush=True)
     summary = {k: {"mean": round(statistics.mean(r[k] for r in rows_out), 3),
                    "median": round(statistics.median(r[k] for r in rows_out), 3)} for k in PARTS}
     result = {
@@ -94,9 +96,9 @@ def main() -> int:
     out = ROOT / "benchmarks" / "results" / "grpo_step.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{'part':<14}{'mean s':>10}{'median s':>10}")
+    print(f"\n{'part':<16}{'mean s':>10}{'median s':>10}")
     for k in PARTS:
-        print(f"{k:<14}{summary[k]['mean']:>10.3f}{summary[k]['median']:>10.3f}")
+        print(f"{k:<16}{summary[k]['mean']:>10.3f}{summary[k]['median']:>10.3f}")
     print(f"completion length {result['completion_len_mean']} tokens; wrote {out.relative_to(ROOT)}")
     return 0
 

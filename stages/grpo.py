@@ -88,7 +88,7 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
     m: dict[str, Any] = {"step": step}
     G = p.group_size
     # 1. rollouts
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     batch = [rows[i] for i in step_questions(len(rows), step, p.questions_per_step, p.seed)]
     prompts = [chat_prompt(r["question"], "cot") for r in batch]
     model.eval()
@@ -96,10 +96,10 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
                         seed=p.seed * 1_000_003 + step)
     completions = generator.generate(prompts, sp)
     ro = build_rollout(batch, prompts, completions, tokenizer, mask_truncated=p.mask_truncated)
-    m["t_generation"] = time.perf_counter() - t0
+    m["t_generation"], m["cpu_generation"] = time.perf_counter() - t0, time.process_time() - c0
 
     # 2. rewards, 3. advantages
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rewards, parts = score_rollout(ro, reward_set)
     adv = outcome_advantages(rewards, scale_rewards=p.scale_rewards, eps=p.adv_eps)
     valid = adv.valid.view(-1)
@@ -118,10 +118,10 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
     advantages = adv.advantages.view(-1).float()
     m["completion_len"] = float(ro.completion_lengths.float().mean())
     m["truncated_frac"] = sum(r == "length" for r in ro.finish_reasons) / len(ro.finish_reasons)
-    m["t_scoring"] = time.perf_counter() - t0
+    m["t_scoring"], m["cpu_scoring"] = time.perf_counter() - t0, time.process_time() - c0
 
     # 4. log-probs (pi_old unless fused into the update, pi_ref)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     train_rows = torch.nonzero(lmask.sum(-1) > 0).view(-1)
     m["n_train_outputs"] = int(train_rows.numel())
     fused_old = p.mu == 1 and p.minibatches == 1
@@ -136,10 +136,10 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
             if ref_model is not None:
                 rlp, _ = token_logprobs(ref_model, ids, att, ro.prompt_len, p.temperature)
                 ref_lp[sl, :t] = rlp
-    m["t_logprobs"] = time.perf_counter() - t0
+    m["t_logprobs"], m["cpu_logprobs"] = time.perf_counter() - t0, time.process_time() - c0
 
     # 5. updates
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     model.train()
     gen = torch.Generator().manual_seed(p.seed * 7919 + step)
     sums: dict[str, float] = {"kl": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "ratio_mean": 0.0, "entropy": 0.0}
@@ -186,7 +186,7 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
             optimizer.zero_grad(set_to_none=True)
     model.eval()
     generator.sync_weights(model)
-    m["t_update"] = time.perf_counter() - t0
+    m["t_update"], m["cpu_update"] = time.perf_counter() - t0, time.process_time() - c0
     for key in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean"):
         m[key] = sums[key] / n_tok_total if n_tok_total else 0.0
     m["entropy"] = sums["entropy"] / n_ent_tok if n_ent_tok else math.nan
@@ -197,6 +197,7 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
     trained[train_rows] = ro.completion_mask[train_rows]
     m.update(mismatch_metrics(ro.sampler_logprobs, mismatch_lp, trained))
     m["step_s"] = m["t_generation"] + m["t_scoring"] + m["t_logprobs"] + m["t_update"]
+    m["cpu_step_s"] = m["cpu_generation"] + m["cpu_scoring"] + m["cpu_logprobs"] + m["cpu_update"]
     return m, ro, rewards
 
 
@@ -297,7 +298,8 @@ def summarize(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
     for k in ("reward_mean", "accuracy", "kl", "entropy", "completion_len", "zero_std_frac"):
         out[f"{k}_first{window}"] = _mean([r.get(k) for r in first])
         out[f"{k}_last{window}"] = _mean([r.get(k) for r in last])
-    for k in ("t_generation", "t_scoring", "t_logprobs", "t_update", "step_s"):
+    for k in ("t_generation", "t_scoring", "t_logprobs", "t_update", "step_s", "cpu_generation", "cpu_scoring",
+              "cpu_logprobs", "cpu_update", "cpu_step_s"):
         out[f"{k}_total"] = round(sum(r.get(k, 0.0) for r in history), 2)
     out["step_s_mean"] = round(out["step_s_total"] / len(history), 3)
     out["n_reward_failures"] = sum(r.get("n_reward_failures", 0) for r in history)
@@ -309,6 +311,8 @@ def summarize(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
 def run(p: GrpoParams) -> dict[str, Any]:
     """Train the GRPO policy and the continued-SFT baseline; write models, plots and metrics."""
     t_start = time.perf_counter()
+    if p.num_threads:
+        torch.set_num_threads(p.num_threads)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
     RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom, p.reward.custom_weights)

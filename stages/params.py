@@ -448,6 +448,8 @@ class GrpoParams(Section):
     """Publish a table of sampled completions every this many steps (Prefect artifact); 0 = never."""
     checkpoint_every: NonNegInt
     """Save a resumable checkpoint (under checkpoints/grpo) every this many steps; 0 = never."""
+    num_threads: NonNegInt
+    """torch CPU threads (0 = torch's default); 1 is much faster than 2 on a machine shared with other jobs."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ their loss picks the best checkpoint, which is the exported model.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
@@ -89,13 +90,24 @@ def verify_programs(rows: list[dict[str, Any]], modes: list[str], workers: int |
     return keep
 
 
-def build_examples(p: SftParams, rows: list[dict[str, Any]], tok: Any) -> tuple[list[Example], list[Example], dict[str, Any]]:
-    """Training examples (format mix, verified) and CoT validation examples; plus counts for the metrics."""
+def build_examples(p: SftParams, rows: list[dict[str, Any]], tok: Any, cache: Path | None = None
+                   ) -> tuple[list[Example], list[Example], dict[str, Any]]:
+    """Training examples (format mix, verified) and CoT validation examples; plus counts for the metrics.
+    ``cache``: a JSON file keeping the verification results, so a resumed run does not execute them again."""
     if p.val_problems >= len(rows):
         raise PipelineError(f"sft.val_problems: {p.val_problems} is not below the {len(rows)} problems in {p.problems}; use fewer")
     train_rows, val_rows = rows[: -p.val_problems], rows[-p.val_problems:]
     modes = assign_formats(len(train_rows), p.formats.model_dump(), p.train.seed)
-    keep = verify_programs(train_rows, modes) if p.verify_programs else [True] * len(train_rows)
+    t0 = time.perf_counter()
+    if not p.verify_programs:
+        keep = [True] * len(train_rows)
+    elif cache is not None and cache.is_file():
+        keep = json.loads(cache.read_text())
+    else:
+        keep = verify_programs(train_rows, modes)
+        if cache is not None:
+            write_json(cache, keep)
+    verify_s = time.perf_counter() - t0
     drawn, kept, too_long = Counter(modes), Counter(), Counter()
     train_ex: list[Example] = []
     for r, m, k in zip(train_rows, modes, keep, strict=True):
@@ -114,6 +126,7 @@ def build_examples(p: SftParams, rows: list[dict[str, Any]], tok: Any) -> tuple[
         "drawn": {m: drawn[m] for m in FORMATS}, "kept": {m: kept[m] for m in FORMATS},
         "dropped_unverified": {m: sum(1 for mm, k in zip(modes, keep, strict=True) if mm == m and not k) for m in FORMATS},
         "dropped_too_long": {m: too_long[m] for m in FORMATS},
+        "verify_s": round(verify_s, 2),
         "train_examples": len(train_ex),
         "train_target_tokens": sum(sum(1 for x in e.labels if x != -100) for e in train_ex),
     }
@@ -126,7 +139,10 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
     t = p.train
     model, tok = load_start_model(init_dir, t.seq_len, "sft")
     rows = load_problems(p.problems)
-    train_ex, val_ex, counts = build_examples(p, rows, tok)
+    rh = run_hash(p.model_dump(), [init_dir, p.problems])
+    run_dir = Path(ckpt_root) / rh
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train_ex, val_ex, counts = build_examples(p, rows, tok, cache=run_dir / "verified.json")
     data = PackedExamples(train_ex, t.seq_len, t.seed, tok.pad_token_id, pack=p.pack)
     val = eval_batches(val_ex, t.seq_len, tok.pad_token_id, t.micro_batch_size)
 
@@ -134,8 +150,7 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
         return eval_loss(m, val)
 
     before = eval_fn(model)
-    rh = run_hash(p.model_dump(), [init_dir, p.problems])
-    res = train(model, data, t, Path(ckpt_root) / rh, eval_fn=eval_fn, keep_best=True, desc="sft")
+    res = train(model, data, t, run_dir, eval_fn=eval_fn, keep_best=True, desc="sft")
     rows_per_step = t.micro_batch_size * t.grad_accum * res.world_size
     metrics: dict[str, Any] = {
         **loop_metrics(res),

@@ -254,6 +254,35 @@ def write_line(fd: int, line: str) -> None:
         pass
 
 
+def remove_cgroup_tree(path: str) -> None:
+    """rmdir a sandbox cgroup directory and its (empty) children; errors ignored."""
+    try:
+        subs = [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for sub in subs:
+        try:
+            os.rmdir(sub)
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def remove_stale_cgroups(parent: str) -> None:
+    """Remove ``dsm-sandbox-<pid>`` cgroups left by zygotes that died without cleaning up."""
+    try:
+        entries = [e.name for e in os.scandir(parent) if e.name.startswith("dsm-sandbox-")]
+    except OSError:
+        return
+    for name in entries:
+        pid = name.rsplit("-", 1)[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            remove_cgroup_tree(os.path.join(parent, name))
+
+
 def other_traversable(path: str) -> bool:
     """True when a process with an unrelated uid can reach ``path`` (every directory on the way is o+x)."""
     parts = os.path.abspath(path).split("/")
@@ -304,6 +333,7 @@ class Zygote:
         self.memory_mb = int(cfg.get("memory_mb", 512))
         self.max_procs = int(cfg.get("max_procs", 32))
         self.uid_base = int(cfg.get("uid_base", 2_000_000_000))
+        self.fatal: str | None = None
 
     # ---- start-up --------------------------------------------------------------------------------------
     def disable(self, mech: str, reason: str) -> None:
@@ -380,6 +410,7 @@ class Zygote:
                         _, ctrls, path = line.rstrip("\n").split(":", 2)
                         if ctrl in ctrls.split(","):
                             cur = path
+                remove_stale_cgroups(base + cur)
                 parent = os.path.join(base + cur, f"dsm-sandbox-{os.getpid()}")
                 os.mkdir(parent)
                 self.cg_parents[mech] = parent
@@ -460,7 +491,16 @@ class Zygote:
         pid_err = None
         if self.enabled["pidns"] and libc.unshare(CLONE_NEWPID) != 0:
             pid_err = f"unshare(CLONE_NEWPID) failed: {os.strerror(ctypes.get_errno())}"
-        pid = os.fork()
+        unshared = self.enabled["pidns"] and pid_err is None
+        try:
+            pid = os.fork()
+        except OSError:
+            if unshared:
+                self._setns_back()
+            for fd in (req_r, req_w, out_r, out_w, err_r, err_w, stat_r, stat_w, life_r, life_w, res_r, res_w):
+                os.close(fd)
+            self._release_cgroups(cgdirs)
+            raise
         if pid == 0:  # I
             code = 111
             try:
@@ -478,13 +518,17 @@ class Zygote:
                 write_line(stat_w, f"E fresh_process {type(e).__name__}: {e}")
             finally:
                 os._exit(code)
-        if self.enabled["pidns"] and pid_err is None and libc.setns(self.host_pidns, CLONE_NEWPID) != 0:
-            raise RuntimeError(f"setns back to the host PID namespace failed: {os.strerror(ctypes.get_errno())}")
+        if unshared:
+            self._setns_back()
         for fd in (req_r, out_w, err_w, stat_w, life_r, res_w):
             os.close(fd)
         self.children[pid] = cgdirs
         return {"pid": pid, "uid": self.uid_base + pid if self.enabled["uid"] else None, "req_w": req_w,
                 "out_r": out_r, "err_r": err_r, "stat_r": stat_r, "life_w": life_w, "res_r": res_r}
+
+    def _setns_back(self) -> None:
+        if libc.setns(self.host_pidns, CLONE_NEWPID) != 0:  # cannot happen; if it did, stop rather than misplace
+            raise RuntimeError(f"setns back to the host PID namespace failed: {os.strerror(ctypes.get_errno())}")
 
     def reap(self, block: bool = False) -> None:
         while self.children:
@@ -547,7 +591,8 @@ class Zygote:
             "mechanisms": {m: self.enabled[m] for m in MECHANISMS},
             "reasons": dict(self.reasons),
             "warnings": list(self.warnings),
-            "fatal": getattr(self, "fatal", None),
+            "fatal": self.fatal,
+            "cgroups": list(self.cg_parents.values()),
             "hidden_paths": self.hide,
             "exposed_paths": self.expose,
             "uid_base": self.uid_base if self.enabled["uid"] else None,
@@ -571,10 +616,14 @@ class Zygote:
         poller.register(wake_r, select.POLLIN)
         try:
             while True:
-                timeout = 0 if len(self.ready) < prefork and not getattr(self, "fatal", None) else None
+                timeout = 0 if len(self.ready) < prefork and not self.fatal else None
                 events = poller.poll(timeout)
                 if not events:  # idle: pre-fork one more sandbox
-                    self.ready.append(self.spawn())
+                    try:
+                        self.ready.append(self.spawn())
+                    except OSError as e:  # e.g. out of processes: retry later, serve requests meanwhile
+                        print(f"sandbox zygote: pre-fork failed: {e}", file=sys.stderr, flush=True)
+                        poller.poll(200)
                     continue
                 for fd, ev in events:
                     if fd == wake_r:
@@ -589,7 +638,11 @@ class Zygote:
                     if not msg or msg == b"Q":
                         return
                     if msg == b"F":
-                        sb = self.ready.pop(0) if self.ready else self.spawn()
+                        try:
+                            sb = self.ready.pop(0) if self.ready else self.spawn()
+                        except OSError as e:
+                            self.ctl.send(json.dumps({"error": f"cannot fork a sandbox: {e}"}).encode())
+                            continue
                         fds = [sb["req_w"], sb["out_r"], sb["err_r"], sb["stat_r"], sb["life_w"], sb["res_r"]]
                         head = json.dumps({"pid": sb["pid"], "uid": sb["uid"]}).encode()
                         socket.send_fds(self.ctl, [head], fds)
@@ -729,15 +782,20 @@ class Sandbox:
             os.kill(upid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self.sweep()
+        self.sweep(upid)
         try:
             while True:
                 os.waitpid(-1, 0)
         except ChildProcessError:
             pass
 
-    def sweep(self) -> None:
-        """Fallback tree kill (no PID namespace): SIGKILL every process of the sandbox uid, then the cgroup."""
+    def sweep(self, upid: int) -> None:
+        """Fallback tree kill (no PID namespace): SIGKILL the program's process group, every process of the
+        sandbox uid, and every process of the sandbox's pids cgroup."""
+        try:
+            os.killpg(upid, signal.SIGKILL)  # U called setsid(): its group holds children that did not leave
+        except OSError:
+            pass
         if self.uid is not None:
             kpid = os.fork()
             if kpid == 0:
@@ -878,11 +936,13 @@ class Sandbox:
         cpu = max(1, math.ceil(float(req.get("cpu_s") or req.get("timeout_s", 10))))
         with open("/proc/self/statm") as f:
             vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+                  (resource.RLIMIT_AS, vsz + (memory_mb << 20)), (resource.RLIMIT_FSIZE, max(1, disk_mb) << 20),
+                  (resource.RLIMIT_NOFILE, 256), (resource.RLIMIT_MEMLOCK, 0), (resource.RLIMIT_MSGQUEUE, 0)]
+        if self.uid is not None:  # RLIMIT_NPROC counts the uid's processes: meaningful for a fresh uid only
+            limits.append((resource.RLIMIT_NPROC, max_procs))
         try:
-            for lim, val in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-                             (resource.RLIMIT_AS, vsz + (memory_mb << 20)), (resource.RLIMIT_NPROC, max_procs),
-                             (resource.RLIMIT_FSIZE, max(1, disk_mb) << 20), (resource.RLIMIT_NOFILE, 256),
-                             (resource.RLIMIT_MEMLOCK, 0), (resource.RLIMIT_MSGQUEUE, 0)):
+            for lim, val in limits:
                 soft, hard = val if isinstance(val, tuple) else (val, val)
                 resource.setrlimit(lim, (soft, hard))
         except (OSError, ValueError) as e:
@@ -957,7 +1017,7 @@ def run_program(code: str, call: str | None, res_w: int) -> int:
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     exit_code = 0
     try:
-        exec(compile(code, filename, "exec"), main.__dict__)  # noqa: S102 - this is the sandbox
+        exec(compile(code, filename, "exec", dont_inherit=True), main.__dict__)  # noqa: S102 - this is the sandbox
         if call:
             if call not in main.__dict__:
                 raise NameError(f"name {call!r} is not defined")

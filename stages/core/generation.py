@@ -419,13 +419,16 @@ class HFGenerator:
         eos = torch.zeros(vocab, dtype=torch.bool, device=device)
         eos[[i for i in self.eos_ids if i < vocab]] = True
         checker = self._stop_checker(sp.stop, vocab, device) if sp.stop else None
-        gens = None
+        # one uniform per row and step, drawn up front from the row's own generator: sampling does not
+        # depend on which other rows share the batch
+        uniforms = None
         if not sp.greedy:
-            gens = []
-            for r in rows:
-                g = torch.Generator(device=device)
+            uniforms = torch.empty((b, max_new), dtype=torch.float64)
+            for k, r in enumerate(rows):
+                g = torch.Generator()
                 g.manual_seed(sample_seed(sp.seed, r.prompt_index, r.sample_index))
-                gens.append(g)
+                uniforms[k] = torch.rand(max_new, generator=g, dtype=torch.float64)
+            uniforms = uniforms.to(device)
 
         out_tok = torch.zeros((b, max_new), dtype=torch.long, device=device)
         out_lp = torch.zeros((b, max_new), dtype=torch.float32, device=device)
@@ -435,7 +438,7 @@ class HFGenerator:
         finished = torch.zeros(b, dtype=torch.bool, device=device)  # per batch row
         n_live_rows = b
         for step in range(max_new):
-            tok, lp = self._pick(logits, sp, gens, live)
+            tok, lp = self._pick(logits, sp, None if uniforms is None else uniforms[live, step])
             out_tok[live, step] = tok
             out_lp[live, step] = lp
             done_now = ~finished & (eos[tok] | (step + 1 >= limits[live]))
@@ -459,8 +462,6 @@ class HFGenerator:
                     _select_rows(cache, keep)
                     live, tok, finished = live[keep], tok[keep], finished[keep]
                     mask, next_pos = mask[keep], next_pos[keep]
-                    if gens is not None:
-                        gens = [gens[k] for k in keep.tolist()]
                     n_live_rows = len(live)
             logits = self._forward(cache, tok[:, None], mask[:, : width + step + 1], next_pos[:, None])
             next_pos = next_pos + 1
@@ -476,16 +477,20 @@ class HFGenerator:
         return comps
 
     @staticmethod
-    def _pick(logits: torch.Tensor, sp: SamplingParams, gens: list[torch.Generator] | None,
-              live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next token of each row and its log-prob under softmax(logits / T), T = 1 when greedy."""
+    def _pick(logits: torch.Tensor, sp: SamplingParams, u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token of each row and its log-prob under softmax(logits / T), T = 1 when greedy.
+
+        Sampling is by inverse CDF: row ``k`` takes the first token whose cumulative probability (over the
+        top-k/top-p-restricted, renormalised distribution, in vocabulary order) exceeds ``u[k]``.
+        """
         if sp.greedy:
             logp = torch.log_softmax(logits, dim=-1)
             tok = logits.argmax(dim=-1)
             return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+        assert u is not None
         logp = torch.log_softmax(logits / sp.temperature, dim=-1)
         scores = logp
-        if sp.top_k > 0 and sp.top_k < scores.shape[-1]:
+        if 0 < sp.top_k < scores.shape[-1]:
             kth = scores.topk(sp.top_k, dim=-1).values[:, -1:]
             scores = scores.masked_fill(scores < kth, float("-inf"))
         if sp.top_p < 1.0:
@@ -495,12 +500,9 @@ class HFGenerator:
             drop = (probs.cumsum(dim=-1) - probs) >= sp.top_p
             sorted_s = sorted_s.masked_fill(drop, float("-inf"))
             scores = torch.full_like(scores, float("-inf")).scatter(-1, order, sorted_s)
-        # Gumbel-max with per-row generators: argmax(log p - log E), E ~ Exp(1), samples from softmax(scores)
-        assert gens is not None
-        noise = torch.empty_like(scores)
-        for k, g in enumerate(gens):
-            noise[k].exponential_(generator=g)
-        tok = (scores - noise.log()).argmax(dim=-1)
+        cdf = scores.exp().cumsum(dim=-1, dtype=torch.float64)
+        target = (u * cdf[:, -1]).unsqueeze(-1)
+        tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=scores.shape[-1] - 1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 

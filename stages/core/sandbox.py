@@ -17,15 +17,17 @@ that could not be set up is logged as a warning when the zygote starts, never sk
 - namespaces: ``pidns`` (the program sees only its own processes; when it exits, or on timeout, the kernel
   kills every process it started, double-forked ones included, before :func:`run_python` returns),
   ``netns`` (no network interface but a down loopback), ``mountns``, ``ipcns``, ``utsns``, ``cgroupns``;
-- file system: the host is mounted read-only (``ro_root``); ``/root``, ``/home``, ``/run``, ``/var/tmp`` and
-  any directory an unprivileged user cannot enter are replaced by empty read-only directories, except the
+- file system: the host is mounted read-only (``ro_root``); ``/root``, ``/home``, ``/run``, ``/var/tmp``,
+  ``/sys/fs/cgroup`` and any directory an unprivileged user cannot enter on the way to the Python
+  installation are replaced by empty read-only directories, except the
   Python installation, which is re-exposed read-only (``hide_paths``); ``/dev`` holds only null, zero, full,
   random and urandom (``minimal_dev``); ``/proc`` shows the sandbox's processes only; the working directory
   ``/tmp`` (fresh and empty) and ``/dev/shm`` share one size-limited tmpfs (``disk_mb``) that vanishes with
   the sandbox;
 - limits: wall clock (``timeout_s``), CPU seconds (``RLIMIT_CPU``), memory (``RLIMIT_AS`` = the interpreter's
   own address space + ``memory_mb``, and a memory cgroup for the whole tree), processes and threads
-  (``RLIMIT_NPROC`` and a pids cgroup), file size, 256 open files, no core dumps;
+  (``RLIMIT_NPROC`` and a pids cgroup), file size, 256 open files, no core dumps; the program is the
+  out-of-memory killer's first choice (``oom_score_adj`` 1000);
 - an empty environment (the zygote itself starts with a minimal one, so ``/proc/self/environ`` holds no
   secret of the caller either), stdin is ``/dev/null``;
 - output: stdout and stderr are captured separately, decoded as UTF-8 with replacement characters, and cut
@@ -35,7 +37,9 @@ that could not be set up is logged as a warning when the zygote starts, never sk
 Not guaranteed: the program can read world-readable host files outside the hidden directories (read-only);
 it can use up to its limits of CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the
 surface, it does not remove it); without root (or on another architecture, or with cgroup v2) the
-corresponding mechanisms are missing and reported as such.
+corresponding mechanisms are missing and reported as such (there is no user-namespace mode for non-root
+callers: they get rlimits, no_new_privs, seccomp, an empty environment, a fresh host working directory
+and a process-group kill).
 
 Fast path: the zygote pre-forks sandboxes (namespaces and mounts ready, program not yet known), so a
 program costs a few forks, not an interpreter start-up. State cannot leak between programs: each runs in
@@ -47,6 +51,7 @@ bounded thread pool.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -59,6 +64,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -154,6 +160,17 @@ def _recv_fds(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
     return msg, list(fds)
 
 
+def _remove_cgroup_tree(path: str) -> None:
+    if not os.path.isdir(path):
+        return
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(entry.path)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
 class SandboxExecutor:
     """A handle on one zygote process; thread-safe. Most code uses the module functions instead.
 
@@ -181,12 +198,23 @@ class SandboxExecutor:
         }
         self._startup_timeout_s = startup_timeout_s
         self._lock = threading.Lock()
-        self._sem = threading.BoundedSemaphore(max_concurrent or max(4, 4 * (os.cpu_count() or 1)))
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._owner: int | None = None
         self._report: dict[str, Any] | None = None
         self._closed = False
+        self._max_concurrent = max_concurrent or max(4, 4 * (os.cpu_count() or 1))
+        self._sem = threading.BoundedSemaphore(self._max_concurrent)
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (lambda ex: ex and ex._after_fork_in_child())(ref()))
+
+    def _after_fork_in_child(self) -> None:
+        """A forked caller gets fresh locks and, on first use, its own zygote (the parent's stays the parent's)."""
+        self._lock = threading.Lock()
+        self._sem = threading.BoundedSemaphore(self._max_concurrent)
+        if self._sock is not None:
+            self._sock.close()
+        self._proc = self._sock = self._owner = None
 
     # ---- zygote lifecycle ------------------------------------------------------------------------------
     def _start_locked(self) -> None:
@@ -248,6 +276,9 @@ class SandboxExecutor:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+            # a zygote that died without cleaning up leaves its (empty) cgroups behind
+            for d in (self._report or {}).get("cgroups", []):
+                _remove_cgroup_tree(d)
         self._proc = self._sock = self._owner = None
 
     def close(self) -> None:
@@ -281,6 +312,8 @@ class SandboxExecutor:
                         return json.loads(msg.decode()), fds
                     for fd in fds:
                         os.close(fd)
+                    if msg.startswith(b"{"):
+                        return json.loads(msg.decode()), []  # {"error": ...}: no sandbox this time
                     raise OSError("zygote sent no sandbox")
                 except OSError as e:
                     if attempt:
@@ -305,11 +338,18 @@ class SandboxExecutor:
         """Run ``code``; with ``call`` also call that top-level function and return ``str()`` of its result."""
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
+        if not (timeout_s > 0 and memory_mb > 0 and disk_mb > 0 and max_procs >= 1 and max_output_bytes >= 2):
+            raise ValueError("timeout_s, memory_mb, disk_mb must be > 0, max_procs >= 1, max_output_bytes >= 2")
         req = json.dumps({"code": code, "timeout_s": float(timeout_s), "cpu_s": cpu_s, "memory_mb": int(memory_mb),
                           "disk_mb": int(disk_mb), "max_procs": int(max_procs), "call": call}).encode()
         with self._sem:
             t0 = time.monotonic()
             head, fds = self._acquire()
+            if not fds:
+                msg = head.get("error", "no sandbox")
+                logger.error("sandbox: %s", msg)
+                return ExecResult(status="error", stdout="", stderr="", returncode=None,
+                                  wall_s=time.monotonic() - t0, sandbox_error=msg), None
             req_w, out_r, err_r, stat_r, life_w, res_r = fds
             try:
                 return self._drive(head, req, t0, float(timeout_s), int(max_output_bytes), req_w, out_r, err_r,

@@ -17,7 +17,6 @@ import numpy as np
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _GRAM = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
 _GSM8K_CALC = re.compile(r"<<[^<>]*>>")
-_SPACE = re.compile(r"\s+")
 
 
 def nfkc_lower(text: str) -> str:
@@ -41,16 +40,23 @@ def strip_calculator(text: str) -> str:
     return _GSM8K_CALC.sub("", text)
 
 
-def normalize_for_classifier(text: str) -> str:
-    """The text fastText sees: NFKC, lower case, one line, grams and LaTeX/arithmetic symbols kept as tokens.
+_CLF_TOKEN = re.compile(r"[^\W_]+|[$\\^_{}=+\-*/<>()%]")
 
-    Punctuation that carries meaning for math (``$ \\ ^ _ { } = + - * / < >``) is split off as its own
-    token; other punctuation is dropped; digits are kept (numbers matter for math vs. other).
+
+def normalize_for_classifier(text: str) -> str:
+    """The text fastText sees: NFKC, lower case, one line of tokens separated by single spaces.
+
+    Tokens are alphanumeric runs and the symbols that carry meaning for math
+    (``$ \\ ^ _ { } = + - * / < > ( ) %``), each symbol a token of its own; other punctuation is
+    dropped; digits are kept (numbers matter for math vs. other).
     """
-    t = nfkc_lower(text)
-    t = re.sub(r"([$\\^_{}=+\-*/<>()%])", r" \1 ", t)
-    t = re.sub(r"[^\w$\\^_{}=+\-*/<>()%]+", " ", t)
-    return _SPACE.sub(" ", t).strip()
+    return " ".join(_CLF_TOKEN.findall(nfkc_lower(text)))
+
+
+def grams_and_classifier_text(text: str) -> tuple[list[str], str]:
+    """``(grams(text), normalize_for_classifier(text))`` with one NFKC pass."""
+    low = nfkc_lower(text)
+    return _GRAM.findall(low), " ".join(_CLF_TOKEN.findall(low))
 
 
 def normalize_for_hash(text: str) -> str:
@@ -164,6 +170,7 @@ class NgramIndex:
         if len(ids) == 0 or not ids.any():
             return None
         prefix = _prefix_hashes(ids)
+        unknown = np.concatenate([[0], np.cumsum(ids == 0)])
         best: tuple[int, int] | None = None  # (position in text, source index)
         for length, (keys, vals) in tables.items():
             if len(ids) < length:
@@ -171,7 +178,7 @@ class NgramIndex:
             h = _window_hashes(ids, length, prefix)
             pos = np.searchsorted(keys, h)
             pos[pos == len(keys)] = 0
-            hit = (keys[pos] == h) & _valid_windows(ids, length)
+            hit = (keys[pos] == h) & ((unknown[length:] - unknown[:-length]) == 0)
             if hit.any():
                 i = int(np.argmax(hit))
                 if best is None or i < best[0]:
@@ -193,9 +200,3 @@ def _window_hashes(ids: np.ndarray, length: int, prefix: np.ndarray | None = Non
     m = len(ids) - length + 1
     _, inv = _powers(len(ids))
     return (h[length:length + m] - h[:m]) * inv[:m]
-
-
-def _valid_windows(ids: np.ndarray, length: int) -> np.ndarray:
-    """True for windows without an unknown (id 0) gram."""
-    unknown = np.concatenate([[0], np.cumsum(ids == 0)])
-    return (unknown[length:] - unknown[:-length]) == 0

@@ -34,6 +34,7 @@ import numpy as np
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, write_text
+from stages.core.text import normalize_for_classifier
 from stages.corpus import domains as dom
 from stages.corpus.classifier import train_file, write_training_file
 from stages.corpus.decontaminate import ContaminationIndex, Report, decontaminate, load_benchmarks
@@ -41,7 +42,6 @@ from stages.corpus.dedup import Deduplicator
 from stages.corpus.recall import budget_for_round, overlap, sample_mask, select_threshold
 from stages.corpus.shards import iter_pages, plan_shards
 from stages.corpus.tasks import prepare_shard, score_shard, training_texts_shard, write_shard
-from stages.core.text import normalize_for_classifier
 from stages.params import CorpusParams
 
 MapFn = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
@@ -203,7 +203,7 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: Contam
         negs = [sample_mask(i, e, rate, seed=p.seed, round_=k) for i, e in zip(ids, eligible, strict=True)]
         neg_files = [work / f"neg-r{k}-{s}.txt" for s in range(len(dirs))]
         round_add = [work / f"add-r{k}-{s}.txt" for s in range(len(dirs))]
-        counts = mp(training_texts_shard, [
+        mp(training_texts_shard, [
             dict(shard_dir=d, negatives=negs[s], added=new_added[s], neg_file=str(neg_files[s]), add_file=str(round_add[s]))
             for s, d in enumerate(dirs)])
         add_files += round_add

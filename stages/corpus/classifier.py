@@ -120,11 +120,6 @@ def train_file(path: str | os.PathLike[str], *, dim: int, lr: float, word_ngrams
             bucket=bucket, thread=thread, seed=seed, verbose=0, loss="softmax",
         )
     except (RuntimeError, ValueError) as e:
-        import shutil; shutil.copy(path, "/tmp/bad_train.txt")
-        for sd in (seed, seed + 1):
-            try:
-                fasttext.train_supervised(input="/tmp/bad_train.txt", dim=dim, lr=lr, wordNgrams=word_ngrams, minCount=min_count, epoch=epochs, bucket=bucket, thread=thread, seed=sd, verbose=0, loss="softmax"); print("retry ok", sd)
-            except Exception as e2: print("retry fail", sd, e2)
         raise PipelineError(f"fastText training failed on {path} ({e}); check the seed corpus and crawl are not empty") from None
     if set(model.get_labels()) != {MATH, OTHER}:
         raise PipelineError(f"fastText training data {path} lacks one class (labels {model.get_labels()}); "

@@ -4,19 +4,21 @@ picklable values, so a Dask or Ray task runner can ship them to other processes.
 
 Per-shard working files (``<work>/shard-NNNNN/``): ``pages.jsonl`` (the pages that survived
 decontamination), ``meta.json`` (id, domain, prefix, tokens, ground truth), ``exact.npy`` and
-``sig.npy`` (dedup keys), ``scores-r<k>.npy`` (classifier scores of round k).
+``sig.npy`` (dedup keys), ``norm.txt`` (each page's text normalised for the classifier, one per line, so
+rounds never normalise twice), ``scores-<shard>.npy`` (classifier scores of the current round).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from stages.core.text import grams, normalize_for_classifier, url_domain, url_prefix
+from stages.core.text import grams_and_classifier_text, url_domain, url_prefix
 from stages.corpus.classifier import MathClassifier
 from stages.corpus.decontaminate import ContaminationIndex, Report
 from stages.corpus.dedup import exact_key, signature
@@ -30,10 +32,16 @@ def tokens_of(text: str) -> int:
     return -(-len(text) // 4)
 
 
-def _pages(shard_dir: str) -> Any:
+def _pages(shard_dir: str) -> Iterator[dict[str, Any]]:
     with open(Path(shard_dir) / "pages.jsonl", encoding="utf-8") as f:
         for line in f:
             yield json.loads(line)
+
+
+def _norm(shard_dir: str) -> Iterator[str]:
+    with open(Path(shard_dir) / "norm.txt", encoding="utf-8") as f:
+        for line in f:
+            yield line.rstrip("\n")
 
 
 def prepare_shard(shard: Shard, shard_dir: str, index: ContaminationIndex, *, num_perm: int, shingle: int,
@@ -48,11 +56,11 @@ def prepare_shard(shard: Shard, shard_dir: str, index: ContaminationIndex, *, nu
     sigs: list[np.ndarray] = []
     n_in = 0
     truth = Counter()
-    with open(out / "pages.jsonl", "w", encoding="utf-8") as f:
+    with open(out / "pages.jsonl", "w", encoding="utf-8") as f, open(out / "norm.txt", "w", encoding="utf-8") as fn:
         for page in iter_pages(shard, skipped):
             n_in += 1
             text = page["text"]
-            toks = grams(text)
+            toks, norm = grams_and_classifier_text(text)
             planted = page.get("contaminated_by") is not None
             truth["planted"] += planted
             hit = index.match(text, toks)
@@ -61,6 +69,7 @@ def prepare_shard(shard: Shard, shard_dir: str, index: ContaminationIndex, *, nu
                 truth["planted_removed" if planted else "clean_removed"] += 1
                 continue
             f.write(json.dumps(page, ensure_ascii=False) + "\n")
+            fn.write(norm + "\n")
             meta["id"].append(page["id"])
             meta["domain"].append(url_domain(page["url"]))
             meta["prefix"].append(url_prefix(page["url"], prefix_depth))
@@ -82,9 +91,8 @@ def training_texts_shard(shard_dir: str, negatives: np.ndarray, added: np.ndarra
     """Write the normalised texts of the rows flagged in ``negatives`` / ``added`` to two files."""
     n_neg = n_add = 0
     with open(neg_file, "w", encoding="utf-8") as fn, open(add_file, "w", encoding="utf-8") as fa:
-        for i, page in enumerate(_pages(shard_dir)):
+        for i, line in enumerate(_norm(shard_dir)):
             if negatives[i] or added[i]:
-                line = normalize_for_classifier(page["text"])
                 if not line:
                     continue
                 if negatives[i]:
@@ -106,12 +114,12 @@ def score_shard(shard_dir: str, model_path: str, keep: np.ndarray, tokens: np.nd
 
     def flush() -> None:
         if batch:
-            scores[rows] = clf.score(batch)
+            scores[rows] = clf.score(batch, normalized=True)
             batch.clear()
             rows.clear()
-    for i, page in enumerate(_pages(shard_dir)):
+    for i, line in enumerate(_norm(shard_dir)):
         if keep[i]:
-            batch.append(page["text"])
+            batch.append(line)
             rows.append(i)
             if len(batch) >= batch_size:
                 flush()

@@ -564,10 +564,10 @@ def _exact_variant(rng: random.Random, text: str) -> str:
     return t + ("\n" if rng.random() < 0.5 else " ")
 
 
-def _near_variant(rng: random.Random, text: str) -> str:
-    """An edited copy: boilerplate added, a paragraph dropped or a number changed."""
+def _near_variant(rng: random.Random, text: str, edit: bool = True) -> str:
+    """An edited copy: boilerplate added, and (when ``edit``) a paragraph dropped or a number changed."""
     paras = text.split("\n\n")
-    r = rng.random()
+    r = rng.random() if edit else 1.0
     if r < 0.4 and len(paras) > 4:
         del paras[rng.randrange(1, len(paras))]
     elif r < 0.7:
@@ -700,7 +700,8 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
     all_domains = math_domains + general_domains
     for orig in rng.sample(rows, n_dups):
         exact = rng.random() < 0.5
-        text = _exact_variant(rng, orig["text"]) if exact else _near_variant(rng, orig["text"])
+        text = (_exact_variant(rng, orig["text"]) if exact  # copies of planted pages keep the quoted problem intact
+                else _near_variant(rng, orig["text"], edit=orig["contaminated_by"] is None))
         if orig["contaminated_by"] is None and guard.match(text) is not None:
             continue  # an edit that happened to hit a test n-gram: skip this copy
         if rng.random() < 0.5:

@@ -79,6 +79,8 @@ def loop_metrics(res: TrainResult) -> dict[str, Any]:
         "tokens_this_run": res.tokens,
         "tokens_per_s": round(res.tokens_per_s, 1),
         "train_wall_s": round(res.train_wall_s, 2),
+        "eval_wall_s": round(res.eval_wall_s, 2),
+        "checkpoint_wall_s": round(res.checkpoint_wall_s, 2),
         "train_loss_first": _r(hist[0]["loss"]) if hist else None,
         "train_loss_last": _r(hist[-1]["loss"]) if hist else None,
         "run_dir": res.run_dir,

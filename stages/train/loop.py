@@ -161,10 +161,15 @@ class TrainResult:
     world_size: int = 1
     zero_stage: int = 0
 
+    eval_wall_s: float = 0.0
+    checkpoint_wall_s: float = 0.0
+
     @property
     def tokens_per_s(self) -> float:
-        """Input tokens processed per second of this call's training time (all ranks)."""
-        return self.tokens / self.train_wall_s if self.train_wall_s > 0 else 0.0
+        """Input tokens processed per second of this call's training steps (all ranks; evaluation and
+        checkpoint time excluded)."""
+        step_s = self.train_wall_s - self.eval_wall_s - self.checkpoint_wall_s
+        return self.tokens / step_s if step_s > 0 else 0.0
 
 
 def forward_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor], bf16: bool, device: torch.device
@@ -243,12 +248,24 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
         state = _load_checkpoint(latest, model, opt, sched, data, engine)
     start = int(state["step"])
 
+    timers = {"eval": 0.0, "checkpoint": 0.0}
+
     def save(step: int) -> None:
+        t = time.perf_counter()
         _save_checkpoint(run_dir, step, model, opt, sched, data, engine, state, is_main)
+        timers["checkpoint"] += time.perf_counter() - t
 
     def evaluate(step: int) -> None:
         if eval_fn is None:
             return
+        t = time.perf_counter()
+        try:
+            _evaluate(step)
+        finally:
+            timers["eval"] += time.perf_counter() - t
+
+    def _evaluate(step: int) -> None:
+        assert eval_fn is not None
         with gathered_params(net, zero_stage):
             loss = float(eval_fn(net))
         state["evals"].append({"step": step, "eval_loss": loss})
@@ -331,10 +348,12 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
             window, tw, tok_w = [], now, 0
         bar.update(1)
         last = step + 1 == p.steps
+        t_side = time.perf_counter()
         if (p.eval_every and (step + 1) % p.eval_every == 0) or last:
             evaluate(step + 1)
         if (p.checkpoint_every and (step + 1) % p.checkpoint_every == 0) or last:
             save(step + 1)
+        tw += time.perf_counter() - t_side  # logged tokens/s counts training steps only
     bar.close()
     wall = time.perf_counter() - t0
     if start == p.steps and eval_fn is not None and not state["evals"]:
@@ -348,6 +367,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     return TrainResult(
         total_steps=p.steps, start_step=start, steps_run=p.steps - start, skipped_steps=int(state["skipped"]),
         tokens=int(state["tokens"] - tokens0), target_tokens=int(state["target_tokens"]), train_wall_s=wall,
+        eval_wall_s=timers["eval"], checkpoint_wall_s=timers["checkpoint"],
         precision="bf16" if bf16 else "fp32", history=list(state["history"]), evals=list(state["evals"]),
         best_eval_loss=state["best_eval_loss"], best_step=state["best_step"], run_dir=str(run_dir), world_size=world,
         zero_stage=zero_stage,

@@ -127,6 +127,28 @@ def test_sampling_is_seeded_and_independent_of_batching(lm):
     assert [[c.token_ids for c in r] for r in other] != [[c.token_ids for c in r] for r in a]
 
 
+def test_sampling_frequencies_follow_the_distribution(lm):
+    model, tok = lm
+    prompt = tiny_prompts(1)[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([tok(prompt)["input_ids"]])).logits[0, -1].float()
+    gen = HFGenerator(model, tok, batch_size=1000)
+    n = 2000
+    for sp, probs in ((SamplingParams(temperature=0.5, n=n, max_new_tokens=1, seed=2), (logits / 0.5).softmax(-1)),
+                      (SamplingParams(temperature=1.0, top_k=3, n=n, max_new_tokens=1, seed=2), None)):
+        if probs is None:  # top-k: renormalised over the 3 most likely tokens
+            top = logits.topk(3).indices
+            probs = torch.zeros_like(logits)
+            probs[top] = logits[top].softmax(-1)
+        firsts = torch.tensor([c.token_ids[0] for c in gen.generate([prompt], sp)[0]])
+        freq = torch.bincount(firsts, minlength=len(probs)).float() / n
+        top = probs.topk(10).indices  # the 10 likeliest tokens, each within 4.5 standard errors
+        err = (freq[top] - probs[top]).abs()
+        bound = 4.5 * (probs[top] * (1 - probs[top]) / n).sqrt() + 1e-3
+        assert bool((err <= bound).all()), f"sampled {freq[top].tolist()} vs true {probs[top].tolist()}"
+        assert freq[probs == 0].sum() == 0
+
+
 def test_greedy_n_copies(lm):
     model, tok = lm
     outs = HFGenerator(model, tok).generate(tiny_prompts(2), SamplingParams(n=3, max_new_tokens=5))

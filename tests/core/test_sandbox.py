@@ -76,13 +76,13 @@ def test_wall_clock_timeout():
     r = run_python("import time\nprint('started', flush=True)\ntime.sleep(60)", timeout_s=1.0)
     assert r.status == "timeout" and r.returncode is None
     assert r.stdout == "started\n"  # output produced before the timeout is kept
-    assert 1.0 <= r.wall_s < 6 and time.monotonic() - t < 8
+    assert 1.0 <= r.wall_s < 10 and time.monotonic() - t < 12
 
 
 def test_cpu_limit():
-    r = run_python("while True:\n    pass", timeout_s=20, cpu_s=1)
-    assert r.status == "timeout" and r.signal == "SIGXCPU"
-    assert r.wall_s < 15
+    r = run_python("while True:\n    pass", timeout_s=60, cpu_s=1)
+    assert r.status == "timeout" and r.signal == "SIGXCPU"  # the CPU limit fired, not the wall clock
+    assert r.wall_s < 60
 
 
 def test_memory_limit_is_per_program_addition():
@@ -264,7 +264,8 @@ def test_degraded_mechanism_is_logged_and_reported(caplog):
 def test_executor_survives_zygote_death_and_restarts(caplog):
     ex = sandbox.SandboxExecutor(preload=["math"], prefork=1)
     try:
-        zpid = ex.report()["zygote_pid"]
+        rep = ex.report()
+        zpid = rep["zygote_pid"]
         os.kill(zpid, 9)
         time.sleep(0.2)
         with caplog.at_level(logging.WARNING, logger="stages.core.sandbox"):
@@ -272,6 +273,8 @@ def test_executor_survives_zygote_death_and_restarts(caplog):
         assert res.ok and res.stdout == "again\n"
         assert ex.report()["zygote_pid"] != zpid
         assert "restart" in " ".join(rec.getMessage() for rec in caplog.records)
+        # the dead zygote's cgroups were removed (by the client, or by the new zygote's stale sweep)
+        assert not any(os.path.exists(d) for d in rep["cgroups"]), rep["cgroups"]
     finally:
         ex.close()
 
@@ -281,7 +284,7 @@ def test_executor_survives_zygote_death_and_restarts(caplog):
 def _score(rows: list[dict], results: list) -> tuple[int, int, list]:
     strict = rounded = 0
     misses = []
-    for i, (row, (res, value)) in enumerate(zip(rows, results)):
+    for i, (row, (res, value)) in enumerate(zip(rows, results, strict=True)):
         assert res.ok, (i, res.status, res.stderr[-500:])
         v = float(value)
         target = float(row["target"])
@@ -319,3 +322,68 @@ def test_pal_gsmhard_all_1319(shared_data):
     assert rounded == len(rows), misses
     assert strict >= 0.985 * len(rows), misses
     assert all(abs(t) < 1e-4 for _, _, t in misses), misses
+
+
+ROOT_ONLY = ["uid", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns", "cgroup_pids", "cgroup_memory"]
+
+
+def test_without_root_mechanisms_programs_still_run_limited_and_cleaned_up(caplog):
+    # what a host without root (or without namespaces) gets: rlimits, no_new_privs, seccomp, fresh process,
+    # empty environment, a fresh host working directory, and a process-group kill
+    ex = sandbox.SandboxExecutor(disable=ROOT_ONLY, preload=["math"], prefork=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="stages.core.sandbox"):
+            rep = ex.report()
+        assert set(rep["inactive"]) >= set(ROOT_ONLY) and rep["fatal"] is None
+        assert sum("NOT active" in rec.getMessage() for rec in caplog.records) >= len(ROOT_ONLY)
+        res, _ = ex.run("import os\nopen('f.txt', 'w').write('x')\nprint(os.getcwd(), os.listdir('.'), dict(os.environ))")
+        assert res.ok, res.stderr
+        cwd = res.stdout.split()[0]
+        assert cwd.startswith("/tmp/dsm-sandbox-") and "['f.txt'] {}" in res.stdout
+        assert not os.path.exists(cwd)  # removed afterwards
+        res, _ = ex.run("import os, time\nchild = os.fork()\nif child == 0:\n    time.sleep(30)\n    os._exit(0)\n"
+                        "print(child)")
+        assert res.ok
+        child = int(res.stdout)  # a host pid: no PID namespace here
+        time.sleep(0.3)
+        assert _state(child) in (None, "Z")  # the child in the program's process group was killed
+        assert ex.run("while True: pass", timeout_s=1)[0].status == "timeout"
+        assert ex.run("import socket\nsocket.socket()")[0].status == "error"  # seccomp still on
+    finally:
+        ex.close()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def test_forked_caller_gets_its_own_zygote():
+    ex = sandbox.SandboxExecutor(preload=["math"], prefork=1)
+    try:
+        parent_zygote = ex.report()["zygote_pid"]
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: use the inherited executor
+            try:
+                res, _ = ex.run("print(6 * 7)")
+                os.write(w, f"{res.stdout.strip()} {ex.report()['zygote_pid']}".encode())
+                ex.close()
+            finally:
+                os._exit(0)
+        os.close(w)
+        deadline = time.monotonic() + 90
+        while os.waitpid(pid, os.WNOHANG)[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                pytest.fail("forked caller hung")
+            time.sleep(0.05)
+        answer, child_zygote = os.read(r, 100).decode().split()
+        os.close(r)
+        assert answer == "42" and int(child_zygote) != parent_zygote
+        assert ex.run("print('parent ok')")[0].stdout == "parent ok\n"  # the parent's zygote is untouched
+    finally:
+        ex.close()

@@ -13,6 +13,8 @@ from stages.params import Params
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flows", "stages")
+# Files a module runs as a separate script rather than importing (invisible to the import scan).
+RUNS_AS_SCRIPT = {"stages/core/sandbox.py": ["stages/core/_sandbox_zygote.py"]}
 
 
 def _module_file(module: str) -> Path | None:
@@ -55,6 +57,9 @@ def import_closure(module: str) -> set[str]:
                 for n in names:
                     if n.split(".")[0] in PACKAGES and _module_file(n) is not None:
                         todo.append(n)
+    for f, scripts in RUNS_AS_SCRIPT.items():
+        if f in seen:
+            seen.update(scripts)
     return seen
 
 

@@ -30,7 +30,7 @@ def tiny_params(**over) -> GrpoParams:
         scale_rewards="group", adv_eps=1e-4, mask_truncated=False, skip_zero_std_groups=True,
         reward=dict(accuracy_weight=1.0, format_weight=0.0, custom=["tests.rl.custom_rewards:length_reward"],
                     custom_weights=[1.0]),
-        baseline=dict(enabled=True, lr=1e-3), log_completions_every=1, checkpoint_every=1,
+        baseline=dict(enabled=True, lr=1e-3), log_completions_every=1, checkpoint_every=1, num_threads=1,
     )
     raw.update(over)
     return GrpoParams.model_validate(raw)
@@ -127,3 +127,26 @@ def test_run_removes_its_checkpoints_when_done(project):
     grpo.run(tiny_params(steps=2, checkpoint_every=1, baseline=dict(enabled=False, lr=1e-3)))
     assert not any(Path("checkpoints/grpo").iterdir())
     assert json.loads((paths.SFT_CONTINUED / "pipeline.json").read_text())["baseline"].startswith("disabled")
+
+
+@pytest.mark.slow
+def test_completions_table_artifact_inside_a_flow(project, prefect_api):
+    """Inside a flow run the stage publishes the sampled completions as a Prefect table artifact."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    @flow(name="grpo-artifact-test")
+    def f() -> None:
+        grpo.run(tiny_params(steps=1, baseline=dict(enabled=False, lr=1e-3)))
+
+    f()
+
+    import asyncio
+
+    async def fetch():
+        async with get_client() as c:
+            return await c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["grpo-completions"])))
+
+    arts = asyncio.run(fetch())
+    assert arts and "completion" in str(arts[0].data)

@@ -32,7 +32,11 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """{"model": HF dir, "math": jsonl, "general": jsonl, "problems": sft jsonl, "test": test jsonl}."""
-    root = tmp_path_factory.mktemp("tiny_world")
+    return build_tiny_world(tmp_path_factory.mktemp("tiny_world"))
+
+
+def build_tiny_world(root: Path) -> dict[str, Path]:
+    """Build the tiny world under ``root`` (tests outside tests/train/ call it from their own fixture)."""
     splits = generate_splits(0, n_sft=160, n_rl=1, n_test=20, min_steps=1, max_steps=2, max_value=12)
     rng = random.Random(0)
     math_rows = [{"text": f"Problem: {r['question']}\nSolution: {r['cot']}"} for r in splits["sft"][:120]]

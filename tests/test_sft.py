@@ -1,0 +1,66 @@
+"""The sft stage end to end on a tiny world: the format mix, program verification in the sandbox, the
+best-validation checkpoint as the exported model, curves and metrics."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from stages import sft as stage
+from stages.core import paths
+from tests.train.conftest import build_tiny_world, sft_params
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return build_tiny_world(tmp_path_factory.mktemp("tiny_world"))
+
+
+def test_format_mix_follows_shares() -> None:
+    modes = stage.assign_formats(3000, {"cot": 0.5, "pot": 0.3, "tir": 0.2}, seed=0)
+    share = {m: modes.count(m) / 3000 for m in stage.FORMATS}
+    assert share == pytest.approx({"cot": 0.5, "pot": 0.3, "tir": 0.2}, abs=0.03)
+    assert stage.assign_formats(50, {"cot": 1.0, "pot": 0.0, "tir": 0.0}, seed=1) == ["cot"] * 50
+
+
+def test_programs_are_kept_only_when_the_sandbox_reproduces_the_answer(tiny_world) -> None:
+    rows = [json.loads(x) for x in tiny_world["problems"].read_text().splitlines()[:6]]
+    bad_pot = dict(rows[1], pot=rows[1]["pot"].replace("return ", "return 1 + "))
+    bad_tir_out = dict(rows[3], tir=rows[3]["tir"].replace("```output\n", "```output\n1"))  # claims a wrong output
+    bad_tir_ans = dict(rows[5], tir=rows[5]["tir"].replace("\\boxed{", "\\boxed{1"))  # right code, wrong answer
+    keep = stage.verify_programs([rows[0], bad_pot, rows[2], bad_tir_out, rows[4], bad_tir_ans],
+                                 ["pot", "pot", "tir", "tir", "cot", "tir"], workers=2)
+    assert keep == [True, False, True, False, True, False]
+
+
+def test_sft_keeps_the_best_checkpoint(tiny_world, tmp_path) -> None:
+    p = sft_params(tiny_world, train={"steps": 8, "lr": 1e-2, "eval_every": 2, "checkpoint_every": 4})
+    kw = dict(init_dir=tiny_world["model"], out_dir=tmp_path / "out", ckpt_root=tmp_path / "ck", plots_dir=tmp_path / "plots")
+    m = stage.sft(p, **kw)
+    assert m["val_loss_best"] < m["val_loss_before"]
+    assert m["val_loss_best"] == min(e for e in [m["val_loss_best"], m["val_loss_last"]])
+    assert m["train_examples"] == sum(m["kept"].values()) and m["val_problems"] == 16
+    assert m["drawn"]["pot"] > 0 and m["drawn"]["tir"] > 0
+    best = load_file(str(tmp_path / "ck" / next((tmp_path / "ck").iterdir()).name / "best" / "model.safetensors"))
+    out = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    assert all(torch.equal(best[k], out[k]) for k in best)
+    assert json.loads((tmp_path / "out" / "pipeline.json").read_text())["best_step"] == m["best_step"]
+    evals = (tmp_path / "plots" / "eval.tsv").read_text().splitlines()[1:]
+    assert [int(x.split("\t")[0]) for x in evals] == [2, 4, 6, 8]
+    assert (tmp_path / "plots" / "loss.png").is_file()
+
+
+def test_verified_run_writes_metrics(tiny_world, tmp_path, monkeypatch) -> None:
+    shutil.copytree(tiny_world["model"], tmp_path / paths.PRETRAIN_MODEL)
+    p = sft_params(tiny_world, verify_programs=True, train={"steps": 2})
+    monkeypatch.chdir(tmp_path)
+    m = stage.run(p)
+    saved = json.loads((tmp_path / paths.metrics_file("sft")).read_text())
+    assert saved["wall_s"] == m["wall_s"] > 0
+    assert sum(m["dropped_unverified"].values()) == 0  # generated programs are all correct
+    assert (tmp_path / paths.SFT_MODEL / "model.safetensors").is_file()
