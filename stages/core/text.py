@@ -87,6 +87,7 @@ def url_prefix(url: str, depth: int = 1) -> str:
 # hash(w) = sum_j w[j] * B**j. Window hashes come from prefix sums: (H[i+L] - H[i]) * B**-i.
 _B = 0x9E3779B97F4A7C15
 _BINV = pow(_B, -1, 2**64)
+_LEN_MIX = np.uint64(0xC2B2AE3D27D4EB4F)  # keeps short windows of different lengths apart
 _POW: list[np.ndarray] = [np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64)]  # B**k, B**-k
 
 
@@ -100,6 +101,41 @@ def _powers(k: int) -> tuple[np.ndarray, np.ndarray]:
     return _POW[0], _POW[1]
 
 
+class _Table:
+    """Sorted window hashes of one length, their sources, and prefilters that skip most lookups."""
+
+    def __init__(self, keys: np.ndarray, vals: np.ndarray, first: np.ndarray | None) -> None:
+        self.keys, self.vals, self.first = keys, vals, first
+        # a bitmap of about 16 bits per key (ANDed before the binary search, which is cache-miss bound)
+        self.bits: np.ndarray | None = None
+        self.shift = np.uint64(0)
+        if len(keys) > 4096:
+            b = int(min(27, max(16, np.ceil(np.log2(len(keys) * 16)))))
+            self.shift = np.uint64(64 - b)
+            idx = (keys >> self.shift).astype(np.intp)
+            bits = np.zeros(1 << (b - 3), dtype=np.uint8)
+            np.bitwise_or.at(bits, idx >> 3, (1 << (idx & 7)).astype(np.uint8))
+            self.bits = bits
+
+    def lookup(self, starts: np.ndarray, h: np.ndarray) -> tuple[int, int] | None:
+        """(start, source index) of the first window (in ``starts`` order) whose hash is a key, or None."""
+        if not len(h):
+            return None
+        if self.bits is not None:
+            b = (h >> self.shift).astype(np.intp)
+            keep = ((self.bits[b >> 3] >> (b & 7).astype(np.uint8)) & 1).astype(bool)
+            starts, h = starts[keep], h[keep]
+            if not len(h):
+                return None
+        pos = np.searchsorted(self.keys, h)
+        pos[pos == len(self.keys)] = 0
+        hit = self.keys[pos] == h
+        if not hit.any():
+            return None
+        j = int(np.argmax(hit))
+        return int(starts[j]), int(self.vals[pos[j]])
+
+
 class NgramIndex:
     """An index of source texts answering "which source does this text copy?" (decontamination).
 
@@ -107,8 +143,10 @@ class NgramIndex:
     ``min_short`` and ``n - 1`` grams and the query contains all of them as a contiguous run (the
     rule for benchmark texts shorter than ``n``). Grams are mapped to integer ids (a vocabulary
     built from the sources; a query gram outside it cannot be part of a match) and every window of
-    ids to a 64-bit polynomial hash, so the index is two sorted numpy arrays and a query is a few
-    vectorised operations. Two different n-grams collide with probability about 2**-64 per pair.
+    ids to a 64-bit polynomial hash, so the index is sorted numpy arrays and a query is a few
+    vectorised operations: windows with an unknown gram are dropped, short texts are only tried
+    where their first gram occurs, and a bitmap filters the rest before the binary search. Two
+    different windows collide with probability about 2**-64 per pair.
     """
 
     def __init__(self, n: int, *, min_short: int = 3) -> None:
@@ -118,8 +156,8 @@ class NgramIndex:
         self.min_short = min_short
         self.vocab: dict[str, int] = {}
         self.sources: list[object] = []
-        self._parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._parts: dict[int, list[tuple[np.ndarray, np.ndarray, int]]] = {}
+        self._tables: tuple[_Table | None, _Table | None, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -145,44 +183,63 @@ class NgramIndex:
         if length < self.n:
             h = h[:1]
         self.sources.append(source)
-        self._parts.setdefault(length, []).append((h, np.full(len(h), len(self.sources) - 1, dtype=np.int64)))
+        self._parts.setdefault(length, []).append((h, np.full(len(h), len(self.sources) - 1, dtype=np.int64), int(ids[0])))
         self._tables = None
 
-    def _build(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    def _build(self) -> tuple[_Table | None, _Table | None, np.ndarray]:
+        """(n-gram table, short-text table, short lengths); short keys are mixed with their length."""
         if self._tables is None:
-            tables = {}
-            for length, parts in sorted(self._parts.items()):
-                keys = np.concatenate([h for h, _ in parts])
-                vals = np.concatenate([s for _, s in parts])
-                keys, first = np.unique(keys, return_index=True)  # sorted; the first source wins a shared gram
-                tables[length] = (keys, vals[first])
-            self._tables = tables
+            long_t = short_t = None
+            lengths = np.array(sorted(k for k in self._parts if k < self.n), dtype=np.intp)
+            if self.n in self._parts:
+                parts = self._parts[self.n]
+                keys, first = np.unique(np.concatenate([h for h, _, _ in parts]), return_index=True)
+                long_t = _Table(keys, np.concatenate([v for _, v, _ in parts])[first], None)
+            if len(lengths):
+                mix = np.arange(self.n, dtype=np.uint64) * _LEN_MIX  # array arithmetic wraps silently
+                parts = [(h + mix[k], v, f) for k in lengths for h, v, f in self._parts[int(k)]]
+                keys, first = np.unique(np.concatenate([h for h, _, _ in parts]), return_index=True)
+                starts = np.zeros(len(self.vocab) + 1, dtype=bool)
+                starts[[f for _, _, f in parts]] = True
+                short_t = _Table(keys, np.concatenate([v for _, v, _ in parts])[first], starts)
+            self._tables = (long_t, short_t, lengths)  # the first source wins a shared window
         return self._tables
 
     def match(self, text: str, toks: list[str] | None = None) -> object | None:
         """The source ``text`` copies (the one matching earliest in the text), or None.
 
         ``toks``: the grams of ``text`` when the caller already has them."""
-        tables = self._build()
-        if not tables:
+        long_t, short_t, lengths = self._build()
+        if long_t is None and short_t is None:
             return None
         ids = self._ids(grams(text) if toks is None else toks, grow=False)
-        if len(ids) == 0 or not ids.any():
+        n_ids = len(ids)
+        if n_ids == 0:
             return None
         prefix = _prefix_hashes(ids)
+        _, inv = _powers(n_ids)
         unknown = np.concatenate([[0], np.cumsum(ids == 0)])
         best: tuple[int, int] | None = None  # (position in text, source index)
-        for length, (keys, vals) in tables.items():
-            if len(ids) < length:
-                continue
-            h = _window_hashes(ids, length, prefix)
-            pos = np.searchsorted(keys, h)
-            pos[pos == len(keys)] = 0
-            hit = (keys[pos] == h) & ((unknown[length:] - unknown[:-length]) == 0)
-            if hit.any():
-                i = int(np.argmax(hit))
-                if best is None or i < best[0]:
-                    best = (i, int(vals[pos[i]]))
+        if long_t is not None and n_ids >= self.n:
+            m = n_ids - self.n + 1
+            starts = np.flatnonzero((unknown[self.n:self.n + m] - unknown[:m]) == 0)
+            best = long_t.lookup(starts, (prefix[starts + self.n] - prefix[starts]) * inv[starts])
+        if short_t is not None:
+            starts = np.flatnonzero(short_t.first[ids.astype(np.intp)])
+            if best is not None:
+                starts = starts[starts < best[0]]
+            if len(starts):
+                st = np.repeat(starts, len(lengths))
+                ln = np.tile(lengths, len(starts))
+                end = st + ln
+                fits = end <= n_ids
+                st, ln, end = st[fits], ln[fits], end[fits]
+                fits = (unknown[end] - unknown[st]) == 0
+                st, ln, end = st[fits], ln[fits], end[fits]
+                h = (prefix[end] - prefix[st]) * inv[st] + ln.astype(np.uint64) * _LEN_MIX
+                hit = short_t.lookup(st, h)
+                if hit is not None and (best is None or hit[0] < best[0]):
+                    best = hit
         return None if best is None else self.sources[best[1]]
 
 

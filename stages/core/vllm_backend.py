@@ -89,6 +89,8 @@ class VLLMGenerator:
         on_gpu = torch.cuda.is_available()
         self.tokenizer = tokenizer
         self._tmpdir: str | None = None
+        self._sync_dir: str | None = None
+        self.in_process = in_process
         if isinstance(model_or_path, torch.nn.Module):
             self._tmpdir = tempfile.mkdtemp(prefix="vllm_model_")
             model_or_path.save_pretrained(self._tmpdir, safe_serialization=True)
@@ -195,8 +197,16 @@ class VLLMGenerator:
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Load ``model``'s current weights into the running engine (no restart) and drop cached prefixes."""
-        weights = [(name, t.detach()) for name, t in model.state_dict().items()]
-        self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        if self.in_process:
+            # the tensors go straight to the engine's in-place reload, without copies through a pipe
+            weights = [(name, t.detach()) for name, t in model.state_dict().items()]
+            self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        else:
+            # engine in another process: tensors do not cross vLLM's RPC; hand it a safetensors directory
+            if self._sync_dir is None:
+                self._sync_dir = tempfile.mkdtemp(prefix="vllm_sync_")
+            model.save_pretrained(self._sync_dir, safe_serialization=True)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._sync_dir})
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
@@ -208,9 +218,11 @@ class VLLMGenerator:
             if callable(shutdown):
                 shutdown()
             del self.llm
-        if self._tmpdir and Path(self._tmpdir).exists():
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        for attr in ("_tmpdir", "_sync_dir"):
+            d = getattr(self, attr)
+            if d and Path(d).exists():
+                shutil.rmtree(d, ignore_errors=True)
+            setattr(self, attr, None)
 
     # -- helpers ----------------------------------------------------------------------------------------
 

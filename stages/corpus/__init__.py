@@ -112,6 +112,21 @@ def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], No
 
 def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: ContaminationIndex, work: Path, out: Path,
            timings: dict[str, float]) -> dict[str, Any]:
+    # 0. seed corpus (first: an empty one fails before any work) --------------------------
+    seed_file = work / "seed.txt"
+    n_seed = 0
+    seed_skipped: Counter[str] = Counter()
+    with open(seed_file, "w", encoding="utf-8") as f:
+        for sh in plan_shards(p.seed_path, 1):
+            for page in iter_pages(sh, seed_skipped):
+                line = normalize_for_classifier(page["text"])
+                if line:
+                    f.write(line + "\n")
+                    n_seed += 1
+    if n_seed == 0:
+        raise PipelineError(f"corpus.seed_path: the seed corpus {p.seed_path} has no valid pages (skipped: {dict(seed_skipped)}); "
+                            "the classifier needs positives")
+
     # 1. shards: validate, decontaminate, dedup keys --------------------------------------------------
     t = time.perf_counter()
     shards = plan_shards(p.crawl_path, p.n_shards)
@@ -165,22 +180,7 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: Contam
     if n_candidates == 0:
         raise PipelineError("no crawl page is left after decontamination and deduplication; check corpus.decontam / dedup")
 
-    # 3. seed corpus ---------------------------------------------------------------------------------------
-    seed_file = work / "seed.txt"
-    n_seed = 0
-    seed_skipped: Counter[str] = Counter()
-    with open(seed_file, "w", encoding="utf-8") as f:
-        for sh in plan_shards(p.seed_path, 1):
-            for page in iter_pages(sh, seed_skipped):
-                line = normalize_for_classifier(page["text"])
-                if line:
-                    f.write(line + "\n")
-                    n_seed += 1
-    if n_seed == 0:
-        raise PipelineError(f"corpus.seed_path: the seed corpus {p.seed_path} has no valid pages (skipped: {dict(seed_skipped)}); "
-                            "the classifier needs positives")
-
-    # 4. rounds --------------------------------------------------------------------------------------------
+    # 3. rounds --------------------------------------------------------------------------------------------
     added = [np.zeros(len(x), dtype=bool) for x in ids]
     new_added = [np.zeros(len(x), dtype=bool) for x in ids]
     first_round = [np.zeros(len(x), dtype=np.int16) for x in ids]
@@ -277,7 +277,7 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: Contam
             break
     timings["rounds"] = round(sum(r["train_s"] + r["score_s"] for r in rounds), 2)
 
-    # 5. outputs --------------------------------------------------------------------------------------------
+    # 4. outputs --------------------------------------------------------------------------------------------
     t = time.perf_counter()
     n_math = sum(int(c.sum()) for c in collected)
     if n_math == 0:

@@ -65,12 +65,9 @@ class MathClassifier:
             chunk = list(texts[i:i + batch_size])
             if not normalized:
                 chunk = [normalize(t) for t in chunk]
-            labels, probs = self.model.predict(chunk, k=2)  # a list: safe under NumPy 2
-            for j, (lab, pr) in enumerate(zip(labels, probs, strict=True)):
-                if MATH in lab:
-                    out[i + j] = pr[lab.index(MATH)]
-                else:
-                    out[i + j] = 1.0 - (pr[0] if len(pr) else 0.5)
+            labels, probs = self.model.predict(chunk, k=1)  # a list: safe under NumPy 2
+            # two labels under softmax: P(math) = 1 - P(other) when "other" ranks first
+            out[i:i + len(chunk)] = [pr[0] if lab[0] == MATH else 1.0 - pr[0] for lab, pr in zip(labels, probs, strict=True)]
         return np.clip(out, 0.0, 1.0)
 
 

@@ -110,16 +110,30 @@ def _pick(rng: random.Random, mix: Mixture) -> str:
     return rng.choices(keys, weights=[mix[k] for k in keys])[0]
 
 
+_SLOTS: dict[str, Callable[[random.Random], Any]] = {
+    "n": lambda r: r.randint(2, 12), "m": lambda r: r.randint(10, 90), "k": lambda r: r.randint(3, 9),
+    "p": lambda r: r.randint(5, 250), "q": lambda r: r.randint(1, 5), "t": lambda r: r.choice([160, 175, 180, 190, 200, 220]),
+    "y": lambda r: r.randint(2009, 2024), "h": lambda r: r.randint(1, 14), "r": lambda r: round(r.uniform(0.5, 9.5), 1),
+    "d": lambda r: r.randint(1, 28), "v": lambda r: r.randint(1000, 9000), "c": lambda r: r.randint(20, 400),
+    "s": lambda r: r.randint(0, 6), "u": lambda r: r.randint(0, 6),
+}
+
+
+class _Slots(dict):
+    """Template slots: fixed values, and a fresh random number for each numeric slot the template uses."""
+
+    def __init__(self, rng: random.Random, fixed: dict[str, Any]) -> None:
+        super().__init__(fixed)
+        self.rng = rng
+
+    def __missing__(self, key: str) -> Any:
+        value = self[key] = _SLOTS[key](self.rng)
+        return value
+
+
 def _fill(rng: random.Random, template: str, **fixed: Any) -> str:
-    """Fill ``{a}`` .. ``{z}`` style numeric slots of ``template`` with random numbers."""
-    vals = {
-        "n": rng.randint(2, 12), "m": rng.randint(10, 90), "k": rng.randint(3, 9), "p": rng.randint(5, 250),
-        "q": rng.randint(1, 5), "t": rng.choice([160, 175, 180, 190, 200, 220]), "y": rng.randint(2009, 2024),
-        "h": rng.randint(1, 14), "r": round(rng.uniform(0.5, 9.5), 1), "d": rng.randint(1, 28),
-        "v": rng.randint(1000, 9000), "c": rng.randint(20, 400), "s": rng.randint(0, 6), "u": rng.randint(0, 6),
-    }
-    vals.update(fixed)
-    return template.format(**vals)
+    """Fill ``{n}``, ``{m}``, ... numeric slots of ``template`` with random numbers, other slots from ``fixed``."""
+    return template.format_map(_Slots(rng, fixed))
 
 
 def _words(text: str) -> int:
@@ -134,7 +148,7 @@ def _compose(rng: random.Random, header: str, section: Callable[[], str], target
         parts.append(_fill(rng, rng.choice(_BYLINES), month=rng.choice(_MONTHS)))
     n = _words(header)
     guard = 0
-    while n < target_words and guard < 60:
+    while (n < target_words or guard == 0) and guard < 60:  # at least one section
         s = section()
         parts.append(s)
         n += _words(s)
@@ -373,11 +387,18 @@ _PROBLEM_TIPS = [
 ]
 
 
-def _worked_problem_page(rng: random.Random, target: int, draw: Callable[[], dict[str, Any]]) -> str:
+def _worked_problem_page(rng: random.Random, target: int, draw: Callable[[], dict[str, Any]], chatty: bool = False) -> str:
     header = _fill(rng, rng.choice(_PROBLEM_HEADERS))
     counter = [0]
 
+    def chatter() -> str:
+        return " ".join(_fill(rng, rng.choice(_CHATTER), month=rng.choice(_MONTHS)) for _ in range(rng.randint(2, 3)))
+    if chatty:  # the talk comes first; the first section is always a problem
+        header += "\n\n" + chatter()
+
     def section() -> str:
+        if chatty and counter[0] and rng.random() < 0.6:
+            return chatter()
         if counter[0] and rng.random() < 0.15:
             return rng.choice(_PROBLEM_TIPS)
         counter[0] += 1
@@ -505,20 +526,45 @@ _OTHER_TEMPLATES: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def _other_page(rng: random.Random, kind: str, target: int) -> str:
+_MATH_PRODUCTS = ["graphing calculator", "algebra workbook", "geometry set", "math flash cards", "fraction tiles",
+                  "times table poster", "abacus", "protractor and compass set"]
+# Non-math sentences with math vocabulary: shops, jobs and events of math sites (hard negatives).
+_MATH_SITE_EXTRAS = [
+    "Join {c} students in our algebra summer camp; tickets cost {p} dollars.",
+    "We are hiring {q} math tutors; pay starts at {m} dollars an hour.",
+    "The annual math olympiad dinner is on {month} {d} at {h} pm; parking is {k} dollars.",
+    "Our geometry workbook is now {p} dollars with free shipping on orders over {c} dollars.",
+    "Calculus study guides ship in {q} days; {v} teachers ordered one last year.",
+    "The math club meets every {month} in room {c}; snacks cost {k} dollars.",
+]
+# Chatter on family sites around worked problems (hard positives: little math, much talk).
+_CHATTER = [
+    "My son brought this home from school today and we worked through it together over dinner.",
+    "Homework nights are hard after a long day at work, so here is how we did it in {m} minutes.",
+    "Grab a snack and a pencil, it is math time again! The kids groaned but then got into it.",
+    "Our teacher says to read the story twice before writing anything down, which helped a lot.",
+    "We drew little pictures of everything first; my daughter loves that part the most.",
+    "After soccer practice on {month} {d} we sat down for {k} problems like this one.",
+]
+
+
+def _other_page(rng: random.Random, kind: str, target: int, math_site: bool = False) -> str:
     titles, sentences = _OTHER_TEMPLATES[kind]
     slots = {
         "dish": rng.choice(_DISHES), "i1": rng.choice(_INGREDIENTS), "i2": rng.choice(_INGREDIENTS),
         "i3": rng.choice(_INGREDIENTS), "A": rng.choice(_TEAMS), "B": "", "P": rng.choice(_PLAYERS),
         "City": rng.choice(_CITIES), "prod": rng.choice(_PRODUCTS), "idx": rng.choice(_INDEXES), "month": rng.choice(_MONTHS),
     }
+    if math_site and kind == "shopping":
+        slots["prod"] = rng.choice(_MATH_PRODUCTS)
     slots.update(D=slots["dish"].capitalize(), Prod=slots["prod"].capitalize(), Idx=slots["idx"].capitalize(),
                  B=rng.choice([t for t in _TEAMS if t != slots["A"]]))
     header = _fill(rng, rng.choice(titles), **slots)
+    pool = sentences + (_MATH_SITE_EXTRAS if math_site else [])
 
     def section() -> str:
         slots.update(i1=rng.choice(_INGREDIENTS), i2=rng.choice(_INGREDIENTS), P=rng.choice(_PLAYERS))
-        return " ".join(_fill(rng, rng.choice(sentences), **slots) for _ in range(rng.randint(2, 4)))
+        return " ".join(_fill(rng, rng.choice(pool), **slots) for _ in range(rng.randint(2, 4)))
     return _compose(rng, header, section, target)
 
 
@@ -634,10 +680,10 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
             return prob
         raise ValueError("could not draw a word problem unlike every test problem; raise data.crawl.avoid_ngram")
 
-    def make_text(kind: str, r: random.Random) -> str:
+    def make_text(kind: str, r: random.Random, math_site: bool) -> str:
         target = r.randint(p.min_words, p.max_words)
         if kind == "worked_problem":
-            return _worked_problem_page(r, target, draw)
+            return _worked_problem_page(r, target, draw, chatty=not math_site)
         if kind == "arithmetic":
             return _arithmetic_page(r, target, p.max_value)
         if kind == "definition":
@@ -646,24 +692,26 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
             return _explanation_page(r, target)
         if kind == "qa":
             return _qa_page(r, target)
-        return _other_page(r, kind, target)
+        return _other_page(r, kind, target, math_site)
 
-    def clean_text(kind: str) -> str:
+    def clean_text(kind: str, math_site: bool) -> str:
         for _ in range(100):
-            text = make_text(kind, rng)
-            if guard.match(text) is None:
+            text = make_text(kind, rng, math_site)
+            # only math pages are built from problem-like text; the others are checked by tests/data/test_crawl.py
+            if kind not in MATH_KINDS or guard.match(text) is None:
                 return text
             redrawn["pages"] += 1
         raise ValueError("could not draw a page unlike every test problem; raise data.crawl.avoid_ngram")
 
     math_domains, general_domains = _domains(rng, p.n_math_domains, p.n_general_domains)
     n_math_site_pages = round(p.n_pages * p.math_domain_share)
-    slots: list[tuple[str, str, str]] = []  # (domain, prefix, kind)
+    slots: list[tuple[str, str, str, bool]] = []  # (domain, prefix, kind, on a math site)
     for i in range(p.n_pages):
-        domain, site = (rng.choice(math_domains) if i < n_math_site_pages else rng.choice(general_domains))
-        layout = MATH_SITES[site] if i < n_math_site_pages else GENERAL_SITES[site]
+        on_math = i < n_math_site_pages
+        domain, site = rng.choice(math_domains) if on_math else rng.choice(general_domains)
+        layout = MATH_SITES[site] if on_math else GENERAL_SITES[site]
         prefix, _, mix = rng.choices(layout, weights=[w for _, w, _ in layout])[0]
-        slots.append((domain, prefix, _pick(rng, mix)))
+        slots.append((domain, prefix, _pick(rng, mix), on_math))
     rng.shuffle(slots)
 
     rows: list[dict[str, Any]] = []
@@ -676,9 +724,9 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
                 used_urls.add(u)
                 return u
 
-    for domain, prefix, kind in slots:
+    for domain, prefix, kind, on_math in slots:
         rows.append({
-            "id": "", "url": new_url(domain, prefix), "text": clean_text(kind),
+            "id": "", "url": new_url(domain, prefix), "text": clean_text(kind, on_math),
             "label": "math" if kind in MATH_KINDS else "other", "kind": kind, "near_dup_of": None, "contaminated_by": None,
         })
 
@@ -732,7 +780,7 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
     seed_rows = []
     while len(seed_rows) < p.n_seed_pages:
         kind = rng.choice(SEED_KINDS)
-        text = clean_text(kind)
+        text = clean_text(kind, True)
         if normalize_for_hash(text) in crawl_hashes:
             continue
         url = new_url(rng.choice(seed_domains), rng.choice(["/articles/", "/notes/", "/theorems/"]))

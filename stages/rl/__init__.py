@@ -3,6 +3,11 @@
 - :mod:`stages.rl.advantages`: outcome (group-normalised) and process-supervision advantages (pure).
 - :mod:`stages.rl.losses`: ``grpo_loss`` with its aggregation modes and micro-batch normaliser (pure).
 - :mod:`stages.rl.rewards`: rule / format / custom reward functions.
-- :mod:`stages.rl.rollout`: sampling G outputs per question through ``stages.core.generation`` and
-  teacher-forced log-probs of the training model.
+- :mod:`stages.rl.rollout`: rollout tensors from the generation interface's completions, teacher-forced
+  log-probs of the training model, tool-output masking, train/rollout mismatch.
+- :mod:`stages.rl.data`: the prompt JSONL schema and the per-step question order.
+- :mod:`stages.rl.baseline`: the continued-SFT baseline.
+- :mod:`stages.rl.checkpoint`: resumable GRPO state (layout of ``stages.train.checkpoint``).
+
+The stage itself (one GRPO step, the training loop, outputs) is :mod:`stages.grpo`.
 """

@@ -132,3 +132,24 @@ def test_sync_weights_after_one_optimizer_step(setup):
     assert [r[0].text for r in after] == [r[0].text for r in hf_after]
     engine.sync_weights(model)
     assert ids(engine.generate(prompts, sp)) == ids(before)
+
+
+@pytest.mark.slow
+def test_sync_weights_with_engine_in_another_process():
+    """``in_process=False``: the engine runs in vLLM's own processes; weights go through a safetensors dir.
+
+    Slow (a second engine, ~2 min here): ``.venv-vllm/bin/python -m pytest -m slow tests/core/test_generation_vllm.py``.
+    """
+    tok = tiny_tokenizer()
+    model, other = tiny_model(tok, seed=0), tiny_model(tok, seed=1)
+    prompts = tiny_prompts(4)
+    sp = SamplingParams(max_new_tokens=16)
+    engine = VLLMGenerator(model, tok, max_model_len=256, in_process=False)
+    try:
+        assert ids(engine.generate(prompts, sp)) == ids(HFGenerator(model, tok).generate(prompts, sp))
+        expected = ids(HFGenerator(other, tok).generate(prompts, sp))
+        assert expected != ids(HFGenerator(model, tok).generate(prompts, sp))
+        engine.sync_weights(other)
+        assert ids(engine.generate(prompts, sp)) == expected
+    finally:
+        engine.close()

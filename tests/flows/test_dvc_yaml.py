@@ -14,7 +14,10 @@ from stages.params import Params
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flows", "stages")
 # Files a module runs as a separate script rather than importing (invisible to the import scan).
-RUNS_AS_SCRIPT = {"stages/core/sandbox.py": ["stages/core/_sandbox_zygote.py"]}
+RUNS_AS_SCRIPT = {
+    "stages/core/sandbox.py": ["stages.core._sandbox_zygote"],
+    "stages/core/answers.py": ["stages.core._answers_worker"],
+}
 
 
 def _module_file(module: str) -> Path | None:
@@ -42,6 +45,7 @@ def import_closure(module: str) -> set[str]:
             if f is None or str(f.relative_to(ROOT)) in seen:
                 continue
             seen.add(str(f.relative_to(ROOT)))
+            todo.extend(RUNS_AS_SCRIPT.get(str(f.relative_to(ROOT)), []))
             pkg = m if f.name == "__init__.py" else m.rpartition(".")[0]
             for node in ast.walk(ast.parse(f.read_text())):
                 names: list[str] = []
@@ -57,9 +61,6 @@ def import_closure(module: str) -> set[str]:
                 for n in names:
                     if n.split(".")[0] in PACKAGES and _module_file(n) is not None:
                         todo.append(n)
-    for f, scripts in RUNS_AS_SCRIPT.items():
-        if f in seen:
-            seen.update(scripts)
     return seen
 
 
@@ -99,3 +100,13 @@ def test_stage_order_follows_the_data_flow() -> None:
     order = ["data", "corpus", "base_model", "pretrain", "sft", "reward_model", "grpo", "evaluate"]
     present = [n for n in order if n in names]
     assert [n for n in names if n in order] == present
+
+
+if __name__ == "__main__":
+    # Print the code deps dvc.yaml should list for a stage: python tests/flows/test_dvc_yaml.py sft
+    import sys
+
+    for stage in sys.argv[1:]:
+        print(f"{stage}:")
+        for f in sorted(import_closure(f"flows.{stage}")):
+            print(f"      - {f}")

@@ -104,7 +104,7 @@ def test_cli_prints_one_line_and_exits_2(tiny_world, tmp_path) -> None:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     out = subprocess.run([sys.executable, "-m", "stages.pretrain", "--params", "params.yaml"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 2, out.stderr[-1500:]
     lines = [x for x in out.stderr.splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and "data/models/base" in lines[0], out.stderr[-1500:]

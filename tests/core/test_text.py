@@ -1,0 +1,81 @@
+"""Grams, URL helpers and the hashed n-gram index (checked against a naive tuple-set implementation)."""
+
+from __future__ import annotations
+
+import random
+
+from stages.core.text import (
+    NgramIndex,
+    grams,
+    grams_and_classifier_text,
+    normalize_for_classifier,
+    normalize_for_hash,
+    strip_calculator,
+    url_domain,
+    url_prefix,
+)
+
+
+def test_grams_nfkc_lower_and_cjk() -> None:
+    assert grams("Ｈｅｌｌｏ, WORLD! x² don’t") == ["hello", "world", "x2", "don", "t"]
+    assert grams("数学题 abc123") == ["数", "学", "题", "abc123"]
+    assert grams("$\\frac{1}{2}$") == ["frac", "1", "2"]
+    assert strip_calculator("48/2 = <<48/2=24>>24 clips") == "48/2 = 24 clips"
+
+
+def test_normalisers() -> None:
+    assert normalize_for_hash("The  CAT\n sat.") == normalize_for_hash("the cat sat")
+    assert normalize_for_classifier("Let $x^2 = 4$.\nThen x=2!") == "let $ x ^ 2 = 4 $ then x = 2"
+    toks, norm = grams_and_classifier_text("A $b_1$")
+    assert toks == grams("A $b_1$") and norm == normalize_for_classifier("A $b_1$")
+
+
+def test_url_helpers() -> None:
+    assert url_domain("https://www.MathOverflow.net:443/questions/1?x=2") == "mathoverflow.net"
+    assert url_domain("http://m.example.org") == "example.org"
+    assert url_prefix("https://mathoverflow.net/questions/12/title") == "/questions/"
+    assert url_prefix("https://mathoverflow.net/questions/12/title", 2) == "/questions/12/"
+    assert url_prefix("https://x.org/page.html") == "/" and url_prefix("https://x.org") == "/"
+
+
+def _naive(sources: list[str], n: int, min_short: int, query: str) -> set[int]:
+    hits = set()
+    q = grams(query)
+    for i, s in enumerate(sources):
+        g = grams(s)
+        if len(g) >= n:
+            table = {tuple(g[j:j + n]) for j in range(len(g) - n + 1)}
+            if any(tuple(q[j:j + n]) in table for j in range(len(q) - n + 1)):
+                hits.add(i)
+        elif len(g) >= min_short and any(q[j:j + len(g)] == g for j in range(len(q) - len(g) + 1)):
+            hits.add(i)
+    return hits
+
+
+def test_ngram_index_agrees_with_naive_sets() -> None:
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(30)]
+    sources = [" ".join(rng.choice(vocab) for _ in range(rng.randint(2, 14))) for _ in range(40)]
+    index = NgramIndex(6, min_short=3)
+    for i, s in enumerate(sources):
+        index.add(s, i)
+    for _ in range(300):
+        query = " ".join(rng.choice(vocab + ["zz"]) for _ in range(rng.randint(0, 40)))
+        expected = _naive(sources, 6, 3, query)
+        got = index.match(query)
+        assert (got is None) == (not expected), query
+        if got is not None:
+            assert got in expected
+
+
+def test_ngram_index_rules() -> None:
+    index = NgramIndex(10)
+    index.add("one two three four five six seven eight nine ten eleven", "long")
+    index.add("Compute 8 choose 4", "short")
+    index.add("too short", "tiny")  # < 3 grams: never matched whole
+    assert index.match("xx ONE two three four five six seven eight nine ten yy") == "long"
+    assert index.match("one two three four five six seven eight nine") is None  # only 9 grams
+    assert index.match("Q: compute  8 CHOOSE 4?") == "short"
+    assert index.match("compute 8 choose") is None
+    assert index.match("this is too short") is None
+    assert NgramIndex(5).match("anything") is None
