@@ -184,7 +184,19 @@ def worker_trl(args: argparse.Namespace) -> dict[str, Any]:
                     "trl_logps": logps.detach().clone(), "loss": float(loss.detach()),
                     "grads": {n: gr.detach().clone() for (n, _), gr in zip(params, grads, strict=True)},
                     "rewards": list(seen["rewards"]), "gen_advantages": seen["gen_advantages"],
+                    "param_names": [n for n, _ in params],
+                    "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
                 }
+                # our loss on the same live model inside TRL's process (separates model-state from loss issues)
+                from stages.rl.losses import grpo_loss
+                from stages.rl.rollout import token_logprobs
+
+                lp, _ = token_logprobs(model, ids, att.long(), inputs["prompt_ids"].size(1), self.temperature)
+                ours, _ = grpo_loss(lp, lp.detach(), inputs.get("ref_per_token_logps"), inputs["advantages"],
+                                    inputs["completion_mask"].float(), clip_eps=0.2, beta=0.04)
+                g2 = torch.autograd.grad(ours, [p for _, p in params])
+                seen["record"]["live_ours_loss"] = float(ours.detach())
+                seen["record"]["live_ours_grads"] = {n: gr.detach().clone() for (n, _), gr in zip(params, g2, strict=True)}
             return loss
 
     times: list[dict[str, Any]] = []

@@ -110,6 +110,9 @@ class VLLMGenerator:
 
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            # vLLM's CPU runner crashes ("CPU Generator does not use offset") when it discards the token
+            # sampled for a seeded request whose prompt was only partly prefilled; whole-prompt prefills avoid it
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
         saved_env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -82,6 +82,17 @@ def test_sampling_seeded_with_temperature_logprobs(setup):
             assert torch.allclose(torch.tensor(c.logprobs), tf, atol=1e-4, rtol=0)
 
 
+def test_many_seeded_requests(setup):
+    """More prompt tokens than one engine step takes (4096 by default): with chunked prefill, vLLM's CPU
+    runner crashed here ("CPU Generator does not use offset"); the backend turns chunked prefill off on CPU."""
+    _, tok, engine = setup
+    prompts = tiny_prompts(40)
+    sp = SamplingParams(temperature=1.0, n=4, max_new_tokens=3, seed=11)
+    assert sum(len(tok(p)["input_ids"]) for p in prompts) * sp.n > 4096
+    a, b = engine.generate(prompts, sp), engine.generate(prompts, sp)
+    assert ids(a) == ids(b) and all(len(r) == 4 for r in a)
+
+
 def test_truncated_sampling_logprobs(setup):
     model, tok, engine = setup
     prompt = tiny_prompts(1)[0]
