@@ -131,3 +131,8 @@ def machine() -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "loadavg": [round(x, 2) for x in os.getloadavg()],
             "note": "shared machine: other jobs may compete for the cores; compare rows measured together"}
+
+
+def digit_share(*, completion: str, **_: Any) -> float:
+    """Share of digit characters in a completion: a dense shaping reward for untrained models (benchmarks only)."""
+    return sum(ch.isdigit() for ch in completion) / max(len(completion), 1)

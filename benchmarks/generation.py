@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=4, help="samples per prompt (GRPO-like rollouts)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=64, help="hf / model.generate rows per forward")
+    ap.add_argument("--batch-size", type=int, default=128, help="hf / model.generate rows per forward")
     ap.add_argument("--tokenizer-texts", type=int, default=6000)
     ap.add_argument("--only", choices=["hf", "vllm"], default=None)
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse a saved model (internal)")

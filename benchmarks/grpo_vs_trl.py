@@ -3,7 +3,8 @@
 Same on both sides: the model (the tiny default: params.yaml ``base_model`` sizes with random weights and a
 tokenizer trained on generated problems, or ``--model DIR``), float32, ``--threads`` torch threads, the
 same questions at every step (chat prompts, CoT), G samples each (temperature 1, top-p 1, no top-k), at
-most ``--max-new-tokens`` tokens with EOS stopping, the accuracy reward of stages.rl.rewards, group-scaled
+most ``--max-new-tokens`` tokens with EOS stopping, the accuracy reward of stages.rl.rewards plus 0.5 x the
+share of digits in the completion (so an untrained model's groups have reward spread), group-scaled
 advantages (unbiased std + 1e-4), beta 0.04 with a frozen reference model, epsilon 0.2, TRL loss_type
 "grpo" = our aggregation "seq-mean-token-mean", one iteration (mu = 1, one minibatch), AdamW with a
 constant learning rate, grad-norm clip 1.0, zero-std groups kept (TRL trains on them too).
@@ -75,9 +76,14 @@ def step_rows(n_steps: int, q: int) -> tuple[list[dict[str, Any]], list[list[dic
 
 
 def reward_set() -> Any:
+    """Accuracy (stages.rl.rewards) plus 0.5 x the share of digits in the completion.
+
+    The shaping term gives the groups of an untrained model non-zero reward spread, so the advantages and
+    the policy-gradient term of the cross-check are not all zero. Both sides use this same function.
+    """
     from stages.rl.rewards import RewardSet
 
-    return RewardSet.from_params(1.0, 0.0, [], [])  # accuracy only
+    return RewardSet.from_params(1.0, 0.0, ["benchmarks._tiny:digit_share"], [0.5])
 
 
 def _rss_max_mb() -> float:
@@ -195,6 +201,14 @@ def worker_trl(args: argparse.Namespace) -> dict[str, Any]:
                 ours, _ = grpo_loss(lp, lp.detach(), inputs.get("ref_per_token_logps"), inputs["advantages"],
                                     inputs["completion_mask"].float(), clip_eps=0.2, beta=0.04)
                 g2 = torch.autograd.grad(ours, [p for _, p in params])
+                # TRL's own forward (fused LM head) with our loss: separates TRL's forward from TRL's loss
+                lpt = self._get_per_token_logps_and_entropies(model, ids, att, inputs["completion_ids"].size(1),
+                                                               compute_entropy=True)[0]
+                l3, _ = grpo_loss(lpt, lpt.detach(), inputs.get("ref_per_token_logps"), inputs["advantages"],
+                                  inputs["completion_mask"].float(), clip_eps=0.2, beta=0.04)
+                g3 = torch.autograd.grad(l3, [p for _, p in params])
+                seen["record"]["live_trl_forward_our_loss_grads"] = {n: gr.detach().clone()
+                                                                     for (n, _), gr in zip(params, g3, strict=True)}
                 seen["record"]["live_ours_loss"] = float(ours.detach())
                 seen["record"]["live_ours_grads"] = {n: gr.detach().clone() for (n, _), gr in zip(params, g2, strict=True)}
             return loss
@@ -308,6 +322,14 @@ def correctness(model_dir: Path, record_file: Path, group: int) -> dict[str, Any
     lp2 = torch.log_softmax(logits, -1).gather(-1, ids[:, P:].unsqueeze(-1)).squeeze(-1)
     l2, g2 = loss_and_grads(lp2)
     out["same_forward_as_trl"] = compare(l2, g2)
+    # in TRL's own process, on its live model: our loss on our forward, our loss on TRL's forward
+    for key in ("live_ours_grads", "live_trl_forward_our_loss_grads"):
+        if key in rec:
+            c = compare(rec.get("live_ours_loss", float("nan")), rec[key])
+            out[key.replace("_grads", "")] = {"grad_rel_l2_vs_trl": c["grad_rel_l2"],
+                                              "grad_rel_l2_vs_ours": _rel(rec[key], grads)}
+    # arbiter: central finite differences of the common loss in float64 along random directions
+    out["finite_differences"] = _fd_check(model_dir, rec, grads, ids, att, P, mask, trl_ref)
     tol_loss = 1e-5 * max(1.0, abs(rec["loss"]))
     out["tolerance"] = {"loss_abs": tol_loss, "grad_rel_l2": 1e-4, "logp_abs": 1e-4, "advantages_abs": 1e-5}
     out["agree"] = bool(out["loss_abs_diff"] <= tol_loss and out["grad_rel_l2"] <= 1e-4
@@ -315,6 +337,62 @@ def correctness(model_dir: Path, record_file: Path, group: int) -> dict[str, Any
     out["agree_same_forward"] = bool(out["same_forward_as_trl"]["loss_abs_diff"] <= tol_loss
                                      and out["same_forward_as_trl"]["grad_rel_l2"] <= 1e-4)
     return out
+
+
+def _rel(a: dict[str, Any], b: dict[str, Any]) -> float:
+    import torch
+
+    names = [n for n in a if n in b]
+    x = torch.cat([a[n].reshape(-1).float() for n in names])
+    y = torch.cat([b[n].reshape(-1).float() for n in names])
+    return float((x - y).norm() / y.norm().clamp(min=1e-30))
+
+
+def _fd_check(model_dir: Path, rec: dict[str, Any], ours: dict[str, Any], ids: Any, att: Any, P: int, mask: Any,
+              ref: Any, n_dirs: int = 3, eps: float = 1e-4) -> dict[str, Any]:
+    """<grad, u> of ours and of TRL against (L(w + eps u) - L(w - eps u)) / (2 eps), float64, random unit u."""
+    import torch
+
+    from stages.core.modeling import load_model
+    from stages.rl.losses import grpo_loss
+    from stages.rl.rollout import token_logprobs
+
+    m = load_model(model_dir)
+    m.load_state_dict(rec["state_dict"], strict=False)
+    m = m.double().eval()
+    adv = rec["inputs"]["advantages"].double()
+    mk, rf = mask.double(), None if ref is None else ref.double()
+
+    def loss() -> float:
+        with torch.no_grad():
+            lp, _ = token_logprobs(m, ids, att, P, 1.0)
+            return float(grpo_loss(lp, lp, rf, adv, mk, clip_eps=0.2, beta=0.04, aggregation="seq-mean-token-mean")[0])
+
+    params = dict(m.named_parameters())
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(n_dirs):
+        u = {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in params.items()}
+        norm = sum(float((x * x).sum()) for x in u.values()) ** 0.5
+        u = {n: x / norm for n, x in u.items()}
+        with torch.no_grad():
+            for n, p in params.items():
+                p.add_(eps * u[n])
+        lp_ = loss()
+        with torch.no_grad():
+            for n, p in params.items():
+                p.sub_(2 * eps * u[n])
+        lm_ = loss()
+        with torch.no_grad():
+            for n, p in params.items():
+                p.add_(eps * u[n])
+        fd = (lp_ - lm_) / (2 * eps)
+        d_ours = sum(float((ours[n].double() * u[n]).sum()) for n in params if n in ours)
+        d_trl = sum(float((rec["grads"][n].double() * u[n]).sum()) for n in params if n in rec["grads"])
+        rows.append({"fd": fd, "ours": d_ours, "trl": d_trl})
+    return {"directions": rows, "eps": eps,
+            "ours_max_rel_err": max(abs(r["ours"] - r["fd"]) / max(abs(r["fd"]), 1e-12) for r in rows),
+            "trl_max_rel_err": max(abs(r["trl"] - r["fd"]) / max(abs(r["fd"]), 1e-12) for r in rows)}
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -437,6 +515,10 @@ def main() -> int:
               f"grad rel L2 {c['grad_rel_l2']:.2e}; logp max diff {c['logp_max_abs_diff']:.2e} "
               f"(without position ids {c['logp_max_abs_diff_without_position_ids']:.2e}); advantages max diff "
               f"{c['advantages_max_abs_diff']:.2e} -> agree={c['agree']} (same forward as TRL: {c['agree_same_forward']})")
+    if c.get("finite_differences"):
+        fd = c["finite_differences"]
+        print(f"finite differences (float64, {len(fd['directions'])} random directions): max rel. error of the "
+              f"directional derivative: ours {fd['ours_max_rel_err']:.2e}, TRL {fd['trl_max_rel_err']:.2e}")
     print(f"wrote {out}")
     return 0
 

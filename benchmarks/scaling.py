@@ -140,9 +140,9 @@ def corpus_scaling(sizes: list[int], repeats: int) -> dict[str, Any]:
     import fasttext
     import numpy as np
 
+    from stages.core.text import normalize_for_classifier
     from stages.corpus.classifier import MathClassifier
     from stages.corpus.tasks import score_shard
-    from stages.core.text import normalize_for_classifier
 
     tmp = Path(tempfile.mkdtemp(prefix="scaling-corpus-"))
     model_path, model_kind = _classifier(tmp)
@@ -160,7 +160,7 @@ def corpus_scaling(sizes: list[int], repeats: int) -> dict[str, Any]:
         tokens = np.array([len(x.split()) for x in lines], dtype=np.int64)
         best: dict[str, float] = {}
 
-        def timed(key: str, fn: Any) -> None:
+        def timed(key: str, fn: Any, best: dict[str, float] = best) -> None:
             t = time.perf_counter()
             fn()
             best[key] = min(best.get(key, float("inf")), time.perf_counter() - t)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import logging
 import math
 import shutil
 import time
@@ -49,6 +50,8 @@ from stages.rl.data import load_prompts, step_questions
 from stages.rl.losses import LossNormalizer, grpo_loss
 from stages.rl.rewards import RewardSet
 from stages.rl.rollout import Rollout, build_rollout, mismatch_metrics, token_logprobs
+
+log = logging.getLogger(__name__)
 
 PLOT_METRICS = (
     "reward_mean", "reward_std", "accuracy", "zero_std_frac", "kl", "clip_frac_low", "clip_frac_high", "entropy",
@@ -201,6 +204,19 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
     return m, ro, rewards
 
 
+def _logger() -> Any:
+    """Prefect's run logger inside a flow run (shown in the UI), else this module's logger."""
+    try:
+        from prefect import get_run_logger
+        from prefect.context import FlowRunContext
+
+        if FlowRunContext.get() is not None:
+            return get_run_logger()
+    except ImportError:  # pragma: no cover
+        pass
+    return log
+
+
 def _publish_samples(step: int, table: list[dict[str, Any]]) -> None:
     """A Prefect table artifact of sampled completions, when running inside a flow run."""
     try:
@@ -250,12 +266,16 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
             start, history = state["step"], state["history"]
             samples = state["extra"].get("samples", [])
             info["resumed_from_step"] = start
+    logger = _logger()
     gen_kw = {"batch_size": p.questions_per_step * p.group_size} if resolve_backend(p.backend) == "hf" else {}
     generator = make_generator(p.backend, model, tokenizer, **gen_kw)
     generator.sync_weights(model)
     for step in range(start, p.steps):
         row, ro, rewards = grpo_step(step, p, model, tokenizer, ref_model, generator, optimizer, rows, reward_set)
         history.append(row)
+        logger.info("grpo step %d/%d: reward %.3f acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f)",
+                 step + 1, p.steps, row["reward_mean"], row["accuracy"], row["zero_std_frac"], row["kl"],
+                 row["completion_len"], row["step_s"], row["t_generation"], row["t_update"])
         if p.log_completions_every and step % p.log_completions_every == 0:
             table = sample_table(step, ro, rewards)
             samples.extend(table)

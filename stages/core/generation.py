@@ -305,21 +305,25 @@ class HFGenerator:
         model: a causal LM (``PreTrainedModel``). It is used as is (not copied) unless ``dtype`` asks for
             another dtype, in which case a converted copy is kept and :meth:`sync_weights` refreshes it.
         tokenizer: its tokenizer.
-        batch_size: most sequences decoded together in one forward pass.
+        batch_size: most sequences decoded together in one forward pass; None: as many as keep the KV cache
+            of a batch within ``kv_cache_gib`` (at most 128; measured on the tiny model, 128 rows ran 10-20%
+            faster than 64 and as fast as 256).
+        kv_cache_gib: KV-cache budget of one batch when ``batch_size`` is None.
         dtype: None (the model's own), "float32", "bfloat16" or a torch dtype. bfloat16 is about 1.5x
             faster on CPUs with AMX but its log-probs differ from float32 by ~1e-2.
         compact_at: drop finished rows from the batch once this fraction of its rows has finished.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 64,
-                 dtype: torch.dtype | str | None = None, compact_at: float = 0.25) -> None:
-        if batch_size < 1:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int | None = None,
+                 dtype: torch.dtype | str | None = None, compact_at: float = 0.25, kv_cache_gib: float = 2.0) -> None:
+        if batch_size is not None and batch_size < 1:
             raise PipelineError(f"generation batch_size must be >= 1, got {batch_size}")
         want = _as_dtype(dtype)
         self.source = model
         self.model = model if want is None or want == model.dtype else copy.deepcopy(model).to(want)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.kv_cache_gib = kv_cache_gib
         self.compact_at = compact_at
         self.eos_ids = eos_token_ids(tokenizer, model.config, getattr(model, "generation_config", None))
         self.max_length = model_max_length(model.config)
@@ -356,8 +360,9 @@ class HFGenerator:
         self.model.eval()
         try:
             with torch.inference_mode():
-                for start in range(0, len(rows), self.batch_size):
-                    chunk = rows[start:start + self.batch_size]
+                size = self._rows_per_batch(rows)
+                for start in range(0, len(rows), size):
+                    chunk = rows[start:start + size]
                     for row, comp in zip(chunk, self._decode(chunk, sp), strict=True):
                         results[row.prompt_index][row.sample_index] = comp
         finally:
@@ -381,6 +386,20 @@ class HFGenerator:
         """Nothing to release (kept for symmetry with the vllm backend)."""
 
     # -- decoding ---------------------------------------------------------------------------------------
+
+    def _rows_per_batch(self, rows: list[_Row]) -> int:
+        if self.batch_size is not None:
+            return self.batch_size
+        if not rows:
+            return 1
+        cfg = self.model.config
+        n_layers = getattr(cfg, "num_hidden_layers", 1)
+        n_heads = getattr(cfg, "num_attention_heads", 1)
+        n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+        per_token = 2 * n_layers * n_kv * head_dim * self.model.dtype.itemsize
+        longest = max(len(r.ids) + r.limit for r in rows)
+        return int(max(1, min(128, self.kv_cache_gib * 2**30 // (per_token * longest))))
 
     def _stop_checker(self, stop: tuple[str, ...], vocab: int, device: torch.device) -> StopChecker:
         key = stop

@@ -30,6 +30,8 @@ PRETRAIN_MODEL = MODELS / "pretrain"  # pretrain stage (continual pretraining; s
 SFT_MODEL = MODELS / "sft"  # sft stage (GRPO starts from it)
 GRPO_MODEL = MODELS / "grpo"  # grpo stage: final policy
 SFT_CONTINUED = MODELS / "sft_continued"  # grpo stage: continued-SFT baseline (same steps and questions)
+REWARD_MODEL = MODELS / "reward_model"  # reward_model stage: outcome / process RM (+ examples.jsonl replay history)
+GRPO_ITERS = MODELS / "grpo_iters"  # grpo stage, iterative RL (Algorithm 1): iter<k>/ policy, rm_iter<k>/ reward model
 RL_PROMPTS = DATA / "corpus" / "problems" / "rl.jsonl"  # corpus stage: the RL questions
 
 # small, git-committable reports

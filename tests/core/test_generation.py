@@ -20,6 +20,7 @@ from stages.core.generation import (
     Generator,
     HFGenerator,
     SamplingParams,
+    _Row,
     make_generator,
     resolve_backend,
 )
@@ -259,3 +260,16 @@ def test_sampling_params_validation(kw):
 def test_sampling_params_stop_normalised():
     assert SamplingParams(stop="```output").stop == ("```output",)
     assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+
+
+def test_auto_batch_size_follows_kv_budget(lm):
+    model, tok = lm
+    prompts = tiny_prompts(3)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=6, seed=4)
+    small = HFGenerator(model, tok, kv_cache_gib=1e-6)  # smaller than one row's cache: one row at a time
+    rows = [_Row(0, 0, [1] * 10, 6)]
+    assert small._rows_per_batch(rows) == 1 and HFGenerator(model, tok)._rows_per_batch(rows) == 128
+    a, b = small.generate(prompts, sp), HFGenerator(model, tok).generate(prompts, sp)
+    assert [r[0].token_ids for r in a] == [r[0].token_ids for r in b]
+    assert all(torch.allclose(torch.tensor(x[0].logprobs), torch.tensor(y[0].logprobs), atol=1e-5)
+               for x, y in zip(a, b, strict=True))

@@ -1,0 +1,25 @@
+"""Prefect flow of the ``reward_model`` stage (dvc.yaml: reward_model). Run: ``python -m flows.reward_model``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows._common import log_section, main, publish_metrics
+from stages import reward_model
+from stages.params import load_params
+
+
+@flow(name="reward_model")
+def reward_model_flow(params_path: str = "params.yaml") -> dict[str, Any]:
+    """Sample the SFT policy, label the samples, train and evaluate the reward model."""
+    params = load_params(params_path)
+    log_section(params, "reward_model")
+    metrics = reward_model.run(params.reward_model)
+    publish_metrics("reward_model", metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(reward_model_flow, "reward_model"))

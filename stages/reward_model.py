@@ -1,0 +1,92 @@
+"""The ``reward_model`` stage: a neural reward model for GRPO (paper sections 4.1.3-4.1.4), trained on data
+labelled automatically from samples of the SFT policy on RL problems.
+
+1. sample ``samples_per_question`` CoT outputs for ``questions`` RL problems from data/models/sft;
+2. label them (stages.rl.reward_model): outcome = final answer right; step labels from the problems'
+   known intermediate values (``labels: values``) or Math-Shepherd completion rollouts (``rollouts``);
+3. split by question into train / held-out, initialise the RM from the SFT model (the paper initialises
+   it from DeepSeekMath-Base 7B; here the SFT model, whose backbone knows the answer format), train it
+   with binary cross-entropy on the step ends (``train_on: process``) or on the last token (``outcome``);
+4. report held-out outcome AUC (last-token score vs answer correctness) and step AUC (step-end scores vs
+   step labels), before and after training.
+
+Outputs: data/models/reward_model/ (HF directory, ``AutoModelForTokenClassification`` with one label, plus
+``examples.jsonl``: the training examples, the replay history of iterative GRPO, and ``heldout.jsonl``),
+data/metrics/reward_model.json.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from stages.core import paths
+from stages.core.errors import PipelineError
+from stages.core.io import write_json
+from stages.core.modeling import check_compatible, load_model, load_tokenizer
+from stages.params import RewardModelParams
+from stages.rl.data import load_prompts
+from stages.rl.reward_model import (
+    SampleConfig,
+    collect_examples,
+    evaluate_reward_model,
+    init_reward_model,
+    save_reward_model,
+    split_by_question,
+    train_reward_model,
+)
+
+
+def run(p: RewardModelParams) -> dict[str, Any]:
+    """Sample, label, train and evaluate the reward model; write it and its metrics."""
+    t_start = time.perf_counter()
+    if p.num_threads:
+        torch.set_num_threads(p.num_threads)
+    prompts_path = p.prompts_file or paths.RL_PROMPTS
+    rows = load_prompts(prompts_path)
+    if p.labels == "values" and any("values" not in r for r in rows[: p.questions]):
+        raise PipelineError(f"reward_model.labels: 'values' needs rows with a 'values' field in {prompts_path}; use 'rollouts'")
+    rows = rows[: p.questions]
+    init = paths.SFT_MODEL
+    tokenizer = load_tokenizer(init)
+    policy = load_model(init)
+    check_compatible(policy, tokenizer, str(init))
+    torch.manual_seed(p.seed)
+    cfg = SampleConfig(samples_per_question=p.samples_per_question, temperature=p.temperature,
+                       max_new_tokens=p.max_new_tokens, labels=p.labels, rollouts_per_step=p.rollouts_per_step,
+                       seed=p.seed, backend=p.backend)
+    examples = collect_examples(policy, tokenizer, rows, cfg, origin="sft")
+    del policy
+    t_sample = time.perf_counter() - t_start
+    train, held = split_by_question(examples, p.heldout_fraction, p.seed)
+    if not train:
+        raise PipelineError("reward_model: no training examples; raise questions or lower heldout_fraction")
+
+    t0 = time.perf_counter()
+    rm = init_reward_model(init)
+    before = evaluate_reward_model(rm, tokenizer, held, p.batch_size)
+    losses = train_reward_model(rm, tokenizer, train, epochs=p.epochs, lr=p.lr, batch_size=p.batch_size, seed=p.seed,
+                                train_on=p.train_on)
+    after = evaluate_reward_model(rm, tokenizer, held, p.batch_size)
+    train_eval = evaluate_reward_model(rm, tokenizer, train, p.batch_size)
+    t_train = time.perf_counter() - t0
+    save_reward_model(rm, tokenizer, paths.REWARD_MODEL, train, held,
+                      {"stage": "reward_model", "init": str(init), "labels": p.labels, "train_on": p.train_on,
+                       "params": p.model_dump()})
+    metrics: dict[str, Any] = {
+        "heldout": after,
+        "heldout_before_training": before,
+        "train": train_eval,
+        "outcome_auc": after["outcome_auc"],
+        "step_auc": after["step_auc"],
+        "n_train_examples": len(train),
+        "n_heldout_examples": len(held),
+        "loss_per_epoch": [round(x, 5) for x in losses],
+        "sampling_s": round(t_sample, 2),
+        "training_s": round(t_train, 2),
+        "wall_s": round(time.perf_counter() - t_start, 2),
+    }
+    write_json(paths.metrics_file("reward_model"), metrics)
+    return metrics

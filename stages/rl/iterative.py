@@ -1,0 +1,160 @@
+"""Iterative GRPO, the paper's Algorithm 1 (section 4.1.4), around the GRPO training loop of stages.grpo.
+
+::
+
+    pi_theta <- pi_init (data/models/sft); r_phi <- data/models/reward_model (when the reward is a model)
+    for iteration k = 1..I:
+        pi_ref <- pi_theta                       (train_grpo copies the policy it starts from)
+        M = grpo.steps GRPO steps, global step numbers (k-1)M .. kM-1 (question order and seeds continue)
+        if r_phi is used: sample the current policy on RL problems, label the samples automatically,
+            train r_phi further on them plus a replay of ``rm_replay_fraction`` (paper: 10%) of the
+            historical examples; held-out AUCs of r_phi before / after, on the new policy's samples
+        write pi_theta (iter<k>) and r_phi (rm_iter<k>)
+
+Outputs (paths.GRPO_ITERS = data/models/grpo_iters/): ``iter<k>/`` the policy after iteration k for
+k < I (the last iteration's policy is the stage's final policy, data/models/grpo, not duplicated),
+``rm_iter<k>/`` the reward model after iteration k's update (with its ``examples.jsonl`` history), and
+``iterations.json`` mapping every iteration to its policy / RM directories and metrics.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stages.core.io import write_json
+from stages.core.modeling import save_model
+from stages.rl.reward_model import (
+    RewardModelScorer,
+    SampleConfig,
+    collect_examples,
+    evaluate_reward_model,
+    load_examples,
+    load_reward_model,
+    replay_mix,
+    save_reward_model,
+    split_by_question,
+    train_reward_model,
+)
+
+INDEX_FILE = "iterations.json"
+
+
+def rm_update_rows(rows: list[dict[str, Any]], n: int, seed: int, iteration: int) -> list[dict[str, Any]]:
+    """The ``n`` RL problems whose policy samples feed iteration ``iteration``'s RM update (seeded draw)."""
+    idx = list(range(len(rows)))
+    random.Random(seed * 1_000_003 + 7 * iteration).shuffle(idx)
+    return [rows[i] for i in idx[: min(n, len(rows))]]
+
+
+def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[str, Any]], history: list[dict[str, Any]],
+                        p: Any, iteration: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One RM update of Algorithm 1: new labelled samples of ``policy`` plus a replay of ``history``.
+
+    ``p`` is the grpo params section (fields of ``p.iterative``). Returns (new training examples, metrics).
+    """
+    it = p.iterative
+    cfg = SampleConfig(samples_per_question=it.rm_samples_per_question, temperature=p.temperature,
+                       max_new_tokens=p.max_new_tokens, labels=it.rm_labels, rollouts_per_step=it.rm_rollouts_per_step,
+                       seed=p.seed * 31 + iteration, backend=p.backend)
+    t0 = time.perf_counter()
+    was_training = policy.training
+    policy.eval()
+    new = collect_examples(policy, tokenizer, rm_update_rows(rows, it.rm_questions, p.seed, iteration), cfg,
+                           origin=f"iter{iteration}")
+    policy.train(was_training)
+    train, held = split_by_question(new, it.rm_heldout_fraction, p.seed + iteration)
+    mixed, n_replay = replay_mix(train, history, it.rm_replay_fraction, p.seed + iteration)
+    before = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size)
+    losses = train_reward_model(rm, tokenizer, mixed, epochs=it.rm_epochs, lr=it.rm_lr, batch_size=it.rm_batch_size,
+                                seed=p.seed + iteration, train_on=it.rm_train_on) if mixed else []
+    after = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size)
+    return train, {
+        "n_new_examples": len(train), "n_heldout_examples": len(held), "n_history": len(history),
+        "n_replayed": n_replay, "n_trained": len(mixed), "heldout_before_update": before, "heldout_after_update": after,
+        "loss_per_epoch": [round(x, 5) for x in losses], "rm_update_s": round(time.perf_counter() - t0, 2),
+    }
+
+
+def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: Any, *, train_fn: Callable[..., Any],
+                   ckpt_dir: Path | None, rm_dir: Path | None, out_dir: Path,
+                   on_iteration: Callable[[int, Any, Any], None] | None = None,
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """Algorithm 1 (module docstring) on ``model`` in place; returns (metric rows, sample rows, info).
+
+    ``train_fn`` is stages.grpo.train_grpo: ``train_fn(model, tokenizer, rows, p_k, ckpt_dir=, first_step=,
+    scorer=)`` runs the steps first_step .. p_k.steps - 1 and copies the model it starts from as pi_ref.
+    ``rm_dir``: the reward model to start from (None with the rule reward). ``on_iteration(k, model, rm)``
+    is called after each iteration's outputs are written (tests use it).
+    """
+    n_iter, M = p.iterative.iterations, p.steps
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)  # no stale iter<k> of an earlier run with more iterations
+    out_dir.mkdir(parents=True)
+    rm = scorer = None
+    history_ex: list[dict[str, Any]] = []
+    if p.reward_source != "rule":
+        assert rm_dir is not None
+        rm = load_reward_model(rm_dir)
+        history_ex = load_examples(rm_dir)
+    history: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    info: dict[str, Any] = {"iterations": []}
+    index: dict[str, Any] = {"iterations": []}
+    for k in range(1, n_iter + 1):
+        t0 = time.perf_counter()
+        if rm is not None:
+            scorer = RewardModelScorer(rm, tokenizer, batch_size=p.micro_batch_size)
+        pk = p.model_copy(update={"steps": k * M})
+        ck = None if ckpt_dir is None else (ckpt_dir if n_iter == 1 else Path(ckpt_dir) / f"iter{k}")
+        h, s, inf = train_fn(model, tokenizer, rows, pk, ckpt_dir=ck, first_step=(k - 1) * M, scorer=scorer)
+        for r in h:
+            r["iteration"] = k
+        history.extend(h)
+        samples.extend(s)
+        it_info: dict[str, Any] = {"iteration": k, "steps": len(h), "grpo_s": round(time.perf_counter() - t0, 2),
+                                   "kl_first_step": h[0]["kl"] if h else None,
+                                   "accuracy_mean": _mean([r.get("accuracy") for r in h]),
+                                   "reward_mean": _mean([r.get("reward_mean") for r in h]),
+                                   "resumed_from_step": inf.get("resumed_from_step")}
+        for key, v in inf.items():
+            if key != "resumed_from_step":
+                info[key] = v
+        entry: dict[str, Any] = {"iteration": k, "policy": None, "reward_model": None}
+        if k < n_iter:
+            pol_dir = out_dir / f"iter{k}"
+            save_model(model, tokenizer, pol_dir, extra={"stage": "grpo", "iteration": k, "steps": k * M})
+            entry["policy"] = str(pol_dir)
+        if rm is not None:
+            new, rm_m = update_reward_model(rm, tokenizer, model, rows, history_ex, p, k)
+            it_info["rm"] = rm_m
+            history_ex = history_ex + new
+            rm_out = out_dir / f"rm_iter{k}"
+            save_reward_model(rm, tokenizer, rm_out, history_ex, None,
+                              {"stage": "grpo", "iteration": k, "reward_source": p.reward_source, "metrics": rm_m})
+            entry["reward_model"] = str(rm_out)
+        info["iterations"].append(it_info)
+        index["iterations"].append(entry)
+        if on_iteration is not None:
+            on_iteration(k, model, rm)
+    write_json(out_dir / INDEX_FILE, {**index, "final_policy": "data/models/grpo (the stage's final policy)",
+                                      "metrics": info["iterations"]})
+    return history, samples, info
+
+
+def _mean(xs: list[Any]) -> float | None:
+    v = [float(x) for x in xs if x is not None and x == x]
+    return round(sum(v) / len(v), 6) if v else None
+
+
+def snapshot(model: Any) -> dict[str, torch.Tensor]:
+    """A detached copy of a model's weights (tests compare policies across iterations)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+

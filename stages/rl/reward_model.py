@@ -1,0 +1,453 @@
+"""Neural reward models for GRPO (DeepSeekMath paper sections 4.1.3-4.1.4): outcome and process supervision.
+
+Model: the policy architecture with a scalar head per token, ``LlamaForTokenClassification`` with one
+label (transformers' ``AutoModelForTokenClassification``), initialised from a pipeline causal LM (its
+backbone weights load by name; the head is new). It is saved as an ordinary HF directory
+(config.json, model.safetensors, tokenizer) and loaded again with :func:`load_reward_model`. One
+per-token score s_t serves both kinds of supervision:
+
+- outcome RM (ORM): the score at the last completion token (EOS when the output ended by itself);
+- process RM (PRM): the scores at the step-end tokens, ``index(j)`` of the paper: the tokens whose text
+  holds a newline (the generated CoT writes one step per line) plus the last completion token
+  (:func:`stages.rl.advantages.step_end_indices`).
+
+A reward is ``sigmoid(s)``, the RM's probability that the answer (ORM) or the step (PRM) is right. The
+last step's label is the outcome label, so one model trained on step labels (``train_on: process``) is
+also an ORM; ``train_on: outcome`` labels the last token only.
+
+Training data (``collect_examples``) is labelled automatically from samples of a policy on RL
+problems. Outcome label: the extracted final answer equals the gold answer. Step labels, two methods:
+
+- ``values``: the generated problems know the running value after every step (``values`` field);
+  step k (k-th equation line "... a op b = c.") is right iff every earlier step was right and its result
+  c equals ``values[k]``; a line without an equation keeps the state of the steps before it; the last
+  step's label is the outcome label. Cheap and exact for the generated problems.
+- ``rollouts`` (Math-Shepherd, Wang et al. 2023, the paper's RM data): from the prefix ending at step j
+  the policy samples ``rollouts_per_step`` completions; the step is right iff at least one reaches the
+  gold answer ("hard estimation"); the last step's label is the outcome label. Works for any problem
+  with a gold answer, costs one generation per step.
+
+Example rows (JSON, also the replay history written next to an RM)::
+
+    {"id", "question", "answer", "completion_ids": [int], "step_ends": [int], "step_labels": [0|1],
+     "outcome": 0|1, "origin": "sft" | "iter1" | ...}
+
+Continual training with replay (paper 4.1.4, Algorithm 1): :func:`replay_mix` adds a random
+``fraction`` of the historical examples (paper: 10%) to the new ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from stages.core.errors import PipelineError
+from stages.core.io import atomic_path, read_jsonl
+from stages.core.modeling import resolve_model
+from stages.core.prompts import chat_prompt
+from stages.rl.advantages import _nan_mean_std, outcome_advantages, process_advantages, step_end_indices
+
+LabelMethod = Literal["values", "rollouts"]
+TrainOn = Literal["process", "outcome"]
+EXAMPLES_FILE = "examples.jsonl"
+HELDOUT_FILE = "heldout.jsonl"
+
+_RESULT = re.compile(r"=\s*(-?\d+(?:\.\d+)?)\s*\.?\s*$")
+
+
+# ---------------------------------------------------------------------------------------------
+# model I/O
+
+
+def init_reward_model(path: str | os.PathLike[str]) -> Any:
+    """A 1-label token-classification model whose backbone is loaded from the causal LM at ``path``."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    src = resolve_model(path)
+    cfg = AutoConfig.from_pretrained(src, num_labels=1, classifier_dropout=0.0)
+    try:
+        return AutoModelForTokenClassification.from_pretrained(src, config=cfg, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"{path}: cannot build a reward model from it ({str(e).splitlines()[0]})") from None
+
+
+def load_reward_model(path: str | os.PathLike[str]) -> Any:
+    """Load a reward model saved by the reward_model stage (or by iterative GRPO)."""
+    from transformers import AutoModelForTokenClassification
+
+    src = resolve_model(path)
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(src, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"{path}: cannot load the reward model ({str(e).splitlines()[0]})") from None
+    if model.config.num_labels != 1:
+        raise PipelineError(f"{path}: not a reward model (num_labels={model.config.num_labels}, expected 1)")
+    return model.eval()
+
+
+def save_reward_model(rm: Any, tokenizer: Any, path: str | os.PathLike[str], examples: Sequence[dict[str, Any]],
+                      heldout: Sequence[dict[str, Any]] | None, extra: dict[str, Any]) -> None:
+    """Write the RM (HF directory), its training examples (the replay history, ``examples.jsonl``) and the
+    held-out examples (``heldout.jsonl``, when given) atomically; ``extra`` goes to pipeline.json."""
+    with atomic_path(path) as tmp:
+        rm.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "pipeline.json").write_text(json.dumps(extra, indent=2) + "\n")
+        for name, rows in ((EXAMPLES_FILE, examples), (HELDOUT_FILE, heldout)):
+            if rows is None:
+                continue
+            with open(tmp / name, "w", encoding="utf-8") as f:
+                for r in rows:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def load_examples(rm_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The labelled examples stored next to a reward model (its replay history); [] when none."""
+    f = Path(rm_dir) / EXAMPLES_FILE
+    return read_jsonl(f) if f.is_file() else []
+
+
+# ---------------------------------------------------------------------------------------------
+# steps and labels
+
+
+def completion_steps(token_ids: Sequence[int], tokenizer: Any) -> tuple[list[int], list[str]]:
+    """(step-end token indices, step texts) of a completion: steps end at newline tokens and at the last token."""
+    ids = list(token_ids)
+    ends = step_end_indices([tokenizer.decode([t], skip_special_tokens=True) for t in ids])
+    texts, start = [], 0
+    for e in ends:
+        texts.append(tokenizer.decode(ids[start:e + 1], skip_special_tokens=True))
+        start = e + 1
+    return ends, texts
+
+
+def value_step_labels(step_texts: Sequence[str], values: Sequence[Any], outcome: int) -> list[int]:
+    """Step labels from the problem's known running values (method ``values``; module docstring)."""
+    labels: list[int] = []
+    ok, k = True, 0
+    for j, text in enumerate(step_texts):
+        if j == len(step_texts) - 1:
+            labels.append(int(outcome))
+            break
+        m = _RESULT.search(text.strip())
+        if m is not None:
+            right = k < len(values) and _num_eq(m.group(1), values[k])
+            ok = ok and right
+            k += 1
+        labels.append(int(ok))
+    return labels
+
+
+def _num_eq(a: str, b: Any) -> bool:
+    try:
+        return math.isclose(float(a), float(b), rel_tol=0.0, abs_tol=1e-9)
+    except (TypeError, ValueError):
+        return False
+
+
+def answer_correct(text: str, gold: str) -> int:
+    """1 when the final answer extracted from ``text`` equals ``gold`` (integer problems: no percent variants)."""
+    from stages.core.answers import extract_answer, is_equivalent
+
+    return int(is_equivalent(extract_answer(text, "math"), gold, percent_variants=False))
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """How to sample and label RM training data from a policy."""
+
+    samples_per_question: int
+    temperature: float
+    max_new_tokens: int
+    labels: LabelMethod
+    rollouts_per_step: int
+    seed: int
+    backend: str = "hf"
+
+
+def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], cfg: SampleConfig, *,
+                     origin: str, generator: Any = None) -> list[dict[str, Any]]:
+    """Sample ``cfg.samples_per_question`` outputs per problem from ``policy`` and label them (module docstring)."""
+    from stages.core.generation import SamplingParams, make_generator
+
+    if generator is None:
+        generator = make_generator(cfg.backend, policy, tokenizer, batch_size=max(1, len(rows) * cfg.samples_per_question))
+    prompts = [chat_prompt(r["question"], "cot") for r in rows]
+    sp = SamplingParams(temperature=cfg.temperature, n=cfg.samples_per_question, max_new_tokens=cfg.max_new_tokens,
+                        seed=cfg.seed)
+    outs = generator.generate(prompts, sp)
+    examples: list[dict[str, Any]] = []
+    pending: list[tuple[int, int, str]] = []  # (example index, step index, prefix prompt) for rollouts
+    for r, prompt, group in zip(rows, prompts, outs, strict=True):
+        for c in group:
+            ids = list(c.token_ids)
+            if not ids:
+                continue
+            ends, texts = completion_steps(ids, tokenizer)
+            outcome = answer_correct(c.text, r["answer"])
+            if cfg.labels == "values":
+                if "values" not in r:
+                    raise PipelineError("reward labels 'values' need problem rows with a 'values' field; use 'rollouts'")
+                labels = value_step_labels(texts, r["values"], outcome)
+            else:
+                labels = [outcome] * len(ends)  # intermediate steps are filled in by the rollouts below
+                for j, e in enumerate(ends[:-1]):
+                    pending.append((len(examples), j, prompt + tokenizer.decode(ids[:e + 1], skip_special_tokens=True)))
+            examples.append({"id": r.get("id"), "question": r["question"], "answer": r["answer"], "completion_ids": ids,
+                             "step_ends": ends, "step_labels": labels, "outcome": outcome, "origin": origin})
+    if pending:
+        sp_r = SamplingParams(temperature=cfg.temperature, n=cfg.rollouts_per_step, max_new_tokens=cfg.max_new_tokens,
+                              seed=cfg.seed + 1)
+        rolls = generator.generate([p for _, _, p in pending], sp_r)
+        for (ei, j, prefix), group in zip(pending, rolls, strict=True):
+            ex = examples[ei]
+            gold = ex["answer"]
+            ex["step_labels"][j] = int(any(answer_correct(prefix + c.text, gold) for c in group))
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------
+# batches, scores, training
+
+
+def _batch(examples: Sequence[dict[str, Any]], tokenizer: Any, prompt_cache: dict[str, list[int]]
+           ) -> tuple[Tensor, Tensor, list[int]]:
+    """Right-padded (input_ids, attention_mask) of prompt + completion, and each row's prompt length."""
+    seqs, plens = [], []
+    for ex in examples:
+        q = ex["question"]
+        if q not in prompt_cache:
+            prompt_cache[q] = tokenizer(chat_prompt(q, "cot"))["input_ids"]
+        p = prompt_cache[q]
+        seqs.append(p + list(ex["completion_ids"]))
+        plens.append(len(p))
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros(len(seqs), L, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        att[i, :len(s)] = 1
+    return ids, att, plens
+
+
+def token_scores(rm: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """(B, L) scalar score s_t of every position (right-padded inputs)."""
+    return rm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[..., 0].float()
+
+
+def _targets(examples: Sequence[dict[str, Any]], plens: Sequence[int], train_on: TrainOn
+             ) -> tuple[list[tuple[int, int]], list[float]]:
+    pos, lab = [], []
+    for i, (ex, P) in enumerate(zip(examples, plens, strict=True)):
+        pairs = list(zip(ex["step_ends"], ex["step_labels"], strict=True))
+        if train_on == "outcome":
+            pairs = [(ex["step_ends"][-1], ex["outcome"])]
+        for e, y in pairs:
+            pos.append((i, P + e))
+            lab.append(float(y))
+    return pos, lab
+
+
+def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], *, epochs: int, lr: float,
+                       batch_size: int, seed: int, train_on: TrainOn, max_grad_norm: float = 1.0,
+                       weight_decay: float = 0.0) -> list[float]:
+    """Train ``rm`` in place with binary cross-entropy on the labelled positions; return the mean loss per epoch.
+
+    ``train_on="process"``: every step end with its step label; ``"outcome"``: the last token with the
+    outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``.
+    """
+    if not examples:
+        raise PipelineError("reward model: no training examples (every sampled output was empty)")
+    opt = torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay)
+    rng = random.Random(seed)
+    cache: dict[str, list[int]] = {}
+    order = list(range(len(examples)))
+    losses = []
+    rm.train()
+    for _ in range(epochs):
+        rng.shuffle(order)
+        tot, n = 0.0, 0
+        for b in range(0, len(order), batch_size):
+            batch = [examples[i] for i in order[b:b + batch_size]]
+            ids, att, plens = _batch(batch, tokenizer, cache)
+            pos, lab = _targets(batch, plens, train_on)
+            s = token_scores(rm, ids, att)
+            rows_, cols = zip(*pos, strict=True)
+            logit = s[list(rows_), list(cols)]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(rm.parameters(), max_grad_norm)
+            opt.step()
+            tot += loss.item() * len(lab)
+            n += len(lab)
+        losses.append(tot / max(n, 1))
+    rm.eval()
+    return losses
+
+
+@torch.no_grad()
+def example_scores(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32
+                   ) -> list[list[float]]:
+    """Per example, the RM scores (logits) at its step ends; the last one is the outcome score."""
+    rm.eval()
+    cache: dict[str, list[int]] = {}
+    out: list[list[float]] = []
+    for b in range(0, len(examples), batch_size):
+        batch = examples[b:b + batch_size]
+        ids, att, plens = _batch(batch, tokenizer, cache)
+        s = token_scores(rm, ids, att)
+        for i, (ex, P) in enumerate(zip(batch, plens, strict=True)):
+            out.append([float(s[i, P + e]) for e in ex["step_ends"]])
+    return out
+
+
+def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """ROC AUC (Mann-Whitney U with average ranks for ties); NaN when only one class is present."""
+    n_pos = sum(1 for y in labels if y)
+    n_neg = len(labels) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    order = sorted(range(len(scores)), key=lambda i: scores[i])
+    ranks = [0.0] * len(scores)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    r_pos = sum(r for r, y in zip(ranks, labels, strict=True) if y)
+    return (r_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32
+                          ) -> dict[str, float | None]:
+    """Outcome AUC (last-token score vs outcome label) and step AUC (every step end vs its label)."""
+    if not examples:
+        return {"outcome_auc": None, "step_auc": None, "n_examples": 0, "n_steps": 0}
+    sc = example_scores(rm, tokenizer, examples, batch_size)
+    o_s = [s[-1] for s in sc]
+    o_y = [int(ex["outcome"]) for ex in examples]
+    st_s = [v for s in sc for v in s]
+    st_y = [int(y) for ex in examples for y in ex["step_labels"]]
+    return {"outcome_auc": _r(auc(o_s, o_y)), "step_auc": _r(auc(st_s, st_y)), "n_examples": len(examples),
+            "n_steps": len(st_y), "outcome_pos_frac": _r(sum(o_y) / len(o_y)), "step_pos_frac": _r(sum(st_y) / len(st_y))}
+
+
+def _r(x: float) -> float | None:
+    """Rounded for the metrics JSON; None (JSON null) when undefined (e.g. an AUC with one class)."""
+    return round(x, 4) if math.isfinite(x) else None
+
+
+def split_by_question(examples: Sequence[dict[str, Any]], heldout_fraction: float, seed: int
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, held-out) with every sample of a question on the same side."""
+    qs = sorted({str(ex["id"]) + "\0" + ex["question"] for ex in examples})
+    random.Random(seed).shuffle(qs)
+    n_held = round(heldout_fraction * len(qs))
+    held = set(qs[:n_held])
+    tr = [ex for ex in examples if str(ex["id"]) + "\0" + ex["question"] not in held]
+    he = [ex for ex in examples if str(ex["id"]) + "\0" + ex["question"] in held]
+    return tr, he
+
+
+def replay_mix(new: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], fraction: float, seed: int
+               ) -> tuple[list[dict[str, Any]], int]:
+    """New examples plus round(fraction * len(history)) historical ones drawn without replacement (paper 4.1.4:
+    "a replay mechanism that incorporates 10% of historical data"); returns (mixed, number replayed)."""
+    k = round(fraction * len(history))
+    replay = random.Random(seed).sample(list(history), k) if k else []
+    return list(new) + replay, k
+
+
+# ---------------------------------------------------------------------------------------------
+# rewards for GRPO rollouts
+
+
+@dataclass(frozen=True)
+class RMAdvantages:
+    """Advantages from a reward model, shaped like :class:`stages.rl.advantages.OutcomeAdvantages`.
+
+    advantages: (Q, G) (outcome) or (Q, G, T) (process); valid: (Q, G); rewards: (Q, G) per-output
+    reward for logging (outcome: sigmoid of the last-token score; process: mean step reward).
+    """
+
+    advantages: Tensor
+    valid: Tensor
+    n_zero_std_groups: int
+    group_std: Tensor
+    rewards: Tensor
+    n_steps_mean: float
+
+
+class RewardModelScorer:
+    """Scores GRPO rollouts with a reward model: outcome rewards or process (step) rewards."""
+
+    def __init__(self, rm: Any, tokenizer: Any, *, batch_size: int = 32) -> None:
+        self.rm = rm.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    def rollout_examples(self, ro: Any) -> list[dict[str, Any]]:
+        """One example row per rollout output (completion ids and step ends; labels unknown)."""
+        rows = []
+        P = ro.prompt_len
+        for n in range(len(ro.texts)):
+            L = int(ro.completion_mask[n].sum())
+            ids = [int(t) for t in ro.input_ids[n, P:P + L]]
+            ends, _ = completion_steps(ids, self.tokenizer) if ids else ([], [])
+            rows.append({"question": ro.rows[n]["question"], "completion_ids": ids, "step_ends": ends})
+        return rows
+
+    def step_rewards(self, ro: Any) -> tuple[Tensor, Tensor]:
+        """(Q, G, S) sigmoid step rewards (NaN-padded) and (Q, G, S) step-end indices of a rollout."""
+        exs = self.rollout_examples(ro)
+        keep = [i for i, ex in enumerate(exs) if ex["completion_ids"]]
+        scores: dict[int, list[float]] = {}
+        sc = example_scores(self.rm, self.tokenizer, [exs[i] for i in keep], self.batch_size)
+        for i, s in zip(keep, sc, strict=True):
+            scores[i] = s
+        N, G = len(exs), ro.group_size
+        S = max([len(ex["step_ends"]) for ex in exs] + [1])
+        r = torch.full((N, S), math.nan, dtype=torch.float64)
+        e = torch.zeros((N, S), dtype=torch.long)
+        for i, s in scores.items():
+            r[i, :len(s)] = torch.sigmoid(torch.tensor(s, dtype=torch.float64))
+            e[i, :len(s)] = torch.tensor(exs[i]["step_ends"])
+        return r.view(N // G, G, S), e.view(N // G, G, S)
+
+    def advantages(self, ro: Any, source: Literal["outcome_rm", "process_rm"], *, scale_rewards: str,
+                   eps: float) -> RMAdvantages:
+        """Group-relative advantages from RM rewards: outcome (paper 4.1.2) or process supervision (4.1.3)."""
+        step_r, step_e = self.step_rewards(ro)
+        Q, G, _ = step_r.shape
+        valid = torch.isfinite(step_r).any(-1)
+        n_steps = float(torch.isfinite(step_r).sum(-1).float().mean())
+        if source == "outcome_rm":
+            last = torch.isfinite(step_r).sum(-1, keepdim=True).clamp(min=1) - 1
+            outcome = step_r.gather(-1, last).squeeze(-1)
+            outcome = torch.where(valid, outcome, torch.full_like(outcome, math.nan))
+            a = outcome_advantages(outcome, scale_rewards=scale_rewards, eps=eps)  # type: ignore[arg-type]
+            return RMAdvantages(a.advantages, a.valid, a.n_zero_std_groups, a.group_std, outcome, n_steps)
+        if source != "process_rm":
+            raise ValueError(f"source must be 'outcome_rm' or 'process_rm', got {source!r}")
+        T = int(ro.completion_mask.shape[1])
+        adv = process_advantages(step_r, step_e, T, eps=eps)
+        flat = step_r.reshape(Q, -1)
+        _, std, _ = _nan_mean_std(flat, dim=1)
+        zero = ~(adv.reshape(Q, -1) != 0).any(-1)
+        mean_r = torch.nanmean(step_r, dim=-1)
+        return RMAdvantages(adv, valid, int(zero.sum()), std.squeeze(1).float(), mean_r, n_steps)
