@@ -290,7 +290,8 @@ def correctness(model_dir: Path, record_file: Path, group: int) -> dict[str, Any
         ref_lp, _ = token_logprobs(ref, ids, att, P, 1.0)
     trl_ref = inp.get("ref_per_token_logps")
     out["ref_logp_max_abs_diff"] = None if trl_ref is None else maxdiff(ref_lp, trl_ref)
-    out["kl_mean"] = None if trl_ref is None else float(((torch.exp(trl_ref - lp) - (trl_ref - lp) - 1)[m]).mean())
+    d = None if trl_ref is None else (trl_ref - lp.detach())
+    out["kl_mean"] = None if d is None else float((torch.exp(d) - d - 1)[m].mean())
 
     # advantages: ours from the rewards TRL computed, against TRL's (generation order)
     rewards = torch.tensor(rec["rewards"], dtype=torch.float32).view(-1, group)
@@ -331,9 +332,13 @@ def correctness(model_dir: Path, record_file: Path, group: int) -> dict[str, Any
     # arbiter: central finite differences of the common loss in float64 along random directions
     out["finite_differences"] = _fd_check(model_dir, rec, grads, ids, att, P, mask, trl_ref)
     tol_loss = 1e-5 * max(1.0, abs(rec["loss"]))
-    out["tolerance"] = {"loss_abs": tol_loss, "grad_rel_l2": 1e-4, "logp_abs": 1e-4, "advantages_abs": 1e-5}
+    out["tolerance"] = {"loss_abs": tol_loss, "grad_rel_l2": 1e-4, "logp_abs": 1e-4, "advantages_abs": 1e-5,
+                        "finite_differences_rel": 1e-3}
     out["agree"] = bool(out["loss_abs_diff"] <= tol_loss and out["grad_rel_l2"] <= 1e-4
                         and out["advantages_max_abs_diff"] <= 1e-5 and out["logp_max_abs_diff"] <= 1e-4)
+    fd = out["finite_differences"]
+    out["ours_matches_finite_differences"] = bool(fd["ours_max_rel_err"] <= 1e-3)
+    out["trl_matches_finite_differences"] = bool(fd["trl_max_rel_err"] <= 1e-3)
     out["agree_same_forward"] = bool(out["same_forward_as_trl"]["loss_abs_diff"] <= tol_loss
                                      and out["same_forward_as_trl"]["grad_rel_l2"] <= 1e-4)
     return out
@@ -350,12 +355,11 @@ def _rel(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 def _fd_check(model_dir: Path, rec: dict[str, Any], ours: dict[str, Any], ids: Any, att: Any, P: int, mask: Any,
               ref: Any, n_dirs: int = 3, eps: float = 1e-4) -> dict[str, Any]:
-    """<grad, u> of ours and of TRL against (L(w + eps u) - L(w - eps u)) / (2 eps), float64, random unit u."""
+    """<grad, u> of ours and of TRL against (L(w + eps u) - L(w - eps u)) / (2 eps), float64, random normal u."""
     import torch
 
     from stages.core.modeling import load_model
     from stages.rl.losses import grpo_loss
-    from stages.rl.rollout import token_logprobs
 
     m = load_model(model_dir)
     m.load_state_dict(rec["state_dict"], strict=False)
@@ -363,18 +367,23 @@ def _fd_check(model_dir: Path, rec: dict[str, Any], ours: dict[str, Any], ids: A
     adv = rec["inputs"]["advantages"].double()
     mk, rf = mask.double(), None if ref is None else ref.double()
 
-    def loss() -> float:
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+
+    def logp64() -> Any:  # as stages.rl.rollout.token_logprobs, but float64 end to end
         with torch.no_grad():
-            lp, _ = token_logprobs(m, ids, att, P, 1.0)
-            return float(grpo_loss(lp, lp, rf, adv, mk, clip_eps=0.2, beta=0.04, aggregation="seq-mean-token-mean")[0])
+            logits = m(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).logits[:, P - 1:-1]
+            return torch.log_softmax(logits.double(), -1).gather(-1, ids[:, P:].unsqueeze(-1)).squeeze(-1)
+
+    old = logp64()  # pi_old is fixed at the recorded weights (detached in the loss)
+
+    def loss() -> float:
+        return float(grpo_loss(logp64(), old, rf, adv, mk, clip_eps=0.2, beta=0.04, aggregation="seq-mean-token-mean")[0])
 
     params = dict(m.named_parameters())
     gen = torch.Generator().manual_seed(0)
     rows = []
     for _ in range(n_dirs):
         u = {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in params.items()}
-        norm = sum(float((x * x).sum()) for x in u.values()) ** 0.5
-        u = {n: x / norm for n, x in u.items()}
         with torch.no_grad():
             for n, p in params.items():
                 p.add_(eps * u[n])
@@ -518,7 +527,8 @@ def main() -> int:
     if c.get("finite_differences"):
         fd = c["finite_differences"]
         print(f"finite differences (float64, {len(fd['directions'])} random directions): max rel. error of the "
-              f"directional derivative: ours {fd['ours_max_rel_err']:.2e}, TRL {fd['trl_max_rel_err']:.2e}")
+              f"directional derivative: ours {fd['ours_max_rel_err']:.2e}, TRL {fd['trl_max_rel_err']:.2e} "
+              f"(tolerance {c['tolerance']['finite_differences_rel']})")
     print(f"wrote {out}")
     return 0
 

@@ -137,9 +137,9 @@ def main() -> None:
             model = load_model(args.sft)
             accs: list[float] = []
 
-            def on_iteration(k: int, m: Any, _rm: Any, accs: list[float] = accs) -> None:
+            def on_iteration(k: int, m: Any, _rm: Any, accs: list[float] = accs, tag: str = f"seed {seed} {sup}") -> None:
                 accs.append(greedy_accuracy(m, tok, test, P.grpo.max_new_tokens))
-                print(f"  seed {seed} {sup} iteration {k}: held-out greedy accuracy {accs[-1]:.3f}", flush=True)
+                print(f"  {tag} iteration {k}: held-out greedy accuracy {accs[-1]:.3f}", flush=True)
 
             t1 = time.perf_counter()
             hist, _, info = run_iterations(model, tok, rows, p, train_fn=train_grpo, ckpt_dir=None, rm_dir=rm_dir,

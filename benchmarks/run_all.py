@@ -38,7 +38,7 @@ RESULTS = BENCH / "results"
 
 # Run order: cheap and independent first, the long comparisons last. Scripts not listed run after these.
 ORDER = ("answers", "sandbox", "generation", "training", "corpus", "grpo_step", "grpo_vs_trl", "scaling",
-         "orchestration", "sft_accuracy")
+         "orchestration", "sft_accuracy", "iterative_rl")
 
 # Small settings for --quick; a flag is passed only if the script's source mentions it (scripts evolve).
 QUICK_ARGS: dict[str, list[str]] = {
@@ -52,6 +52,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "orchestration": [],
     "sft_accuracy": ["--limit", "50"],
     "corpus": ["--quick"],
+    "iterative_rl": ["--steps", "2", "--seeds", "0", "--test", "50", "--iterations", "1"],
 }
 
 
@@ -155,6 +156,10 @@ def headlines_and_goals() -> tuple[list[Headline], list[Goal]]:
         agree = _get(r, "correctness", "agree")
         h.append(("grpo_vs_trl", "loss |ours - TRL|", _get(r, "correctness", "loss_abs_diff"), ""))
         h.append(("grpo_vs_trl", "gradient rel. L2 error", _get(r, "correctness", "grad_rel_l2"), ""))
+        fd_o = _get(r, "correctness", "finite_differences", "ours_max_rel_err")
+        fd_t = _get(r, "correctness", "finite_differences", "trl_max_rel_err")
+        h.append(("grpo_vs_trl", "directional derivative vs finite differences, max rel. err: ours / TRL",
+                  f"{_fmt(fd_o)} / {_fmt(fd_t)}", "float64 central differences of the common loss"))
         met = None if ratio is None or agree is None else bool(ratio <= 0.8 and agree)
         g.append(("GRPO step <= 0.8x TRL's time, equal losses and gradients",
                   f"{_fmt(ratio)}x, agree={_fmt(agree)}", "<= 0.8x and agree", met,
@@ -199,17 +204,20 @@ def headlines_and_goals() -> tuple[list[Headline], list[Goal]]:
     # Corpus scoring vs bare fastText, linear scaling in pages (scaling.py measures both; corpus.py may too)
     s = _load("scaling")
     c = _load("corpus")
-    ft_ratio = _get(s, "corpus", "score_over_bare_fasttext", "median") if s else None
+    ft_scaling = _get(s, "corpus", "score_over_bare_fasttext", "median") if s else None
+    ft_corpus = _get(c, "score_over_bare_ratio", "prenormalised") if c else None
+    ft_ratio, ft_src = (ft_corpus, "corpus.json: score(normalized=True) / bare predict, what the stage runs") \
+        if ft_corpus is not None else (ft_scaling, "scaling.json: the stage's score_shard task / bare load + predict")
     if c:
         for k, v in _flat_ratios(c):
             h.append(("corpus", k, v, ""))
     if s:
-        h.append(("scaling", "corpus scoring / bare fastText predict (median over sizes)", ft_ratio, ""))
+        h.append(("scaling", "corpus score_shard task / bare fastText load + predict (largest size)", ft_scaling, ""))
         h.append(("scaling", "corpus scoring time ~ pages^k, k =", _get(s, "corpus", "loglog_slope"), ""))
         for axis in ("group_size", "max_new_tokens", "questions_per_step"):
             h.append(("scaling", f"GRPO step time ~ {axis}^k, k =", _get(s, "grpo", axis, "loglog_slope"), ""))
     g.append(("Corpus scoring within 1.2x of bare fastText", ft_ratio, "<= 1.2x",
-              None if ft_ratio is None else ft_ratio <= 1.2, "scaling.json"))
+              None if ft_ratio is None else ft_ratio <= 1.2, ft_src))
     slope = _get(s, "corpus", "loglog_slope") if s else None
     r2 = _get(s, "corpus", "linear_fit", "r2") if s else None
     if s:

@@ -301,12 +301,12 @@ def write_plots(out_dir: Path, history: list[dict[str, Any]], names: tuple[str, 
             w.writerow(["step", name])
             for r in history:
                 v = r.get(name)
-                w.writerow([r["step"], "" if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), 6)])
+                w.writerow([r["step"], "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.6g}"])
 
 
 def _mean(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return round(sum(xs) / len(xs), 6) if xs else None
+    return float(f"{sum(xs) / len(xs):.6g}") if xs else None
 
 
 def summarize(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:

@@ -313,10 +313,12 @@ class EvalCommonParams(Section):
 
     backend: Literal["auto", "hf", "vllm"]
     """Generation backend (stages/core/generation.py): auto picks vllm on a GPU, hf otherwise."""
-    dtype: Literal["float32", "bfloat16", "float16"]
-    """Weights dtype for the hf backend."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"]
+    """Weights dtype for generation; auto: bfloat16 where it is fast (CUDA, CPUs with AMX), else float32."""
+    num_threads: NonNegInt
+    """torch CPU threads (0 = torch's default)."""
     batch_size: PosInt
-    """Prompts per generate call (and per resumable checkpoint write)."""
+    """Prompts per generate call and per resumable checkpoint write; the hf backend decodes all their samples together."""
     max_new_tokens: PosInt
     """Most new tokens per generation (per round in tir mode; the reference uses 1024)."""
     temperature: PosFloat

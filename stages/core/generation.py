@@ -309,8 +309,9 @@ class HFGenerator:
             of a batch within ``kv_cache_gib`` (at most 128; measured on the tiny model, 128 rows ran 10-20%
             faster than 64 and as fast as 256).
         kv_cache_gib: KV-cache budget of one batch when ``batch_size`` is None.
-        dtype: None (the model's own), "float32", "bfloat16" or a torch dtype. bfloat16 is about 1.5x
-            faster on CPUs with AMX but its log-probs differ from float32 by ~1e-2.
+        dtype: None (the model's own), "float32", "bfloat16" or a torch dtype. bfloat16 was 0.9-2.7x the float32
+            speed in benchmarks/generation.py on this shared CPU, and its log-probs differ from float32 ones
+            (up to 0.008 on the tiny base model, 0.19 on the wide-initialised test model).
         compact_at: drop finished rows from the batch once this fraction of its rows has finished.
     """
 
@@ -446,7 +447,8 @@ class HFGenerator:
             for k, r in enumerate(rows):
                 g = torch.Generator()
                 g.manual_seed(sample_seed(sp.seed, r.prompt_index, r.sample_index))
-                uniforms[k] = torch.rand(max_new, generator=g, dtype=torch.float64)
+                # always sp.max_new_tokens draws: a row's stream must not depend on its batch's length limit
+                uniforms[k] = torch.rand(sp.max_new_tokens, generator=g, dtype=torch.float64)[:max_new]
             uniforms = uniforms.to(device)
 
         out_tok = torch.zeros((b, max_new), dtype=torch.long, device=device)

@@ -32,6 +32,7 @@ import math
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ class VLLMGenerator:
         self.in_process = in_process
         if isinstance(model_or_path, torch.nn.Module):
             self._tmpdir = tempfile.mkdtemp(prefix="vllm_model_")
+            weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)  # also without close()
             model_or_path.save_pretrained(self._tmpdir, safe_serialization=True)
             tokenizer.save_pretrained(self._tmpdir)
             path = self._tmpdir
@@ -208,6 +210,7 @@ class VLLMGenerator:
             # engine in another process: tensors do not cross vLLM's RPC; hand it a safetensors directory
             if self._sync_dir is None:
                 self._sync_dir = tempfile.mkdtemp(prefix="vllm_sync_")
+                weakref.finalize(self, shutil.rmtree, self._sync_dir, ignore_errors=True)
             model.save_pretrained(self._sync_dir, safe_serialization=True)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._sync_dir})
         self.llm.reset_prefix_cache()

@@ -179,10 +179,11 @@ class SampleConfig:
 def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], cfg: SampleConfig, *,
                      origin: str, generator: Any = None) -> list[dict[str, Any]]:
     """Sample ``cfg.samples_per_question`` outputs per problem from ``policy`` and label them (module docstring)."""
-    from stages.core.generation import SamplingParams, make_generator
+    from stages.core.generation import SamplingParams, make_generator, resolve_backend
 
     if generator is None:
-        generator = make_generator(cfg.backend, policy, tokenizer, batch_size=max(1, len(rows) * cfg.samples_per_question))
+        kw = {"batch_size": min(256, max(1, len(rows) * cfg.samples_per_question))} if resolve_backend(cfg.backend) == "hf" else {}
+        generator = make_generator(cfg.backend, policy, tokenizer, **kw)
     prompts = [chat_prompt(r["question"], "cot") for r in rows]
     sp = SamplingParams(temperature=cfg.temperature, n=cfg.samples_per_question, max_new_tokens=cfg.max_new_tokens,
                         seed=cfg.seed)

@@ -234,7 +234,7 @@ def test_sync_weights_and_dtype_copy(lm):
     assert all(len(r[0].token_ids) > 0 for r in bf)
 
 
-def test_make_generator_from_path_and_auto(lm, tmp_path):
+def test_make_generator_from_path_and_auto(lm, tmp_path, monkeypatch):
     model, tok = lm
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
@@ -244,6 +244,8 @@ def test_make_generator_from_path_and_auto(lm, tmp_path):
     assert gen.generate(tiny_prompts(2), SamplingParams(max_new_tokens=8)) == ref
     if not torch.cuda.is_available():
         assert resolve_backend("auto") == "hf"
+    monkeypatch.setenv("GENERATION_BACKEND", "vllm")
+    assert resolve_backend("auto") == "vllm" and resolve_backend("hf") == "hf"
     with pytest.raises(PipelineError):
         make_generator("tpu", tmp_path, None)  # type: ignore[arg-type]
     with pytest.raises(PipelineError):

@@ -17,7 +17,7 @@ from stages.params import EvaluateParams
 
 def _params(model_dir: Path, **over: Any) -> EvaluateParams:
     common = {
-        "backend": "hf", "dtype": "float32", "batch_size": 4, "max_new_tokens": 12, "temperature": 0.7,
+        "backend": "hf", "dtype": "float32", "num_threads": 1, "batch_size": 4, "max_new_tokens": 12, "temperature": 0.7,
         "top_p": 1.0, "seed": 0, "tir_max_rounds": 2, "exec_timeout_s": 5.0, "exec_workers": 2,
         "maj_subsets": 64, "n_shots": 3, "generated": True, "limit": 6, "sample_limit": 4,
         "gsm8k_test": None, "math_test": None,
@@ -93,6 +93,11 @@ def test_interrupted_stage_resumes(project: Path, tiny_model_dir: Path, monkeypa
     assert (paths.eval_dir("tiny_zs") / "generated_tir_greedy.jsonl").read_text() == ref_rows
     for mode in ("cot", "pot", "tir"):
         assert m["generated"][mode]["greedy"]["acc"] == ref["generated"][mode]["greedy"]["acc"]
+
+
+def test_dtype_auto_resolution() -> None:
+    assert stage.resolve_dtype("float32") == "float32"
+    assert stage.resolve_dtype("auto") in {"float32", "bfloat16"}
 
 
 def test_unknown_model_and_bad_combination(project: Path, tiny_model_dir: Path) -> None:
