@@ -209,6 +209,11 @@ def worker_trl(args: argparse.Namespace) -> dict[str, Any]:
                 g3 = torch.autograd.grad(l3, [p for _, p in params])
                 seen["record"]["live_trl_forward_our_loss_grads"] = {n: gr.detach().clone()
                                                                      for (n, _), gr in zip(params, g3, strict=True)}
+                # TRL's loss computed a second time on the same live model and inputs
+                l4 = GRPOTrainer._compute_loss(self, model, inputs)
+                g4 = torch.autograd.grad(l4, [p for _, p in params])
+                seen["record"]["live_trl_loss_again_grads"] = {n: gr.detach().clone()
+                                                               for (n, _), gr in zip(params, g4, strict=True)}
                 seen["record"]["live_ours_loss"] = float(ours.detach())
                 seen["record"]["live_ours_grads"] = {n: gr.detach().clone() for (n, _), gr in zip(params, g2, strict=True)}
             return loss
@@ -324,7 +329,7 @@ def correctness(model_dir: Path, record_file: Path, group: int) -> dict[str, Any
     l2, g2 = loss_and_grads(lp2)
     out["same_forward_as_trl"] = compare(l2, g2)
     # in TRL's own process, on its live model: our loss on our forward, our loss on TRL's forward
-    for key in ("live_ours_grads", "live_trl_forward_our_loss_grads"):
+    for key in ("live_ours_grads", "live_trl_forward_our_loss_grads", "live_trl_loss_again_grads"):
         if key in rec:
             c = compare(rec.get("live_ours_loss", float("nan")), rec[key])
             out[key.replace("_grads", "")] = {"grad_rel_l2_vs_trl": c["grad_rel_l2"],
@@ -354,7 +359,7 @@ def _rel(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 def _fd_check(model_dir: Path, rec: dict[str, Any], ours: dict[str, Any], ids: Any, att: Any, P: int, mask: Any,
-              ref: Any, n_dirs: int = 3, eps: float = 1e-4) -> dict[str, Any]:
+              ref: Any, n_dirs: int = 3, eps: float = 1e-5) -> dict[str, Any]:
     """<grad, u> of ours and of TRL against (L(w + eps u) - L(w - eps u)) / (2 eps), float64, random normal u."""
     import torch
 
