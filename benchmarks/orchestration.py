@@ -228,6 +228,12 @@ def main() -> int:
                               "loadavg_before": [round(x, 2) for x in os.getloadavg()],
                               "note": "shared 2-core machine: timings are noisy; the load average is recorded"}
     server = None
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every phase, so an interrupted run keeps what it measured
+        out_path.write_text(json.dumps(result, indent=2) + "\n")
+
     try:
         make_clone(clone)
         mode = "full default" if args.full else "reduced"
@@ -263,6 +269,7 @@ def main() -> int:
                 result["repro"]["tail"] = out[-3000:]
                 print(out[-3000:])
             print(f"repro: {wall:.1f} s, stages {stage_sum:.1f} s, overhead {wall - stage_sum:.1f} s", flush=True)
+            save()
             if rc == 0:
                 noops, outs = [], []
                 for _ in range(args.repeats):
@@ -273,12 +280,15 @@ def main() -> int:
                 result["noop_repro_s"] = {"runs": [round(x, 3) for x in noops], "median": round(statistics.median(noops), 3),
                                           "was_noop": up}
                 print(f"no-op repro: median {statistics.median(noops):.2f} s (nothing ran: {up})", flush=True)
+                save()
             if server is not None:
                 stop_server(server)
                 server = None
         # flow start-up, without then with a shared server
         startup: dict[str, Any] = {}
         startup["no server (temporary server per flow)"] = flow_startup(clone, None, args.repeats)
+        result["flow_startup"] = startup
+        save()
         server, api, srv_s = start_server(clone)
         result["server_start_s"] = round(srv_s, 2)
         startup["shared server (PREFECT_API_URL)"] = flow_startup(clone, api, args.repeats)
@@ -292,13 +302,11 @@ def main() -> int:
         if server is not None:
             stop_server(server)
         result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        save()
         if args.keep:
             print(f"kept {clone}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"python start-up {result['python_startup_s']} s; import flows.data {result['import_flows_data_s']} s")
     if "repro" in result:
         r = result["repro"]

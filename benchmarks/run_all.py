@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -84,16 +85,21 @@ def run_script(name: str, args: list[str], timeout_s: float, nice: int) -> dict[
     t0 = time.perf_counter()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     preexec: Callable[[], None] | None = (lambda: os.nice(nice)) if nice else None  # noqa: E731
-    status, rc, out = "ok", None, ""
+    status, rc = "ok", None
+    # its own session, so that a timeout ends the script's whole process tree (dvc, flows, servers), nothing else
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=preexec, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
-                              preexec_fn=preexec)
-        rc, out = proc.returncode, proc.stdout + proc.stderr
+        out, _ = proc.communicate(timeout=timeout_s)
+        rc = proc.returncode
         status = "ok" if rc == 0 else "failed"
-    except subprocess.TimeoutExpired as e:
+    except subprocess.TimeoutExpired:
         status = "timeout"
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        out += (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, _ = proc.communicate()
     wall = time.perf_counter() - t0
     tail = out.strip().splitlines()[-15:]
     return {"script": name, "cmd": " ".join(["python", f"benchmarks/{name}.py", *args]), "status": status, "rc": rc,

@@ -79,17 +79,22 @@ def main() -> None:
     specs = args.model or [f"pretrain={ROOT / 'data/models/pretrain'}:few_shot", f"sft={ROOT / 'data/models/sft'}:zero_shot"]
     problems = read_jsonl(args.test)[: args.limit]
     exemplars = fewshot_exemplars(args.sft, args.n_shots, "cot", 0)
-    rows = {}
+    rows: dict[str, Any] = {}
     for spec in specs:
         name, rest = spec.split("=", 1)
         path, prompting = rest.rsplit(":", 1)
         rows[name] = evaluate(path, prompting, problems, exemplars, args.max_new_tokens, args.batch_size)
         r = rows[name]
         print(f"{name:16} {prompting:9} acc {r['accuracy']:.3f} (n={r['n']}) by steps {r['by_steps']} gen {r['gen_wall_s']} s", flush=True)
+        _save(args, {name: r})  # after each model: a long run keeps what it measured
+
+
+def _save(args: argparse.Namespace, rows: dict[str, Any]) -> None:
+    """Merge ``rows`` into the results JSON."""
     out = {"test": args.test, "limit": args.limit, "n_shots": args.n_shots, "max_new_tokens": args.max_new_tokens,
-           "decoding": "greedy", "mode": "cot", "models": rows}
+           "decoding": "greedy", "mode": "cot"}
     prev = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
-    prev.update({k: v for k, v in out.items() if k != "models"})
+    prev.update(out)
     prev.setdefault("models", {}).update(rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(prev, indent=2) + "\n")
