@@ -116,7 +116,7 @@ def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
         "mask_truncated": False, "skip_zero_std_groups": False, "lr": args.lr, "weight_decay": 0.0,
         "max_grad_norm": 1.0, "backend": "hf", "seed": SEED})
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    gen = make_generator("hf", model, tok, batch_size=q * g)
+    gen = make_generator("hf", model, tok, batch_size=q * g, **({"dtype": args.gen_dtype} if args.gen_dtype else {}))
     rows, _ = step_rows(args.steps + 1, q)
     rs = reward_set()
     setup_s = time.perf_counter() - t_setup
@@ -451,6 +451,8 @@ def main() -> int:
                     help="learning rate (both sides); large enough that 2 updates move the policy off the reference")
     ap.add_argument("--model", default=None, help="an HF model directory (default: the tiny random model)")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--gen-dtype", default=None, choices=["bfloat16"],
+                    help="(what-if, --worker ours only) sample with a bf16 copy of the policy; not the like-for-like run")
     ap.add_argument("--worker", choices=["ours", "trl"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", type=Path, default=None, help=argparse.SUPPRESS)

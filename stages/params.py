@@ -316,7 +316,7 @@ class EvalCommonParams(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"]
     """Weights dtype for generation; auto: bfloat16 where it is fast (CUDA, CPUs with AMX), else float32."""
     num_threads: NonNegInt
-    """torch CPU threads (0 = torch's default)."""
+    """torch CPU threads (0 = torch's default); on the shared 2-core machine 1 thread generated 6x faster than 2."""
     batch_size: PosInt
     """Prompts per generate call and per resumable checkpoint write; the hf backend decodes all their samples together."""
     max_new_tokens: PosInt
