@@ -7,7 +7,10 @@ most ``--max-new-tokens`` tokens with EOS stopping, the accuracy reward of stage
 share of digits in the completion (so an untrained model's groups have reward spread), group-scaled
 advantages (unbiased std + 1e-4), beta 0.04 with a frozen reference model, epsilon 0.2, TRL loss_type
 "grpo" = our aggregation "seq-mean-token-mean", one iteration (mu = 1, one minibatch), AdamW with a
-constant learning rate, grad-norm clip 1.0, zero-std groups kept (TRL trains on them too).
+constant learning rate, grad-norm clip 1.0, zero-std groups kept (TRL trains on them too), and TRL's
+``use_bias_correction_kl`` off: TRL >= 1.1x defaults it to True (DeepSeek-V3.2's KL multiplied by the
+importance ratio, which changes the KL gradient even on-policy, where the ratio's value is exactly 1);
+the DeepSeekMath paper (eq. 3 and 4) and this project put the plain k3 KL in the loss.
 
 Timing: each side runs in its own process (``--worker ours|trl``); one untimed warm-up step, then
 ``--steps`` timed steps. TRL's step is timed from ``on_step_begin`` to ``on_step_end`` (generation,
@@ -63,7 +66,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return {"questions_per_step": args.questions, "group_size": args.group, "max_new_tokens": args.max_new_tokens,
             "timed_steps": args.steps, "threads": args.threads, "lr": args.lr, "beta": 0.04, "clip_eps": 0.2,
             "temperature": 1.0, "top_p": 1.0, "dtype": "float32", "loss": "grpo (seq-mean-token-mean)",
-            "scale_rewards": "group", "adv_eps": 1e-4, "max_grad_norm": 1.0, "num_iterations": 1}
+            "scale_rewards": "group", "adv_eps": 1e-4, "max_grad_norm": 1.0, "num_iterations": 1,
+            "trl_use_bias_correction_kl": False}
 
 
 def step_rows(n_steps: int, q: int) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
@@ -237,7 +241,7 @@ def worker_trl(args: argparse.Namespace) -> dict[str, Any]:
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", max_steps=n_steps, logging_steps=1,
         report_to="none", save_strategy="no", use_cpu=True, bf16=False, fp16=False, seed=SEED, shuffle_dataset=False,
         dataloader_num_workers=0, mask_truncated_completions=False, log_completions=False, disable_tqdm=True,
-        model_init_kwargs={"dtype": "float32"},
+        model_init_kwargs={"dtype": "float32"}, use_bias_correction_kl=False,
     )
     t_setup = time.perf_counter()
     trainer = Recording(model=str(args.model_dir), reward_funcs=[accuracy], args=cfg,
