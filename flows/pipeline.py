@@ -28,7 +28,8 @@ from stages.params import load_params
 
 def stage_names() -> list[str]:
     """dvc.yaml's stages in file order (foreach stages expanded), as ``dvc stage list`` gives them."""
-    out = subprocess.run(["dvc", "stage", "list", "--name-only"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "dvc", "stage", "list", "--name-only"], capture_output=True, text=True,
+                         check=True)
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -45,7 +46,7 @@ def classify(output: str) -> str:
 def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
     """Run one dvc.yaml stage through DVC; return its status and wall time."""
     logger = get_run_logger()
-    cmd = ["dvc", "repro", "-s", name] + (["-f"] if force else [])
+    cmd = [sys.executable, "-m", "dvc", "repro", "-s", name] + (["-f"] if force else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # Stage commands (`python -m flows.<stage>`) must run in this interpreter's environment even when
+    # it was called by path (.venv/bin/python -m flows.pipeline) without activating the venv.
+    os.environ["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
     t0 = time.perf_counter()
     server = None
     if "PREFECT_API_URL" not in os.environ:
