@@ -1,5 +1,7 @@
-"""The ``grpo`` stage: Group Relative Policy Optimisation from the SFT model (paper section 4, Algorithm 1
-with one iteration), plus a continued-SFT baseline on the same questions for the same number of steps.
+"""The ``grpo`` stage: Group Relative Policy Optimisation from the SFT model (paper section 4, Algorithm 1 with
+``iterative.iterations`` iterations: stages/rl/iterative.py), plus a continued-SFT baseline on the same questions
+for the same number of steps. Rewards: rule functions, or a reward model (``reward_source``: outcome_rm /
+process_rm, stages/rl/reward_model.py).
 
 One GRPO step (``grpo_step``):
 1. take ``questions_per_step`` questions (stages.rl.data.step_questions) and sample G outputs each
@@ -18,7 +20,9 @@ One GRPO step (``grpo_step``):
 Outputs: data/models/grpo (policy), data/models/sft_continued (baseline), data/metrics/grpo.json,
 data/plots/grpo/<metric>.csv (one curve per metric, x = step), data/models/grpo/samples.jsonl
 (sampled completions every ``log_completions_every`` steps, also published as Prefect table artifacts
-when run inside a flow). Resumable from checkpoints/grpo (see stages.rl.checkpoint).
+when run inside a flow), data/models/grpo_iters/ (per-iteration policies iter<k>/ for k < I and reward
+models rm_iter<k>/, index iterations.json). Resumable from checkpoints/grpo (see stages.rl.checkpoint; with
+several iterations, within the current iteration only: a restart redoes the earlier iterations).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from stages.rl.advantages import outcome_advantages
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, run_dir, save_checkpoint
 from stages.rl.data import load_prompts, step_questions
+from stages.rl.iterative import run_iterations
 from stages.rl.losses import LossNormalizer, grpo_loss
 from stages.rl.rewards import RewardSet
 from stages.rl.rollout import Rollout, build_rollout, mismatch_metrics, token_logprobs
@@ -85,9 +90,13 @@ def score_rollout(ro: Rollout, reward_set: RewardSet) -> tuple[torch.Tensor, dic
 
 
 def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: Any | None, generator: Any,
-              optimizer: torch.optim.Optimizer, rows: list[dict[str, Any]], reward_set: RewardSet
-              ) -> tuple[dict[str, Any], Rollout, torch.Tensor]:
-    """One GRPO step (module docstring); returns (metrics row, rollout, (Q, G) rewards)."""
+              optimizer: torch.optim.Optimizer, rows: list[dict[str, Any]], reward_set: RewardSet,
+              scorer: Any = None) -> tuple[dict[str, Any], Rollout, torch.Tensor]:
+    """One GRPO step (module docstring); returns (metrics row, rollout, (Q, G) rewards).
+
+    ``scorer`` (stages.rl.reward_model.RewardModelScorer): with ``p.reward_source`` outcome_rm / process_rm the
+    rewards and advantages come from the reward model (process: per-token advantages, paper 4.1.3); the rule
+    reward functions are still scored for the accuracy metric."""
     m: dict[str, Any] = {"step": step}
     G = p.group_size
     # 1. rollouts
@@ -104,7 +113,12 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
     # 2. rewards, 3. advantages
     t0, c0 = time.perf_counter(), time.process_time()
     rewards, parts = score_rollout(ro, reward_set)
-    adv = outcome_advantages(rewards, scale_rewards=p.scale_rewards, eps=p.adv_eps)
+    if scorer is None:
+        adv = outcome_advantages(rewards, scale_rewards=p.scale_rewards, eps=p.adv_eps)
+    else:  # reward model: (Q, G) outcome or (Q, G, T) process advantages
+        adv = scorer.advantages(ro, p.reward_source, scale_rewards=p.scale_rewards, eps=p.adv_eps)
+        rewards = torch.where(adv.valid, adv.rewards, torch.full_like(adv.rewards, math.nan))
+        m["rm_steps_mean"] = adv.n_steps_mean
     valid = adv.valid.view(-1)
     fin = rewards[torch.isfinite(rewards)]
     m["reward_mean"] = float(fin.mean()) if fin.numel() else math.nan
@@ -116,9 +130,9 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
     lmask = ro.loss_mask.clone()
     lmask[~valid] = 0
     if p.skip_zero_std_groups:
-        informative = (adv.advantages != 0).any(dim=1).repeat_interleave(G)
+        informative = (adv.advantages != 0).reshape(rewards.shape[0], -1).any(dim=1).repeat_interleave(G)
         lmask[~informative] = 0
-    advantages = adv.advantages.view(-1).float()
+    advantages = adv.advantages.float().flatten(0, 1)  # (N,) outcome or (N, T) process supervision
     m["completion_len"] = float(ro.completion_lengths.float().mean())
     m["truncated_frac"] = sum(r == "length" for r in ro.finish_reasons) / len(ro.finish_reasons)
     m["t_scoring"], m["cpu_scoring"] = time.perf_counter() - t0, time.process_time() - c0
@@ -164,7 +178,8 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
                 old = lp.detach() if fused_old else old_lp[sl, :t]
                 if it == 0:
                     mismatch_lp[sl, :t] = old if fused_old else old_lp[sl, :t]
-                loss, lm = grpo_loss(lp, old, None if ref_lp is None else ref_lp[sl, :t], advantages[sl], lmask[sl, :t],
+                adv_sl = advantages[sl] if advantages.dim() == 1 else advantages[sl, :t]
+                loss, lm = grpo_loss(lp, old, None if ref_lp is None else ref_lp[sl, :t], adv_sl, lmask[sl, :t],
                                      clip_eps=p.clip_eps, clip_eps_high=p.clip_eps_high, beta=p.beta,
                                      aggregation=p.aggregation, normalizer=norm)
                 if not torch.isfinite(loss):
@@ -242,10 +257,14 @@ def sample_table(step: int, ro: Rollout, rewards: torch.Tensor, k: int = 8) -> l
 
 
 def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoParams, *, ckpt_dir: Path | None,
-               on_step: Callable[[dict[str, Any]], None] | None = None
+               on_step: Callable[[dict[str, Any]], None] | None = None, first_step: int = 0, scorer: Any = None
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """Run ``p.steps`` GRPO steps on ``model`` in place, resuming from the latest checkpoint in ``ckpt_dir``
-    (a run directory of stages.rl.checkpoint; None: no checkpoints). Returns (metric rows, sample rows, info)."""
+    (a run directory of stages.rl.checkpoint; None: no checkpoints). Returns (metric rows, sample rows, info).
+
+    Steps run from ``first_step`` (iterative RL: global step numbers continue across iterations) to
+    ``p.steps - 1``; the reference model is a copy of ``model`` as passed in (Algorithm 1: pi_ref <- pi_theta).
+    ``scorer``: a reward model scorer for grpo_step (None: the rule / custom reward functions)."""
     reward_set = RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom,
                                        p.reward.custom_weights)
     ref_model = None
@@ -256,7 +275,7 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     history: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
-    start = 0
+    start = first_step
     info: dict[str, Any] = {"resumed_from_step": None}
     if ckpt_dir is not None:
         state = load_latest(ckpt_dir)
@@ -271,7 +290,8 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     generator = make_generator(p.backend, model, tokenizer, **gen_kw)
     generator.sync_weights(model)
     for step in range(start, p.steps):
-        row, ro, rewards = grpo_step(step, p, model, tokenizer, ref_model, generator, optimizer, rows, reward_set)
+        row, ro, rewards = grpo_step(step, p, model, tokenizer, ref_model, generator, optimizer, rows, reward_set,
+                                     scorer=scorer)
         history.append(row)
         logger.info("grpo step %d/%d: reward %.3f acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f)",
                  step + 1, p.steps, row["reward_mean"], row["accuracy"], row["zero_std_frac"], row["kl"],
@@ -343,8 +363,11 @@ def run(p: GrpoParams) -> dict[str, Any]:
     model = load_model(init)
     check_compatible(model, tokenizer, str(init))
     torch.manual_seed(p.seed)
-    ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.model_dump(), [init, prompts_path])
-    history, samples, info = train_grpo(model, tokenizer, rows, p, ckpt_dir=ckpt_dir)
+    rm_dir = None if p.reward_source == "rule" else paths.REWARD_MODEL
+    ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.model_dump(), [init, prompts_path] + ([rm_dir] if rm_dir else []))
+    # Algorithm 1 (stages.rl.iterative): iterative.iterations x steps GRPO steps; iterations = 1 is plain GRPO
+    history, samples, info = run_iterations(model, tokenizer, rows, p, train_fn=train_grpo, ckpt_dir=ckpt_dir,
+                                            rm_dir=rm_dir, out_dir=paths.GRPO_ITERS)
     t_grpo = time.perf_counter() - t_start
     with atomic_path(paths.GRPO_MODEL) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -362,7 +385,8 @@ def run(p: GrpoParams) -> dict[str, Any]:
     base_model = load_model(init)
     torch.manual_seed(p.seed)
     if p.baseline.enabled:
-        bh = continued_sft(base_model, tokenizer, rows, steps=p.steps, per_step=p.questions_per_step, seed=p.seed,
+        bh = continued_sft(base_model, tokenizer, rows, steps=p.steps * p.iterative.iterations,
+                           per_step=p.questions_per_step, seed=p.seed,
                            lr=p.baseline.lr, max_grad_norm=p.max_grad_norm, micro_batch_size=p.micro_batch_size)
         save_model(base_model, tokenizer, paths.SFT_CONTINUED,
                    extra={"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.model_dump()})

@@ -393,6 +393,36 @@ class GrpoBaselineParams(Section):
     """Learning rate of the baseline's SFT steps."""
 
 
+class GrpoIterativeParams(Section):
+    """Iterative RL, the paper's Algorithm 1 (section 4.1.4; stages/rl/iterative.py): ``iterations`` rounds of
+    ``grpo.steps`` GRPO steps; each round starts by resetting the reference model to the current policy and,
+    with a model reward, ends by training the reward model further on labelled samples of the current policy
+    plus a replay of historical examples. Policies and RMs per iteration go to data/models/grpo_iters/."""
+
+    iterations: PosInt
+    """I, outer iterations (paper: 2, Figure 6); 1 = plain GRPO. Total GRPO steps = iterations x steps."""
+    rm_replay_fraction: Fraction
+    """Share of the historical RM training examples replayed in each RM update (paper: 10%)."""
+    rm_questions: PosInt
+    """RL problems sampled from the current policy for each RM update (model rewards only)."""
+    rm_samples_per_question: PosInt
+    """Policy outputs per problem for the RM update."""
+    rm_labels: Literal["values", "rollouts"]
+    """Step labels of the new RM data: values (known running values) or rollouts (Math-Shepherd); see stages/rl/reward_model.py."""
+    rm_rollouts_per_step: PosInt
+    """Math-Shepherd completions per step prefix (rm_labels: rollouts only)."""
+    rm_train_on: Literal["process", "outcome"]
+    """Labels the RM is trained on: every step end (process) or the last token (outcome)."""
+    rm_heldout_fraction: Fraction
+    """Share of the new problems held out for the RM's AUCs before / after each update."""
+    rm_epochs: PosInt
+    """Passes over new + replayed examples per RM update."""
+    rm_lr: PosFloat
+    """AdamW learning rate of the RM updates (paper: 2e-5 for the 7B RM)."""
+    rm_batch_size: PosInt
+    """Examples per RM optimizer step."""
+
+
 class GrpoParams(Section):
     """Section ``grpo``: Group Relative Policy Optimisation (paper section 4) from the SFT model."""
 
@@ -444,6 +474,13 @@ class GrpoParams(Section):
     """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost."""
     reward: GrpoRewardParams
     """Reward functions and weights."""
+    reward_source: Literal["rule", "outcome_rm", "process_rm"]
+    """rule: the reward functions above (outcome supervision); outcome_rm: sigmoid of the reward model's
+    last-token score; process_rm: the reward model scores every step end (newline tokens and the last token)
+    and advantages are process-supervised (paper 4.1.3; group normalisation over all step rewards, scale_rewards
+    unused). RM: data/models/reward_model (reward_model stage). The paper's RL uses a model reward."""
+    iterative: GrpoIterativeParams
+    """Iterative RL (Algorithm 1): iterations, reference reset, RM updates with replay."""
     baseline: GrpoBaselineParams
     """Continued-SFT baseline for the same steps and data."""
     log_completions_every: NonNegInt

@@ -31,6 +31,10 @@ def tiny_params(**over) -> GrpoParams:
         reward=dict(accuracy_weight=1.0, format_weight=0.0, custom=["tests.rl.custom_rewards:length_reward"],
                     custom_weights=[1.0]),
         baseline=dict(enabled=True, lr=1e-3), log_completions_every=1, checkpoint_every=1, num_threads=1,
+        reward_source="rule",
+        iterative=dict(iterations=1, rm_replay_fraction=0.1, rm_questions=4, rm_samples_per_question=2,
+                       rm_labels="values", rm_rollouts_per_step=2, rm_train_on="process", rm_heldout_fraction=0.25,
+                       rm_epochs=1, rm_lr=1e-3, rm_batch_size=4),
     )
     raw.update(over)
     return GrpoParams.model_validate(raw)
