@@ -60,15 +60,18 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None)
     try:
         load_params(args.params)
         flow_fn(params_path=args.params)
-    except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # a PipelineError wrapped by Prefect's engine
-        cause = e
-        while cause is not None and not isinstance(cause, PipelineError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is None:
+    except Exception as e:
+        user_error = pipeline_error(e)
+        if user_error is None:
             raise
-        print(f"error: {cause}", file=sys.stderr)
+        print(f"error: {user_error}", file=sys.stderr)
         return 2
     return 0
+
+
+def pipeline_error(e: BaseException) -> PipelineError | None:
+    """The user-facing :class:`PipelineError` behind ``e`` (itself, or one wrapped by Prefect's engine)."""
+    cause: BaseException | None = e
+    while cause is not None and not isinstance(cause, PipelineError):
+        cause = cause.__cause__ or cause.__context__
+    return cause

@@ -22,6 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from flows._common import pipeline_error
 from stages.core.errors import PipelineError
 from stages.params import load_params
 
@@ -93,16 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
             rows = pipeline_flow(stages=args.stages or None, force=args.force)
-    except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     except Exception as e:
-        cause: BaseException | None = e
-        while cause is not None and not isinstance(cause, PipelineError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is None:
+        user_error = pipeline_error(e)
+        if user_error is None:
             raise
-        print(f"error: {cause}", file=sys.stderr)
+        print(f"error: {user_error}", file=sys.stderr)
         return 1
     finally:
         if server is not None:
