@@ -382,9 +382,12 @@ class Zygote:
         roots |= {p for p in sys.path if p and os.path.isdir(p)}
         roots |= {os.path.realpath(p) for p in list(roots)}
         expose = set()
+        # /tmp is replaced by the sandbox's private tmpfs too: a Python install (a venv) under /tmp
+        # must be re-exposed there (see Sandbox.mount_work's caller), like one under a hidden directory.
+        covered = hide | {"/tmp"}
         for r in roots:
             blocked = first_blocked_ancestor(r)
-            in_hidden = any(r == h or r.startswith(h.rstrip("/") + "/") for h in hide)
+            in_hidden = any(r == h or r.startswith(h.rstrip("/") + "/") for h in covered)
             if blocked or in_hidden:
                 if blocked:
                     hide.add(blocked)
@@ -682,6 +685,7 @@ class Sandbox:
         self.pid_err = pid_err
         self.cg_fds: dict[str, int] = {}
         self.uid: int | None = None
+        self.tmp_workdir = "/tmp"  # the program's working directory inside the private /tmp
 
     # ---- I: PID 1 of the sandbox, and its monitor ------------------------------------------------------
     def init(self) -> int:
@@ -867,6 +871,18 @@ class Sandbox:
             os.mkdir("/dev/shm", 0o755)
         if self.on["private_tmp"]:
             self.mount_work(self.z.disk_mb)
+            if self.on["hide_paths"]:
+                for p, fd in exposed:
+                    if p.startswith("/tmp/"):  # read-only Python directories inside the private /tmp
+                        os.makedirs(p, mode=0o755, exist_ok=True)
+                        move_mount("hide_paths", fd, p)
+                        os.close(fd)
+                        # the program still starts in an empty directory of its own
+                        self.tmp_workdir = "/tmp/work"
+                if self.tmp_workdir != "/tmp":
+                    os.makedirs(self.tmp_workdir, mode=0o700, exist_ok=True)
+                    if self.uid is not None:
+                        os.chown(self.tmp_workdir, self.uid, self.uid)
         if self.on["minimal_dev"]:
             mount("minimal_dev", None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
 
@@ -947,7 +963,7 @@ class Sandbox:
                 resource.setrlimit(lim, (soft, hard))
         except (OSError, ValueError) as e:
             raise SetupError("rlimits", str(e)) from e
-        os.chdir("/tmp" if self.on["private_tmp"] else self._host_workdir())
+        os.chdir(self.tmp_workdir if self.on["private_tmp"] else self._host_workdir())
         os.umask(0o077)
         # --- stdio
         null = os.open("/dev/null", os.O_RDONLY)
