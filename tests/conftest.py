@@ -34,9 +34,10 @@ def prefect_api():
     Its URL is also exported as PREFECT_API_URL, so flows run in subprocesses (``python -m flows.x``,
     ``dvc repro``) report to it instead of each starting a temporary server of their own.
     """
-    import flows  # noqa: F401  (sets PREFECT_HOME inside the project before Prefect is imported)
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
+
+    import flows  # noqa: F401  (sets PREFECT_HOME inside the project before Prefect is imported)
 
     with prefect_test_harness(server_startup_timeout=120):
         url = PREFECT_API_URL.value()
