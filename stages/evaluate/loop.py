@@ -148,7 +148,11 @@ def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s
         for c in flat:
             c["answer"] = extract_answer(c["text"], bench)
     golds = [p.gold for p, cs in zip(problems, comps, strict=True) for _ in cs]
-    for c, ok in zip(flat, are_equivalent([c["answer"] for c in flat], golds, workers=s.exec_workers), strict=True):
+    # the reference's percent rule (gold x 100 or / 100 accepted) only for the real benchmarks it was made for;
+    # on the generated integer problems it would count 200 as right for a gold of 2
+    checks = are_equivalent([c["answer"] for c in flat], golds, workers=s.exec_workers,
+                            percent_variants=spec.benchmark != "generated")
+    for c, ok in zip(flat, checks, strict=True):
         c["correct"] = bool(ok)
     records = []
     for p, cs in zip(problems, comps, strict=True):

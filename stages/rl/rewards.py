@@ -31,10 +31,14 @@ _BOXED = re.compile(r"\\boxed\{")
 
 
 def accuracy_reward(*, completion: str, answer: str, **_: Any) -> float:
-    """1.0 when the extracted final answer (DeepSeekMath's extraction order) equals the gold answer, else 0.0."""
+    """1.0 when the extracted final answer (DeepSeekMath's extraction order) equals the gold answer, else 0.0.
+
+    Departs from the reference evaluator on purpose: its percent rule (a prediction equal to gold x 100
+    or gold / 100 counts as right) is off here, since as a reward it would pay 200 for a gold of 2.
+    """
     from stages.core.answers import extract_answer, is_equivalent
 
-    return 1.0 if is_equivalent(extract_answer(completion, "math"), answer) else 0.0
+    return 1.0 if is_equivalent(extract_answer(completion, "math"), answer, percent_variants=False) else 0.0
 
 
 def format_reward(*, completion: str, finish_reason: str, **_: Any) -> float:

@@ -64,3 +64,10 @@ def test_step_questions_epochs_are_permutations_and_pure():
     assert sorted(seq[:10]) == list(range(10)) and sorted(seq[10:]) == list(range(10))
     assert step_questions(n, 2, per, seed=3) == step_questions(n, 2, per, seed=3)
     assert step_questions(n, 0, per, seed=3) != step_questions(n, 0, per, seed=4)
+
+
+def test_accuracy_reward_has_no_percent_rule() -> None:
+    from stages.rl.rewards import accuracy_reward
+
+    assert accuracy_reward(completion="so \\boxed{2}.", answer="2") == 1.0
+    assert accuracy_reward(completion="so \\boxed{200}.", answer="2") == 0.0  # the reference would accept it
