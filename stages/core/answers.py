@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from stages.core._answers_norm import is_thousands_number, parse_number
+from stages.core._answers_norm import _matching_brace, is_thousands_number, parse_number
 from stages.core._answers_norm import strip_string as _strip_string
 from stages.core._answers_rules import compare, never
 
@@ -81,20 +81,14 @@ def _boxed_contents(text: str) -> list[str]:
         while j < len(text) and text[j] in " \t":
             j += 1
         if j < len(text) and text[j] == "{":
-            depth = 0
-            for k in range(j, len(text)):
-                if text[k] == "{":
-                    depth += 1
-                elif text[k] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        content = text[j + 1 : k]
-                        after = text[k + 1 : k + 3]
-                        if after.startswith("%") or after.startswith("\\%"):
-                            content += "%"
-                        found.append((i, content))
-                        start = k + 1
-                        break
+            k = _matching_brace(text, j)
+            if k >= 0:
+                content = text[j + 1 : k]
+                after = text[k + 1 : k + 3]
+                if after.startswith("%") or after.startswith("\\%"):
+                    content += "%"
+                found.append((i, content))
+                start = k + 1
         else:
             m = _BOXED_BARE.match(text, i)
             if m is not None:
