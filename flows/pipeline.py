@@ -1,6 +1,7 @@
 """The whole pipeline as one Prefect flow: ``python -m flows.pipeline``.
 
-Each dvc.yaml stage runs as its own Prefect task, in dvc.yaml order, through ``dvc repro -s <stage>``,
+Each dvc.yaml stage runs as its own Prefect task, in dvc.yaml order, through DVC's ``repro -s <stage>``
+(called in this process: one DVC start-up for the whole run),
 so DVC's bookkeeping (dvc.lock hashes of deps, params and outs, plus its run-cache) decides whether a
 stage runs, is restored from the run-cache, or is skipped; Prefect never caches a path itself (a
 Prefect cache could hand back a directory that DVC has deleted).
@@ -12,8 +13,8 @@ through PREFECT_API_URL, so stages do not each pay the start-up of a temporary s
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -29,13 +30,14 @@ from stages.params import load_params
 
 def stage_names() -> list[str]:
     """dvc.yaml's stages in file order (foreach stages expanded), as ``dvc stage list`` gives them."""
-    out = subprocess.run([sys.executable, "-m", "dvc", "stage", "list", "--name-only"], capture_output=True, text=True,
-                         check=True)
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    from dvc.repo import Repo
+
+    with Repo() as repo:
+        return [stage.addressing for stage in repo.index.stages]
 
 
 def classify(output: str) -> str:
-    """What ``dvc repro -s`` did, from its output: ran, restored (run-cache) or skipped."""
+    """What DVC did for a stage, from its log: ran, restored (run-cache) or skipped."""
     if "didn't change, skipping" in output:
         return "skipped"
     if "is cached - skipping run" in output:
@@ -43,18 +45,41 @@ def classify(output: str) -> str:
     return "ran"
 
 
+class _Collect(logging.Handler):
+    """Keeps DVC's log messages of one ``reproduce`` call (to classify what it did)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @task(name="stage", task_run_name="{name}")
 def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
-    """Run one dvc.yaml stage through DVC; return its status and wall time."""
+    """Run one dvc.yaml stage through DVC (``dvc repro -s <name>``, in this process); return its status
+    and wall time. DVC runs the stage's cmd as a subprocess whose output goes to this console."""
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
     logger = get_run_logger()
-    cmd = [sys.executable, "-m", "dvc", "repro", "-s", name] + (["-f"] if force else [])
+    dvc_logger = logging.getLogger("dvc")
+    handler, level = _Collect(), dvc_logger.level
+    dvc_logger.addHandler(handler)
+    dvc_logger.setLevel(logging.INFO)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        with Repo() as repo:
+            repo.reproduce(name, single_item=True, force=force)
+    except DvcException as e:
+        cause = e.__cause__ or e
+        raise PipelineError(f"stage {name} failed (dvc repro -s {name}): {cause}; see its output above") from None
+    finally:
+        dvc_logger.removeHandler(handler)
+        dvc_logger.setLevel(level)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise PipelineError(f"stage {name} failed (dvc repro -s {name}, exit {proc.returncode}): {tail.splitlines()[-1] if tail else ''}")
-    status = classify(proc.stdout + proc.stderr)
+    status = classify("\n".join(handler.lines))
     logger.info("%s: %s in %.1f s", name, status, wall)
     return {"stage": name, "status": status, "wall_s": round(wall, 2)}
 

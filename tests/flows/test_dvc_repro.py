@@ -90,3 +90,20 @@ def test_repro_then_noop_then_partial_rerun(project: Path) -> None:
     before = _tree_hash(project / "data" / "generated")
     _run([sys.executable, "-m", "flows.data"], project)
     assert _tree_hash(project / "data" / "generated") == before
+
+
+def test_pipeline_flow_reports_ran_and_skipped(project: Path) -> None:
+    """`python -m flows.pipeline` runs each stage through DVC's bookkeeping: after the test above, data
+    is up to date and base_model's params changed, so only base_model runs; a second run skips both."""
+    def statuses(out: str) -> dict[str, str]:
+        rows = [line.split() for line in out.splitlines()]
+        return {r[0]: r[1] for r in rows if len(r) == 3 and r[0] in TARGETS}
+
+    _run(["dvc", "repro", *TARGETS], project)  # order-independent start: everything up to date
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["base_model"]["seed"] += 1
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _, out = _run([sys.executable, "-m", "flows.pipeline", *TARGETS], project)
+    assert statuses(out) == {"data": "skipped", "base_model": "ran"}, out[-2000:]
+    _, out = _run([sys.executable, "-m", "flows.pipeline", *TARGETS], project)
+    assert statuses(out) == {"data": "skipped", "base_model": "skipped"}, out[-2000:]
