@@ -4,7 +4,8 @@
 2. every metrics file declared in dvc.yaml exists (`dvc metrics show --json` reports none missing);
 3. no stage exceeds 1.5x its budget (each stage's own `wall_s` in its metrics JSON);
 4. a second `dvc repro` does nothing, in under 5 s;
-5. once the evaluate stage has them: held-out greedy accuracy RL > SFT > pretrained.
+5. held-out greedy CoT accuracy RL > SFT > pretrained (when the evaluate metrics are there);
+6. for the whole pipeline: total within 1.5x 15 minutes, orchestration within 1.5x 60 s.
 Prints a summary table and writes it as JSON to $CHECK_OUT (default: pipeline-check.json here).
 """
 
@@ -21,10 +22,12 @@ from pathlib import Path
 BUDGETS_S = {"data": 20, "corpus": 90, "base_model": 30, "pretrain": 180, "sft": 150, "reward_model": 60,
              "grpo": 240, "evaluate": 120}
 SLACK = 1.5
-# Budgets are enforced (1.5x) for the stages whose issues are closed; the others are measured and
-# reported until their tuning lands. Pass --enforce-all / --enforce-learning to check everything now.
-ENFORCED = {"data", "corpus", "base_model"}
+# Every stage's budget is enforced with 1.5x slack (CI machines are noisy), and so are the whole
+# pipeline's 15 minutes and orchestration's 60 s. --no-enforce-learning reports the learning check
+# (RL > SFT > pretrained on held-out greedy CoT accuracy) instead of failing on it.
+ENFORCED = set(BUDGETS_S)
 ORCHESTRATION_BUDGET_S = 60
+PIPELINE_BUDGET_S = 900
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -77,9 +80,14 @@ def main() -> int:
             budget = BUDGETS_S.get(stage)
             ok = budget is None or wall <= SLACK * budget
             rows.append({"stage": stage, "wall_s": round(wall, 1), "budget_s": budget, "ok": ok})
-            if not ok and (stage in ENFORCED or "--enforce-all" in sys.argv):
+            if not ok and stage in ENFORCED:
                 failures.append(f"stage {stage} took {wall:.1f} s > {SLACK} x budget {budget} s")
         orchestration = total - sum(walls.values())
+        if not targets:  # the whole pipeline: its 15 minutes and its orchestration share
+            if total > SLACK * PIPELINE_BUDGET_S:
+                failures.append(f"pipeline took {total:.1f} s > {SLACK} x budget {PIPELINE_BUDGET_S} s")
+            if orchestration > SLACK * ORCHESTRATION_BUDGET_S:
+                failures.append(f"orchestration took {orchestration:.1f} s > {SLACK} x budget {ORCHESTRATION_BUDGET_S} s")
         noop, out = sh(["dvc", "repro", *targets], clone, env)
         if "didn't change" not in out and "up to date" not in out.lower() and "Data and pipelines are up to date" not in out:
             failures.append("second dvc repro was not a no-op")
@@ -92,7 +100,7 @@ def main() -> int:
                 learning.append(f"RL greedy accuracy {acc['grpo']:.3f} <= SFT {acc['sft']:.3f}")
             if not acc["sft"] > acc["pretrain"]:
                 learning.append(f"SFT greedy accuracy {acc['sft']:.3f} <= pretrained {acc['pretrain']:.3f}")
-        if "--enforce-learning" in sys.argv:
+        if "--no-enforce-learning" not in sys.argv:
             failures.extend(learning)
         elif learning:
             print("learning check (reported, not yet enforced): " + "; ".join(learning))

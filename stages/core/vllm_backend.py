@@ -147,6 +147,8 @@ class VLLMGenerator:
                     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved_env
         self.max_length = int(self.llm.llm_engine.model_config.max_model_len)
         self._warned_nan = False
+        self.sleep_enabled = bool(engine_kwargs.get("enable_sleep_mode"))
+        self.asleep = False
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -158,6 +160,8 @@ class VLLMGenerator:
         """Like :meth:`generate` for prompts given as token ids."""
         from vllm import SamplingParams as VSamplingParams
 
+        if self.asleep:
+            raise PipelineError("vllm backend: the engine is asleep; call wake_up() (and sync_weights()) before generating")
         results: list[list[Completion] | None] = [None] * len(prompt_ids)
         requests, vparams, owners = [], [], []
         for i, ids in enumerate(prompt_ids):
@@ -214,6 +218,20 @@ class VLLMGenerator:
             model.save_pretrained(self._sync_dir, safe_serialization=True)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._sync_dir})
         self.llm.reset_prefix_cache()
+
+    def sleep(self, level: int = 2) -> None:
+        """Free the engine's GPU memory until :meth:`wake_up` (engines built with ``enable_sleep_mode=True``; a
+        no-op otherwise). Level 1 offloads the weights to CPU memory, level 2 discards them, so call
+        :meth:`sync_weights` after waking (GRPO does: it loads the updated policy anyway). KV cache is freed."""
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=level)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Reallocate what :meth:`sleep` freed (a no-op when awake)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     def close(self) -> None:
         """Shut the engine down and remove the temporary model directory, if any."""

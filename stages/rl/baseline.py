@@ -6,6 +6,7 @@ same questions per step). It answers "is RL better than just more SFT on the sam
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,8 +37,12 @@ def sft_batch(rows: list[dict[str, Any]], tokenizer: Any) -> tuple[Tensor, Tenso
 
 
 def continued_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, steps: int, per_step: int, seed: int,
-                  lr: float, max_grad_norm: float, micro_batch_size: int) -> list[dict[str, float]]:
-    """Train ``model`` in place for ``steps`` SFT steps over the GRPO question order; return per-step rows."""
+                  lr: float, max_grad_norm: float, micro_batch_size: int,
+                  on_step: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+    """Train ``model`` in place for ``steps`` SFT steps over the GRPO question order; return per-step rows.
+
+    ``on_step(done)`` is called after each step with the number of steps done (the grpo stage's held-out
+    evaluation of ``algorithm: sft``); the model is in eval mode during the call."""
     if any("cot" not in r for r in rows):
         raise PipelineError("grpo.baseline: the prompt rows have no 'cot' reference solution; disable the baseline or add them")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -61,5 +66,9 @@ def continued_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, ste
         if torch.isfinite(gn):
             opt.step()
         history.append({"step": step, "sft_loss": total, "grad_norm": float(gn), "step_s": time.perf_counter() - t0})
+        if on_step is not None:
+            model.eval()
+            on_step(step + 1)
+            model.train()
     model.eval()
     return history

@@ -29,16 +29,18 @@ def run_dir(root: str | os.PathLike[str], params: dict[str, Any], inputs: Iterab
     return Path(root) / ck.run_hash(params, inputs)
 
 
-def save_checkpoint(rdir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def save_checkpoint(rdir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                     step: int, history: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> Path:
-    """Write ``rdir/step-<step>/`` atomically (temporary sibling, manifest last, rename); keep the last two."""
+    """Write ``rdir/step-<step>/`` atomically (temporary sibling, manifest last, rename); keep the last two.
+    ``optimizer`` None stores no optimizer state (a DeepSpeed update: a resumed run restarts AdamW's moments)."""
     rdir = Path(rdir)
     final = ck.step_dir(rdir, step)
     tmp = rdir / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "history": history, "extra": extra or {}}, tmp / STATE)
+    opt_state = None if optimizer is None else optimizer.state_dict()
+    torch.save({"model": model.state_dict(), "optimizer": opt_state, "step": step, "history": history,
+                "extra": extra or {}}, tmp / STATE)
     ck.write_manifest(tmp, step)
     if final.exists():
         shutil.rmtree(final)

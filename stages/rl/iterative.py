@@ -19,6 +19,7 @@ k < I (the last iteration's policy is the stage's final policy, data/models/grpo
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import time
@@ -95,8 +96,10 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
     """
     n_iter, M = p.iterative.iterations, p.steps
     out_dir = Path(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)  # no stale iter<k> of an earlier run with more iterations
-    out_dir.mkdir(parents=True)
+    main = int(os.environ.get("RANK", "0")) == 0  # several ranks (DeepSpeed launch): rank 0 writes
+    if main:
+        shutil.rmtree(out_dir, ignore_errors=True)  # no stale iter<k> of an earlier run with more iterations
+        out_dir.mkdir(parents=True)
     rm = scorer = None
     history_ex: list[dict[str, Any]] = []
     if p.reward_source != "rule":
@@ -129,22 +132,25 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
         entry: dict[str, Any] = {"iteration": k, "policy": None, "reward_model": None}
         if k < n_iter:
             pol_dir = out_dir / f"iter{k}"
-            save_model(model, tokenizer, pol_dir, extra={"stage": "grpo", "iteration": k, "steps": k * M})
+            if main:
+                save_model(model, tokenizer, pol_dir, extra={"stage": "grpo", "iteration": k, "steps": k * M})
             entry["policy"] = str(pol_dir)
         if rm is not None:
             new, rm_m = update_reward_model(rm, tokenizer, model, rows, history_ex, p, k)
             it_info["rm"] = rm_m
             history_ex = history_ex + new
             rm_out = out_dir / f"rm_iter{k}"
-            save_reward_model(rm, tokenizer, rm_out, history_ex, None,
-                              {"stage": "grpo", "iteration": k, "reward_source": p.reward_source, "metrics": rm_m})
+            if main:
+                save_reward_model(rm, tokenizer, rm_out, history_ex, None,
+                                  {"stage": "grpo", "iteration": k, "reward_source": p.reward_source, "metrics": rm_m})
             entry["reward_model"] = str(rm_out)
         info["iterations"].append(it_info)
         index["iterations"].append(entry)
         if on_iteration is not None:
             on_iteration(k, model, rm)
-    write_json(out_dir / INDEX_FILE, {**index, "final_policy": "data/models/grpo (the stage's final policy)",
-                                      "metrics": info["iterations"]})
+    if main:
+        write_json(out_dir / INDEX_FILE, {**index, "final_policy": "data/models/grpo (the stage's final policy)",
+                                          "metrics": info["iterations"]})
     return history, samples, info
 
 

@@ -243,8 +243,11 @@ def _batch(examples: Sequence[dict[str, Any]], tokenizer: Any, prompt_cache: dic
 
 
 def token_scores(rm: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """(B, L) scalar score s_t of every position (right-padded inputs)."""
-    return rm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[..., 0].float()
+    """(B, L) scalar score s_t of every position (right-padded inputs), on the inputs' device (the RM may be on a GPU)."""
+    prm = next(iter(rm.parameters()), None) if hasattr(rm, "parameters") else None
+    dev = prm.device if prm is not None else input_ids.device
+    out = rm(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev), use_cache=False).logits[..., 0].float()
+    return out.to(input_ids.device)
 
 
 def _targets(examples: Sequence[dict[str, Any]], plens: Sequence[int], train_on: TrainOn

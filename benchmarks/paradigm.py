@@ -1,0 +1,396 @@
+"""The paper's unified-paradigm comparison (DeepSeekMath section 5.2.1, Figure 5): RFT, online RFT, GRPO with outcome
+supervision and GRPO with process supervision, several seeds each, as DVC experiments of the grpo stage.
+
+Each run is ``dvc exp run --queue -s grpo -n <name> -S grpo.algorithm=... -S grpo.reward_source=... -S grpo.seed=...``
+plus the held-out curve (``grpo.heldout.every``) and any ``--set`` overrides; then ``dvc queue start`` runs the
+queue and the script waits for it. It collects every experiment's held-out greedy accuracy versus step
+(data/metrics/grpo.json, ``heldout.accuracy_at_step``) from ``dvc exp show --json``, writes benchmarks/results/paradigm.json and
+benchmarks/results/paradigm.png (mean +- sd over seeds per method), prints a table, and compares the ordering of the
+final accuracies with the paper's: GRPO+PS > GRPO+OS > online RFT > RFT.
+
+    python benchmarks/paradigm.py                  # print the plan (the dvc commands) and exit: queues nothing
+    python benchmarks/paradigm.py --run            # 4 methods x 3 seeds with params.yaml's grpo section
+    python benchmarks/paradigm.py --run --seeds 0 --methods rft grpo_os --set grpo.steps=2 --heldout-every 1
+    python benchmarks/paradigm.py --collect-only --tag 20261130-1200  # re-collect a finished queue
+
+Methods: rft / online_rft use the rule reward (answer correctness), grpo_os / grpo_ps the reward model
+(data/models/reward_model: ``reward_source`` outcome_rm / process_rm), as in the paper's table. The experiments run
+``-s`` (only the grpo stage: its inputs must exist, e.g. from ``dvc repro reward_model``), in DVC's temporary
+directories; the grpo inputs present in the workspace are copied in (``-C``; ``--no-copy-inputs`` to rely on
+``dvc.lock`` and the cache instead). The continued-SFT baseline is switched off (``grpo.baseline.enabled=false``).
+Not in CI: the full comparison takes hours on the tiny default on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "paradigm.json"
+
+METHODS: dict[str, dict[str, str]] = {
+    "rft": {"grpo.algorithm": "rft", "grpo.reward_source": "rule"},
+    "online_rft": {"grpo.algorithm": "online_rft", "grpo.reward_source": "rule"},
+    "grpo_os": {"grpo.algorithm": "grpo", "grpo.reward_source": "outcome_rm"},
+    "grpo_ps": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rm"},
+}
+LABELS = {"rft": "RFT", "online_rft": "Online RFT", "grpo_os": "GRPO+OS", "grpo_ps": "GRPO+PS"}
+PAPER_ORDER = ("grpo_ps", "grpo_os", "online_rft", "rft")  # Figure 5, best first
+# the grpo stage's inputs, as directories: DVC's -C copies a file only into an existing directory
+GRPO_INPUTS = ("data/models/sft", "data/models/reward_model", "data/corpus/problems", "data/generated/problems")
+
+
+# ---------------------------------------------------------------------------------------------
+# pure pieces (tests/benchmarks/test_paradigm.py)
+
+
+def exp_name(tag: str, method: str, seed: int) -> str:
+    """The DVC experiment name of one run: ``paradigm-<tag>-<method>-s<seed>``."""
+    return f"paradigm-{tag}-{method.replace('_', '-')}-s{seed}"
+
+
+def parse_name(name: str, tag: str) -> tuple[str, int] | None:
+    """(method, seed) of an experiment name made by :func:`exp_name` with ``tag``; None for other names."""
+    m = re.fullmatch(rf"paradigm-{re.escape(tag)}-([a-z-]+)-s(\d+)", name or "")
+    if m is None or m.group(1).replace("-", "_") not in METHODS:
+        return None
+    return m.group(1).replace("-", "_"), int(m.group(2))
+
+
+def queue_command(name: str, method: str, seed: int, *, heldout_every: int, heldout_limit: int | None,
+                  sets: Sequence[str], copy_paths: Sequence[str]) -> list[str]:
+    """The ``dvc exp run --queue`` arguments (after ``dvc``) of one run."""
+    params = {**METHODS[method], "grpo.seed": str(seed), "grpo.heldout.every": str(heldout_every),
+              "grpo.baseline.enabled": "false", "grpo.iterative.iterations": "1"}
+    if heldout_limit is not None:
+        params["grpo.heldout.limit"] = str(heldout_limit)
+    cmd = ["exp", "run", "--queue", "-s", "-n", name]
+    for k, v in params.items():
+        cmd += ["-S", f"{k}={v}"]
+    for s in sets:
+        cmd += ["-S", s]
+    for c in copy_paths:
+        cmd += ["-C", c]
+    return cmd + ["grpo"]
+
+
+def _walk(node: Any) -> Iterable[dict[str, Any]]:
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
+
+
+def extract_runs(exp_show: Any, tag: str) -> list[dict[str, Any]]:
+    """The runs of ``tag`` in ``dvc exp show --json`` output: method, seed, name, rev, held-out curve, error.
+
+    A run whose metrics file lacks the held-out curve (failed or still queued) has ``steps`` / ``accuracy`` None
+    and its ``error`` / status noted."""
+    runs: dict[str, dict[str, Any]] = {}
+    for node in _walk(exp_show):
+        name = node.get("name")
+        parsed = parse_name(name, tag) if isinstance(name, str) else None
+        if parsed is None or "rev" not in node:
+            continue
+        data = node.get("data") or {}
+        metrics = ((data.get("metrics") or {}).get("data/metrics/grpo.json") or {}).get("data") or {}
+        held = metrics.get("heldout") or {}
+        curve = sorted((int(k), float(v)) for k, v in (held.get("accuracy_at_step") or {}).items())
+        run = {"method": parsed[0], "seed": parsed[1], "name": name, "rev": node.get("rev"),
+               "status": data.get("status") or node.get("status"),
+               "steps": [s for s, _ in curve] or None, "accuracy": [a for _, a in curve] or None,
+               "n_heldout": held.get("n"),
+               "wall_s": metrics.get("wall_s"), "error": node.get("error") or data.get("error")}
+        if name not in runs or (run["accuracy"] is not None and runs[name]["accuracy"] is None):
+            runs[name] = run
+    return sorted(runs.values(), key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
+
+
+def read_model_curves(project: Path, runs: list[dict[str, Any]]) -> None:
+    """Fill in the curve of runs whose metrics file was not in ``dvc exp show`` (it is git-ignored, as
+    data/metrics is in this repository, so experiments do not commit it) from the experiment's DVC-cached
+    model: ``heldout`` of data/models/grpo/pipeline.json at the experiment's revision (``dvc.api.read``)."""
+    import dvc.api
+
+    for r in runs:
+        if r["accuracy"] is not None or not r.get("rev"):
+            continue
+        try:
+            info = json.loads(dvc.api.read("data/models/grpo/pipeline.json", repo=str(project), rev=r["rev"]))
+        except Exception as e:  # noqa: BLE001 - a failed run has no model; keep it as missing
+            r["error"] = r.get("error") or f"{type(e).__name__}: {str(e)[:200]}"
+            continue
+        held = info.get("heldout") or {}
+        curve = sorted((int(k), float(v)) for k, v in (held.get("accuracy_at_step") or {}).items())
+        if curve:
+            r["steps"], r["accuracy"], r["n_heldout"] = [s for s, _ in curve], [a for _, a in curve], held.get("n")
+            r["curve_from"] = "data/models/grpo/pipeline.json"
+
+
+def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return math.nan, math.nan
+    m = sum(xs) / len(xs)
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+
+
+def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method: seeds, the mean and sd of the held-out accuracy at every step all its finished runs share,
+    and the final (last shared step) accuracy's mean and sd."""
+    out: dict[str, dict[str, Any]] = {}
+    for method in METHODS:
+        done = [r for r in runs if r["method"] == method and r.get("accuracy")]
+        if not done:
+            continue
+        common = sorted(set.intersection(*(set(r["steps"]) for r in done)))
+        means, sds = [], []
+        for s in common:
+            m, sd = _mean_sd([r["accuracy"][r["steps"].index(s)] for r in done])
+            means.append(m)
+            sds.append(sd)
+        out[method] = {"seeds": [r["seed"] for r in done], "steps": common, "mean": means, "sd": sds,
+                       "final_mean": means[-1] if means else math.nan, "final_sd": sds[-1] if sds else math.nan}
+    return out
+
+
+def ordering(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Methods by final mean held-out accuracy, best first (ties keep the paper's order; :func:`compare_with_paper`
+    reports them as ties, not as agreement)."""
+    return sorted(summary, key=lambda m: (-summary[m]["final_mean"], PAPER_ORDER.index(m)))
+
+
+def order_text(summary: dict[str, dict[str, Any]]) -> str:
+    """The measured order as text, ``=`` between methods with equal final means."""
+    order = ordering(summary)
+    out = LABELS[order[0]] if order else "-"
+    for a, b in zip(order, order[1:], strict=False):
+        out += (" = " if summary[a]["final_mean"] == summary[b]["final_mean"] else " > ") + LABELS[b]
+    return out
+
+
+def compare_with_paper(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How the final accuracies agree with the paper's PS > OS > online RFT > RFT, pair by pair over the methods
+    present: ``agree`` (a's mean above b's, a ranked above b in the paper), ``disagree``, ``tied`` (equal means);
+    a pair is ``clear`` when the means differ by more than the sum of the two sds. ``matches_paper``: every pair
+    agrees (no tie, no disagreement)."""
+    present = [m for m in PAPER_ORDER if m in summary]
+    pairs = []
+    for i, a in enumerate(present):
+        for b in present[i + 1:]:
+            diff = summary[a]["final_mean"] - summary[b]["final_mean"]
+            spread = (summary[a]["final_sd"] or 0.0) + (summary[b]["final_sd"] or 0.0)
+            verdict = "tied" if diff == 0 else ("agree" if diff > 0 else "disagree")
+            pairs.append({"pair": f"{a} > {b}", "diff": round(diff, 6), "verdict": verdict,
+                          "clear": abs(diff) > spread})
+    return {"paper_order": present, "measured_order": ordering(summary), "pairs": pairs,
+            "pairs_agreeing": sum(p["verdict"] == "agree" for p in pairs), "n_pairs": len(pairs),
+            "pairs_clear_agreeing": sum(p["verdict"] == "agree" and p["clear"] for p in pairs),
+            "matches_paper": bool(pairs) and all(p["verdict"] == "agree" for p in pairs)}
+
+
+def table(summary: dict[str, dict[str, Any]]) -> str:
+    """A text table: method, seeds, held-out accuracy per step (mean +- sd), final."""
+    steps = sorted({s for v in summary.values() for s in v["steps"]})
+    head = f"{'method':<12}{'seeds':>6} " + " ".join(f"{'step ' + str(s):>13}" for s in steps)
+    lines = [head, "-" * len(head)]
+    for m, v in summary.items():
+        cells = []
+        for s in steps:
+            if s in v["steps"]:
+                i = v["steps"].index(s)
+                cells.append(f"{v['mean'][i]:>7.3f}±{v['sd'][i]:<5.3f}")
+            else:
+                cells.append(f"{'-':>13}")
+        lines.append(f"{LABELS[m]:<12}{len(v['seeds']):>6} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """Held-out accuracy versus step, mean over seeds with a +- sd band, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for m in PAPER_ORDER:
+        if m not in summary:
+            continue
+        v = summary[m]
+        lo = [a - b for a, b in zip(v["mean"], v["sd"], strict=True)]
+        hi = [a + b for a, b in zip(v["mean"], v["sd"], strict=True)]
+        ax.plot(v["steps"], v["mean"], marker="o", label=f"{LABELS[m]} (n={len(v['seeds'])})")
+        ax.fill_between(v["steps"], lo, hi, alpha=0.2)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# DVC
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the workers' dvc, the stage's python
+    env.setdefault("DVC_NO_ANALYTICS", "1")
+    return env
+
+
+def dvc(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m dvc ARGS`` in ``project`` (this interpreter's dvc, its bin directory first on PATH)."""
+    out = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, env=_env(), capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise SystemExit(f"dvc {' '.join(args)} failed ({out.returncode}): {(out.stderr or out.stdout).strip()[-1500:]}")
+    return out
+
+
+def copy_inputs(project: Path) -> list[str]:
+    """The grpo inputs present in the workspace but ignored by git (``-C``: a queued experiment's temporary
+    directory is a git checkout; git-tracked inputs are there already)."""
+    out = []
+    for p in GRPO_INPUTS:
+        if (project / p).exists():
+            ignored = subprocess.run(["git", "check-ignore", "-q", p], cwd=project).returncode == 0
+            if ignored:
+                out.append(p)
+    return out
+
+
+def parse_queue_status(text: str, names: Sequence[str]) -> tuple[dict[str, str], int | None]:
+    """(status of each named task: Queued, Running, Success, Failed, ...; number of active + idle workers, None
+    when the output does not say) from the text of ``dvc queue status``."""
+    states: dict[str, str] = {}
+    workers = None
+    for line in text.splitlines():
+        parts = line.split()
+        for n in names:
+            if n in parts:
+                states[n] = parts[-1]
+        m = re.search(r"Worker status:\s*(\d+) active,\s*(\d+) idle", line)
+        if m:
+            workers = int(m.group(1)) + int(m.group(2))
+    return states, workers
+
+
+def queue_states(project: Path, names: Sequence[str]) -> tuple[dict[str, str], int | None]:
+    """:func:`parse_queue_status` of ``dvc queue status``."""
+    return parse_queue_status(dvc(project, "queue", "status", check=False).stdout, names)
+
+
+def wait_for(project: Path, names: Sequence[str], poll_s: float, timeout_s: float, jobs: int) -> dict[str, str]:
+    """Poll the queue until none of ``names`` is queued or running (or ``timeout_s`` passes). Workers stop when
+    they find the queue empty, which can happen while a task is still being queued: tasks left queued with no
+    worker get new workers."""
+    t0 = time.monotonic()
+    last = ""
+    while True:
+        st, workers = queue_states(project, names)
+        active = [n for n in names if st.get(n) in ("Queued", "Running")]
+        if workers == 0 and any(st.get(n) == "Queued" for n in names):
+            dvc(project, "queue", "start", "-j", str(jobs))
+        line = ", ".join(f"{k}: {sum(1 for v in st.values() if v == k)}" for k in sorted(set(st.values())))
+        if line != last:
+            print(f"[{time.monotonic() - t0:7.0f}s] queue: {line}", flush=True)
+            last = line
+        if not active or time.monotonic() - t0 > timeout_s:
+            return st
+        time.sleep(poll_s)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--project", default=str(ROOT), help="the DVC project (default: this repository)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--heldout-every", type=int, default=5, help="grpo.heldout.every (steps between evaluations)")
+    ap.add_argument("--heldout-limit", type=int, default=None, help="grpo.heldout.limit (default: params.yaml's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra -S override (repeatable)")
+    ap.add_argument("--tag", default=time.strftime("%Y%m%d-%H%M%S"), help="experiment name tag (default: now)")
+    ap.add_argument("--jobs", type=int, default=1, help="dvc queue start -j (parallel experiments)")
+    ap.add_argument("--no-copy-inputs", action="store_true", help="do not copy the grpo inputs into the experiments")
+    ap.add_argument("--run", action="store_true", help="queue and run the experiments (without it: print the plan)")
+    ap.add_argument("--collect-only", action="store_true", help="only collect the experiments of --tag")
+    ap.add_argument("--poll", type=float, default=20.0)
+    ap.add_argument("--timeout", type=float, default=48 * 3600.0)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    project = Path(args.project).resolve()
+    names = {exp_name(args.tag, m, s): (m, s) for m in args.methods for s in args.seeds}
+    t0 = time.perf_counter()
+    copy = [] if args.no_copy_inputs else copy_inputs(project)
+    if not args.run and not args.collect_only:
+        print(f"plan ({len(names)} experiments in {project}; add --run to queue and run them):")
+        for name, (m, s) in names.items():
+            print("  dvc " + " ".join(queue_command(name, m, s, heldout_every=args.heldout_every,
+                                                    heldout_limit=args.heldout_limit, sets=args.set, copy_paths=copy)))
+        print(f"  dvc queue start -j {args.jobs}")
+        return 0
+    if not args.collect_only:
+        for name, (m, s) in names.items():
+            dvc(project, *queue_command(name, m, s, heldout_every=args.heldout_every,
+                                        heldout_limit=args.heldout_limit, sets=args.set, copy_paths=copy))
+            print(f"queued {name}", flush=True)
+        dvc(project, "queue", "start", "-j", str(args.jobs))
+        states = wait_for(project, list(names), args.poll, args.timeout, args.jobs)
+        dvc(project, "queue", "stop", check=False)  # workers stop by themselves on an empty queue; make sure
+    else:
+        states = {}
+    shown = json.loads(dvc(project, "exp", "show", "--json", "-A").stdout or "[]")
+    runs = [r for r in extract_runs(shown, args.tag) if r["name"] in names]
+    read_model_curves(project, runs)
+    for r in runs:
+        r["queue_status"] = states.get(r["name"])
+    missing = sorted(set(names) - {r["name"] for r in runs if r.get("accuracy")})
+    summary = aggregate(runs)
+    cmp = compare_with_paper(summary)
+    out_path = Path(args.out)
+    png = out_path.with_suffix(".png")
+    result = {
+        "tag": args.tag, "project": str(project), "methods": args.methods, "seeds": args.seeds,
+        "overrides": args.set, "heldout_every": args.heldout_every, "runs": runs, "missing_or_failed": missing,
+        "summary": summary, "comparison": cmp, "plot": str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png),
+        "wall_s": round(time.perf_counter() - t0, 1), "note": "shared 2-core machine; timings noisy",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=1) + "\n")
+    if summary:
+        plot(summary, png, f"Held-out accuracy vs step ({args.tag})")
+    print("\nheld-out greedy accuracy, mean ± sd over seeds")
+    print(table(summary) if summary else "(no finished run)")
+    print(f"\nmeasured order: {order_text(summary)}")
+    print(f"paper order:    {' > '.join(LABELS[m] for m in cmp['paper_order'])}")
+    print(f"pairs ordered as in the paper: {cmp['pairs_agreeing']}/{cmp['n_pairs']} "
+          f"({cmp['pairs_clear_agreeing']} by more than the sum of the two sds); matches the paper: {cmp['matches_paper']}")
+    for p in cmp["pairs"]:
+        if p["verdict"] != "agree":
+            print(f"  {p['pair']}: {p['verdict']} (difference {p['diff']:+.3f})")
+    if missing:
+        print(f"missing or failed runs: {', '.join(missing)}")
+    print(f"wrote {out_path}" + (f" and {png}" if summary else ""))
+    return 0 if not missing else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""The GRPO update under DeepSpeed (CPU accelerator, one process, gloo, fp32): ZeRO-0/1/2 give the plain update's
+grad norms and weights after two steps (same rollouts: the hf backend samples deterministically; online RFT with
+scripted outputs, 3 of 4 correct)."""
+
+from __future__ import annotations
+
+import importlib
+import socket
+
+import pytest
+import torch
+
+from stages import grpo
+from stages.core import paths
+from stages.core.modeling import load_model, load_tokenizer
+from stages.rl.data import load_prompts
+
+from .test_grpo_stage import project, tiny_params  # noqa: F401  (project is a fixture)
+from .test_paradigm import ScriptedGenerator, _texts
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def ds_env(monkeypatch: pytest.MonkeyPatch):
+    """A world of one CPU process (as tests/train/test_deepspeed.py); the env vars vanish after the test."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    pytest.importorskip("deepspeed")
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
+    monkeypatch.setattr(ds_torch, "build_shm_op", lambda: None)  # multi-rank CPU speed-up only; skip its JIT build
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+
+
+def _train(p) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
+    hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, hist + [info]
+
+
+@pytest.mark.parametrize(("algorithm", "stage"), [("grpo", 2), ("online_rft", 2), ("grpo", 1), ("grpo", 0)])
+def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stage) -> None:  # noqa: F811
+    kw = dict(algorithm=algorithm, steps=2, micro_batch_size=4, checkpoint_every=0)
+    if algorithm == "online_rft":  # a random model is never right: scripted outputs, 3 of 4 correct
+        tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
+        monkeypatch.setattr(grpo, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
+    plain, hp = _train(tiny_params(**kw))
+    ds, hd = _train(tiny_params(**kw, deepspeed=dict(enabled=True, zero_stage=stage, offload_optimizer=False)))
+    assert hd[-1]["deepspeed_zero_stage"] == stage and hp[-1]["deepspeed_zero_stage"] is None
+    assert all(h["optimizer_steps"] == 1 for h in hp[:-1])  # every step updated
+    for a, b in zip(hp[:-1], hd[:-1], strict=True):
+        assert a["optimizer_steps"] == b["optimizer_steps"] and a["n_train_outputs"] == b["n_train_outputs"]
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    assert max(float((plain[k] - ds[k]).abs().max()) for k in plain) < 1e-6
+
+
+def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch) -> None:  # noqa: F811
+    """A NaN loss: the rest of the accumulation runs as zero-gradient dummies and the step at LR 0 (no update)."""
+    import math
+
+    real = grpo.grpo_loss
+
+    def nan_loss(*a, **k):
+        loss, m = real(*a, **k)
+        return loss * math.nan, m
+
+    monkeypatch.setattr(grpo, "grpo_loss", nan_loss)
+    before = {k: v.clone() for k, v in load_model(paths.SFT_MODEL).state_dict().items()}
+    after, h = _train(tiny_params(steps=1, micro_batch_size=4, checkpoint_every=0,
+                                  deepspeed=dict(enabled=True, zero_stage=2, offload_optimizer=False)))
+    assert h[0]["skipped_nonfinite"] == 1 and h[0]["optimizer_steps"] == 0
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow
+def test_two_ranks_give_the_one_process_update(project, tmp_path) -> None:  # noqa: F811
+    """torchrun, 2 CPU ranks, ZeRO-2: 3 questions per step split 2 / 1 (uneven micro-batch counts, so rank 1 runs a
+    dummy backward); with the same (scripted) rollouts the grad norms and weights equal one plain process's."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("deepspeed")
+    root = Path(__file__).resolve().parents[2]
+    script = root / "tests" / "rl" / "_ds_two_ranks.py"
+    env = {**os.environ, "PROJECT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+
+    def results(cmd: list[str]) -> list[dict]:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+
+    (one,) = results([sys.executable, str(script), str(project)])
+    two = results([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                   str(_free_port()), str(script), str(project)])
+    assert sorted(r["rank"] for r in two) == [0, 1] and all(r["world"] == 2 for r in two)
+    for r in two:
+        assert r["steps"] == one["steps"] == [1, 1]
+        assert r["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+        assert r["checksum"] == pytest.approx(one["checksum"], abs=1e-4)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

