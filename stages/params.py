@@ -306,6 +306,8 @@ class EvalModelParams(Section):
     """Modes scored from n_samples samples at common.temperature (pass@k, maj@k); [] for none."""
     n_samples: PosInt
     """Samples per problem in sample_modes; k runs over 1, 2, 4, ... up to it."""
+    limit: PosInt | None
+    """At most this many problems of each benchmark for this model (the first ones; never above common.limit); null: common.limit."""
 
 
 class EvalCommonParams(Section):

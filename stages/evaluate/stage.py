@@ -46,15 +46,17 @@ from stages.params import EvalCommonParams, EvalModelParams, EvaluateParams
 _CODE_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "core")
 
 
-def load_benchmarks(c: EvalCommonParams) -> dict[str, list[Problem]]:
-    """The benchmarks the params ask for, each cut to ``limit`` problems."""
+def load_benchmarks(c: EvalCommonParams, model_limit: int | None = None) -> dict[str, list[Problem]]:
+    """The benchmarks the params ask for, each cut to the smaller of ``c.limit`` and ``model_limit``."""
+    limits = [x for x in (c.limit, model_limit) if x is not None]
+    limit = min(limits) if limits else None
     out: dict[str, list[Problem]] = {}
     if c.generated:
-        out["generated"] = load_generated(paths.problems_file("test"), c.limit)
+        out["generated"] = load_generated(paths.problems_file("test"), limit)
     if c.gsm8k_test:
-        out["gsm8k"] = load_gsm8k(c.gsm8k_test, c.limit)
+        out["gsm8k"] = load_gsm8k(c.gsm8k_test, limit)
     if c.math_test:
-        out["math"] = load_math(c.math_test, c.limit)
+        out["math"] = load_math(c.math_test, limit)
     if not out:
         raise PipelineError("evaluate.common: no benchmark selected; set generated: true or give gsm8k_test / math_test")
     return out
@@ -189,7 +191,7 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
         raise PipelineError(f"evaluate: unknown model {model!r}; evaluate.models has {sorted(p.models)}")
     m, c = p.models[model], p.common
     resolve_model(m.path)  # one-line error when the model directory is missing
-    benchmarks = load_benchmarks(c)
+    benchmarks = load_benchmarks(c, m.limit)
     runs = plan_runs(m, list(benchmarks))
     sft_file = paths.problems_file("sft")
     need_shots = m.prompting == "few_shot" and "generated" in benchmarks and c.n_shots > 0

@@ -25,9 +25,9 @@ def _params(model_dir: Path, **over: Any) -> EvaluateParams:
     common.update(over.pop("common", {}))
     models = {
         "tiny_zs": {"path": str(model_dir), "prompting": "zero_shot", "greedy_modes": ["cot", "pot", "tir"],
-                    "sample_modes": ["cot"], "n_samples": 4},
+                    "sample_modes": ["cot"], "n_samples": 4, "limit": None},
         "tiny_fs": {"path": str(model_dir), "prompting": "few_shot", "greedy_modes": ["cot"],
-                    "sample_modes": [], "n_samples": 1},
+                    "sample_modes": [], "n_samples": 1, "limit": None},
     }
     return EvaluateParams.model_validate({"common": common, "models": models})
 
@@ -106,13 +106,13 @@ def test_unknown_model_and_bad_combination(project: Path, tiny_model_dir: Path) 
         stage.run(p, "nope")
     bad = EvaluateParams.model_validate({**p.model_dump(), "models": {"x": {
         "path": str(tiny_model_dir), "prompting": "few_shot", "greedy_modes": ["pot"], "sample_modes": [],
-        "n_samples": 1}}, "common": {**p.common.model_dump(), "generated": False, "gsm8k_test": None,
+        "n_samples": 1, "limit": None}}, "common": {**p.common.model_dump(), "generated": False, "gsm8k_test": None,
                                      "math_test": None}})
     with pytest.raises(PipelineError, match="no benchmark selected"):
         stage.run(bad, "x")
     missing = EvaluateParams.model_validate({**p.model_dump(), "models": {"y": {
         "path": "data/models/absent", "prompting": "zero_shot", "greedy_modes": ["cot"], "sample_modes": [],
-        "n_samples": 1}}})
+        "n_samples": 1, "limit": None}}})
     with pytest.raises(PipelineError, match="model directory not found"):
         stage.run(missing, "y")
 
@@ -132,3 +132,14 @@ def test_gsm8k_real_mode_few_and_zero_shot(project: Path, tiny_model_dir: Path, 
     rows = [json.loads(x) for x in (paths.eval_dir("tiny_fs") / "gsm8k_cot_greedy.jsonl").read_text().splitlines()]
     gold = [json.loads(x)["answer"].split("####")[-1].strip() for x in open(gsm).read().splitlines()[:3]]
     assert [r["gold"] for r in rows] == [g.replace(",", "") for g in gold]
+
+
+def test_model_limit_caps_below_common_limit(project: Path) -> None:
+    """A model's own ``limit`` (the untrained base on the tiny default) cuts each benchmark further; it never
+    raises common.limit."""
+    c = _params(Path("unused")).common
+    assert len(stage.load_benchmarks(c)["generated"]) == 6
+    assert len(stage.load_benchmarks(c, 3)["generated"]) == 3
+    assert len(stage.load_benchmarks(c, 50)["generated"]) == 6
+    unlimited = c.model_copy(update={"limit": None})
+    assert len(stage.load_benchmarks(unlimited, 2)["generated"]) == 2

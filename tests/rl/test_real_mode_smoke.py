@@ -87,7 +87,7 @@ def smoke_params(shared: Path) -> dict[str, Any]:
                                 "max_new_tokens": 24, "generated": False, "limit": N_TEST, "sample_limit": 2,
                                 "gsm8k_test": gsm_test, "math_test": None, "n_shots": 0},
                      "models": {"grpo": {"path": "data/models/grpo", "prompting": "zero_shot", "greedy_modes": ["cot"],
-                                         "sample_modes": ["cot"], "n_samples": 2}}},
+                                         "sample_modes": ["cot"], "n_samples": 2, "limit": None}}},
     })
 
 
