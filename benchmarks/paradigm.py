@@ -13,8 +13,11 @@ final accuracies with the paper's: GRPO+PS > GRPO+OS > online RFT > RFT.
     python benchmarks/paradigm.py --run --seeds 0 --methods rft grpo_os --set grpo.steps=2 --heldout-every 1
     python benchmarks/paradigm.py --collect-only --tag 20261130-1200  # re-collect a finished queue
 
-Methods: rft / online_rft use the rule reward (answer correctness), grpo_os / grpo_ps the reward model
-(data/models/reward_model: ``reward_source`` outcome_rm / process_rm), as in the paper's table. The experiments run
+Methods: rft / online_rft use the rule reward (answer correctness), as in the paper's table. GRPO runs twice over:
+with exact supervision, grpo_os (the rule reward: answer correctness) and grpo_ps (``process_rule``: the generated
+problems' exact step labels), and with the trained reward model as the paper does, grpo_os_rm / grpo_ps_rm
+(data/models/reward_model: ``reward_source`` outcome_rm / process_rm). The exact pair separates "process vs
+outcome supervision" from "how good the RM is"; each pair is compared with the paper's order on its own. The experiments run
 ``-s`` (only the grpo stage: its inputs must exist, e.g. from ``dvc repro reward_model``), in DVC's temporary
 directories; the grpo inputs present in the workspace are copied in (``-C``; ``--no-copy-inputs`` to rely on
 ``dvc.lock`` and the cache instead). The continued-SFT baseline is switched off (``grpo.baseline.enabled=false``).
@@ -41,11 +44,18 @@ RESULTS = ROOT / "benchmarks" / "results" / "paradigm.json"
 METHODS: dict[str, dict[str, str]] = {
     "rft": {"grpo.algorithm": "rft", "grpo.reward_source": "rule"},
     "online_rft": {"grpo.algorithm": "online_rft", "grpo.reward_source": "rule"},
-    "grpo_os": {"grpo.algorithm": "grpo", "grpo.reward_source": "outcome_rm"},
-    "grpo_ps": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rm"},
+    "grpo_os": {"grpo.algorithm": "grpo", "grpo.reward_source": "rule"},
+    "grpo_ps": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rule"},
+    "grpo_os_rm": {"grpo.algorithm": "grpo", "grpo.reward_source": "outcome_rm"},
+    "grpo_ps_rm": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rm"},
 }
-LABELS = {"rft": "RFT", "online_rft": "Online RFT", "grpo_os": "GRPO+OS", "grpo_ps": "GRPO+PS"}
-PAPER_ORDER = ("grpo_ps", "grpo_os", "online_rft", "rft")  # Figure 5, best first
+LABELS = {"rft": "RFT", "online_rft": "Online RFT", "grpo_os": "GRPO+OS", "grpo_ps": "GRPO+PS",
+          "grpo_os_rm": "GRPO+OS(RM)", "grpo_ps_rm": "GRPO+PS(RM)"}
+PAPER_ORDER = ("grpo_ps", "grpo_os", "online_rft", "rft")  # Figure 5, best first (exact labels as the supervision)
+# the same order with trained reward models as the supervision, as in the paper's runs
+PAPER_ORDER_RM = ("grpo_ps_rm", "grpo_os_rm", "online_rft", "rft")
+CHAINS = {"exact": PAPER_ORDER, "reward_model": PAPER_ORDER_RM}
+_RANK = ("grpo_ps", "grpo_ps_rm", "grpo_os", "grpo_os_rm", "online_rft", "rft")  # tie-break, paper's best first
 # the grpo stage's inputs, as directories: DVC's -C copies a file only into an existing directory
 GRPO_INPUTS = ("data/models/sft", "data/models/reward_model", "data/corpus/problems", "data/generated/problems")
 
@@ -170,7 +180,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def ordering(summary: dict[str, dict[str, Any]]) -> list[str]:
     """Methods by final mean held-out accuracy, best first (ties keep the paper's order; :func:`compare_with_paper`
     reports them as ties, not as agreement)."""
-    return sorted(summary, key=lambda m: (-summary[m]["final_mean"], PAPER_ORDER.index(m)))
+    return sorted(summary, key=lambda m: (-summary[m]["final_mean"], _RANK.index(m)))
 
 
 def order_text(summary: dict[str, dict[str, Any]]) -> str:
@@ -182,12 +192,12 @@ def order_text(summary: dict[str, dict[str, Any]]) -> str:
     return out
 
 
-def compare_with_paper(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def compare_with_paper(summary: dict[str, dict[str, Any]], chain: Sequence[str] = PAPER_ORDER) -> dict[str, Any]:
     """How the final accuracies agree with the paper's PS > OS > online RFT > RFT, pair by pair over the methods
     present: ``agree`` (a's mean above b's, a ranked above b in the paper), ``disagree``, ``tied`` (equal means);
     a pair is ``clear`` when the means differ by more than the sum of the two sds. ``matches_paper``: every pair
     agrees (no tie, no disagreement)."""
-    present = [m for m in PAPER_ORDER if m in summary]
+    present = [m for m in chain if m in summary]
     pairs = []
     for i, a in enumerate(present):
         for b in present[i + 1:]:
@@ -196,7 +206,7 @@ def compare_with_paper(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
             verdict = "tied" if diff == 0 else ("agree" if diff > 0 else "disagree")
             pairs.append({"pair": f"{a} > {b}", "diff": round(diff, 6), "verdict": verdict,
                           "clear": abs(diff) > spread})
-    return {"paper_order": present, "measured_order": ordering(summary), "pairs": pairs,
+    return {"paper_order": present, "measured_order": [m for m in ordering(summary) if m in present], "pairs": pairs,
             "pairs_agreeing": sum(p["verdict"] == "agree" for p in pairs), "n_pairs": len(pairs),
             "pairs_clear_agreeing": sum(p["verdict"] == "agree" and p["clear"] for p in pairs),
             "matches_paper": bool(pairs) and all(p["verdict"] == "agree" for p in pairs)}
@@ -227,7 +237,7 @@ def plot(summary: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for m in PAPER_ORDER:
+    for m in _RANK:
         if m not in summary:
             continue
         v = summary[m]
@@ -363,13 +373,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         r["queue_status"] = states.get(r["name"])
     missing = sorted(set(names) - {r["name"] for r in runs if r.get("accuracy")})
     summary = aggregate(runs)
-    cmp = compare_with_paper(summary)
+    cmps = {k: compare_with_paper(summary, chain) for k, chain in CHAINS.items()
+            if sum(m in summary for m in chain) >= 2}
     out_path = Path(args.out)
     png = out_path.with_suffix(".png")
     result = {
         "tag": args.tag, "project": str(project), "methods": args.methods, "seeds": args.seeds,
         "overrides": args.set, "heldout_every": args.heldout_every, "runs": runs, "missing_or_failed": missing,
-        "summary": summary, "comparison": cmp, "plot": str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png),
+        "summary": summary, "comparison": cmps,
+        "plot": str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png),
         "wall_s": round(time.perf_counter() - t0, 1), "note": "shared 2-core machine; timings noisy",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -380,12 +392,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nheld-out greedy accuracy, mean ± sd over seeds")
     print(table(summary) if summary else "(no finished run)")
     print(f"\nmeasured order: {order_text(summary)}")
-    print(f"paper order:    {' > '.join(LABELS[m] for m in cmp['paper_order'])}")
-    print(f"pairs ordered as in the paper: {cmp['pairs_agreeing']}/{cmp['n_pairs']} "
-          f"({cmp['pairs_clear_agreeing']} by more than the sum of the two sds); matches the paper: {cmp['matches_paper']}")
-    for p in cmp["pairs"]:
-        if p["verdict"] != "agree":
-            print(f"  {p['pair']}: {p['verdict']} (difference {p['diff']:+.3f})")
+    for k, cmp in cmps.items():
+        print(f"\n[{k}] paper order: {' > '.join(LABELS[m] for m in cmp['paper_order'])}; measured: "
+              f"{' > '.join(LABELS[m] for m in cmp['measured_order'])}")
+        print(f"pairs ordered as in the paper: {cmp['pairs_agreeing']}/{cmp['n_pairs']} "
+              f"({cmp['pairs_clear_agreeing']} by more than the sum of the two sds); matches the paper: "
+              f"{cmp['matches_paper']}")
+        for p in cmp["pairs"]:
+            if p["verdict"] != "agree":
+                print(f"  {p['pair']}: {p['verdict']} (difference {p['diff']:+.3f})")
     if missing:
         print(f"missing or failed runs: {', '.join(missing)}")
     print(f"wrote {out_path}" + (f" and {png}" if summary else ""))

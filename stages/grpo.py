@@ -1,7 +1,7 @@
 """The ``grpo`` stage: Group Relative Policy Optimisation from the SFT model (paper section 4, Algorithm 1 with
 ``iterative.iterations`` iterations: stages/rl/iterative.py), plus a continued-SFT baseline on the same questions
 for the same number of steps. Rewards: rule functions, or a reward model (``reward_source``: outcome_rm /
-process_rm, stages/rl/reward_model.py).
+process_rm, stages/rl/reward_model.py), or exact step labels as process rewards (process_rule).
 
 ``algorithm`` picks a method of the paper's unified paradigm (section 5.2.1; stages/rl/paradigm.py has the table):
 ``grpo`` (below), ``online_rft`` (the same step with the rule reward and the SFT loss on the correct outputs,
@@ -653,7 +653,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     check_compatible(model, tokenizer, str(init))
     torch.manual_seed(p.seed)
     heldout = HeldoutEval.from_params(p.heldout)
-    rm_dir = None if p.reward_source == "rule" else paths.REWARD_MODEL
+    rm_dir = paths.REWARD_MODEL if p.reward_source in ("outcome_rm", "process_rm") else None
     ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.model_dump(), [init, prompts_path] + ([rm_dir] if rm_dir else []))
     if p.algorithm == "sft":
         history, samples, info = train_sft(model, tokenizer, rows, p, heldout=heldout)

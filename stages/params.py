@@ -498,11 +498,13 @@ class GrpoParams(Section):
     """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost."""
     reward: GrpoRewardParams
     """Reward functions and weights."""
-    reward_source: Literal["rule", "outcome_rm", "process_rm"]
+    reward_source: Literal["rule", "outcome_rm", "process_rm", "process_rule"]
     """rule: the reward functions above (outcome supervision); outcome_rm: sigmoid of the reward model's
     last-token score; process_rm: the reward model scores every step end (newline tokens and the last token)
     and advantages are process-supervised (paper 4.1.3; group normalisation over all step rewards, scale_rewards
-    unused). RM: data/models/reward_model (reward_model stage). The paper's RL uses a model reward."""
+    unused). RM: data/models/reward_model (reward_model stage). The paper's RL uses a model reward.
+    process_rule: process supervision from exact step labels (the generated problems' running values, the
+    labeller the PRM is trained on; an oracle PRM, not in the paper); needs rows with 'values'."""
     iterative: GrpoIterativeParams
     """Iterative RL (Algorithm 1): iterations, reference reset, RM updates with replay."""
     baseline: GrpoBaselineParams

@@ -34,6 +34,7 @@ from stages.core.modeling import save_model
 from stages.rl.reward_model import (
     RewardModelScorer,
     SampleConfig,
+    StepLabelScorer,
     collect_examples,
     evaluate_reward_model,
     load_examples,
@@ -102,7 +103,7 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
         out_dir.mkdir(parents=True)
     rm = scorer = None
     history_ex: list[dict[str, Any]] = []
-    if p.reward_source != "rule":
+    if p.reward_source in ("outcome_rm", "process_rm"):
         assert rm_dir is not None
         rm = load_reward_model(rm_dir)
         history_ex = load_examples(rm_dir)
@@ -114,6 +115,8 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
         t0 = time.perf_counter()
         if rm is not None:
             scorer = RewardModelScorer(rm, tokenizer, batch_size=p.micro_batch_size)
+        elif p.reward_source == "process_rule":
+            scorer = StepLabelScorer(tokenizer)
         pk = p.model_copy(update={"steps": k * M})
         ck = None if ckpt_dir is None else (ckpt_dir if n_iter == 1 else Path(ckpt_dir) / f"iter{k}")
         h, s, inf = train_fn(model, tokenizer, rows, pk, ckpt_dir=ck, first_step=(k - 1) * M, scorer=scorer)

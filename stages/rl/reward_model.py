@@ -433,7 +433,7 @@ class RewardModelScorer:
             e[i, :len(s)] = torch.tensor(exs[i]["step_ends"])
         return r.view(N // G, G, S), e.view(N // G, G, S)
 
-    def advantages(self, ro: Any, source: Literal["outcome_rm", "process_rm"], *, scale_rewards: str,
+    def advantages(self, ro: Any, source: Literal["outcome_rm", "process_rm", "process_rule"], *, scale_rewards: str,
                    eps: float) -> RMAdvantages:
         """Group-relative advantages from RM rewards: outcome (paper 4.1.2) or process supervision (4.1.3)."""
         step_r, step_e = self.step_rewards(ro)
@@ -446,8 +446,8 @@ class RewardModelScorer:
             outcome = torch.where(valid, outcome, torch.full_like(outcome, math.nan))
             a = outcome_advantages(outcome, scale_rewards=scale_rewards, eps=eps)  # type: ignore[arg-type]
             return RMAdvantages(a.advantages, a.valid, a.n_zero_std_groups, a.group_std, outcome, n_steps)
-        if source != "process_rm":
-            raise ValueError(f"source must be 'outcome_rm' or 'process_rm', got {source!r}")
+        if source not in ("process_rm", "process_rule"):
+            raise ValueError(f"source must be 'outcome_rm', 'process_rm' or 'process_rule', got {source!r}")
         T = int(ro.completion_mask.shape[1])
         adv = process_advantages(step_r, step_e, T, eps=eps)
         flat = step_r.reshape(Q, -1)
@@ -455,3 +455,47 @@ class RewardModelScorer:
         zero = ~(adv.reshape(Q, -1) != 0).any(-1)
         mean_r = torch.nanmean(step_r, dim=-1)
         return RMAdvantages(adv, valid, int(zero.sum()), std.squeeze(1).float(), mean_r, n_steps)
+
+
+class StepLabelScorer(RewardModelScorer):
+    """Process supervision from exact step labels instead of a reward model (``reward_source: process_rule``).
+
+    Each rollout output's steps (:func:`completion_steps`) get the ``values`` labels of :func:`value_step_labels`
+    (step k is right iff its result and every earlier one match the problem's running values; the last step's
+    label is answer correctness), and the step rewards are those 0/1 labels; advantages as for ``process_rm``
+    (paper 4.1.3). This is an oracle PRM: the labeller the reward_model stage trains its PRM on, applied
+    directly. Not in the paper (its PRM is a trained model); it separates "process vs outcome supervision"
+    from "how good the PRM is" on the generated problems, whose rows carry ``values``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.rm = None
+        self.tokenizer = tokenizer
+        self.batch_size = 0
+
+    def step_rewards(self, ro: Any) -> tuple[Tensor, Tensor]:
+        """(Q, G, S) 0/1 step labels (NaN-padded) and (Q, G, S) step-end indices of a rollout."""
+        P, G = ro.prompt_len, ro.group_size
+        ends_all: list[list[int]] = []
+        labels_all: list[list[int]] = []
+        for n, row in enumerate(ro.rows):
+            if "values" not in row:
+                raise PipelineError("grpo.reward_source process_rule needs problem rows with a 'values' field "
+                                    "(the generated problems); use process_rm for other data")
+            L = int(ro.completion_mask[n].sum())
+            ids = [int(t) for t in ro.input_ids[n, P:P + L]]
+            if not ids:
+                ends_all.append([])
+                labels_all.append([])
+                continue
+            ends, texts = completion_steps(ids, self.tokenizer)
+            outcome = answer_correct(ro.texts[n], row["answer"])
+            ends_all.append(ends)
+            labels_all.append(value_step_labels(texts, row["values"], outcome))
+        N = len(ends_all)
+        S = max([len(e) for e in ends_all] + [1])
+        r = torch.full((N, S), math.nan, dtype=torch.float64)
+        e = torch.zeros((N, S), dtype=torch.long)
+        for i, (ends, labels) in enumerate(zip(ends_all, labels_all, strict=True)):
+            r[i, :len(labels)] = torch.tensor(labels, dtype=torch.float64)
+            e[i, :len(ends)] = torch.tensor(ends, dtype=torch.long)
+        return r.view(N // G, G, S), e.view(N // G, G, S)

@@ -35,7 +35,7 @@ def test_names_round_trip_and_reject_others() -> None:
 
 
 def test_queue_command_sets_method_seed_curve_and_overrides() -> None:
-    cmd = P.queue_command("n1", "grpo_ps", 3, heldout_every=5, heldout_limit=50, sets=["grpo.steps=2"],
+    cmd = P.queue_command("n1", "grpo_ps_rm", 3, heldout_every=5, heldout_limit=50, sets=["grpo.steps=2"],
                           copy_paths=["data/models/sft"])
     assert cmd[:5] == ["exp", "run", "--queue", "-s", "-n"] and cmd[5] == "n1" and cmd[-1] == "grpo"
     sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-S"]
@@ -97,3 +97,17 @@ def test_plot_writes_a_png(tmp_path) -> None:
                "grpo_ps": {"steps": [0, 5], "mean": [0.1, 0.4], "sd": [0.0, 0.02], "seeds": [0, 1]}}
     P.plot(summary, tmp_path / "p.png", "test")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_exact_and_reward_model_chains_are_compared_separately() -> None:
+    def s(final: float) -> dict:
+        return {"final_mean": final, "final_sd": 0.0, "steps": [0], "mean": [final], "sd": [0.0], "seeds": [0]}
+
+    summary = {"rft": s(0.4), "online_rft": s(0.5), "grpo_os": s(0.55), "grpo_ps": s(0.6),
+               "grpo_os_rm": s(0.2), "grpo_ps_rm": s(0.3)}
+    exact = P.compare_with_paper(summary, P.CHAINS["exact"])
+    rm = P.compare_with_paper(summary, P.CHAINS["reward_model"])
+    assert exact["matches_paper"] and exact["paper_order"] == ["grpo_ps", "grpo_os", "online_rft", "rft"]
+    assert not rm["matches_paper"] and rm["measured_order"] == ["online_rft", "rft", "grpo_ps_rm", "grpo_os_rm"]
+    assert rm["pairs_agreeing"] == 2  # ps_rm > os_rm and online_rft > rft
+    assert P.ordering(summary)[:2] == ["grpo_ps", "grpo_os"]

@@ -44,6 +44,7 @@ def write_prompts(path: Path, n: int = 8) -> Path:
     for i in range(n):
         a, b = 2 + i, 1 + i % 3
         rows.append({"id": f"p{i}", "question": f"Tom has {a} apples. He buys {b} more. How many apples does Tom have now?",
-                     "answer": str(a + b), "cot": f"Tom buys {b} more: {a} + {b} = {a + b}.\nThe answer is \\boxed{{{a + b}}}."})
+                     "answer": str(a + b), "values": [a + b],
+                     "cot": f"Tom buys {b} more: {a} + {b} = {a + b}.\nThe answer is \\boxed{{{a + b}}}."})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -249,6 +249,18 @@ def test_each_algorithm_runs_and_writes_the_stage_outputs(project, algorithm) ->
         assert saved["grpo"]["kl_first5"] == 0.0  # no reference model, no KL term
 
 
+def test_grpo_with_exact_step_labels_runs_and_needs_values(project) -> None:  # noqa: F811
+    """reward_source process_rule: two GRPO steps with step-label process rewards; rows without 'values' are refused."""
+    p = tiny_params(algorithm="grpo", reward_source="process_rule", steps=2, baseline=dict(enabled=False, lr=1e-3),
+                    checkpoint_every=0)
+    m = grpo.run(p)
+    assert m["grpo"]["steps"] == 2 and (paths.GRPO_MODEL / "model.safetensors").is_file()
+    rows = [json.loads(x) for x in paths.RL_PROMPTS.read_text().splitlines()]
+    paths.RL_PROMPTS.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "values"}) + "\n" for r in rows))
+    with pytest.raises(PipelineError, match="process_rule needs problem rows with a 'values' field"):
+        grpo.run(p)
+
+
 def test_sft_algorithm_needs_gold_solutions(project, tmp_path) -> None:  # noqa: F811
     f = tmp_path / "nocot.jsonl"
     f.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")

@@ -159,3 +159,53 @@ def test_process_and_outcome_wiring_against_a_loop_reference(tiny_model_dir):
     assert torch.allclose(out.rewards, out_r, atol=1e-9)
     exp = (out_r - out_r.mean(1, keepdim=True)) / (out_r.std(1, keepdim=True) + eps)
     assert torch.allclose(out.advantages.double(), exp, atol=1e-5)
+
+
+def test_step_label_scorer_rewards_are_the_value_labels(tiny_model_dir):
+    """reward_source process_rule: the step rewards are value_step_labels' 0/1 labels, and the advantages are the
+    process-supervision formula (loop reference) over them."""
+    tok = load_tokenizer(tiny_model_dir)
+    texts = [["3 + 2 = 5.\nThe answer is \\boxed{5}.", "3 + 2 = 6.\n6 + 1 = 7.\nThe answer is \\boxed{7}.",
+              "3 + 2 = 5.\nThe answer is \\boxed{6}."],
+             ["7 - 4 = 3.\nThe answer is \\boxed{3}.", "The answer is \\boxed{3}.", "7 - 4 = 2.\nThe answer is \\boxed{2}."]]
+    labels = [[[1, 1], [0, 0, 0], [1, 0]], [[1, 1], [1], [0, 0]]]
+    rows = [{"question": "Tom has 3 apples. He buys 2 more. How many apples does Tom have now?", "answer": "5",
+             "values": [5]},
+            {"question": "Anna has 7 coins. She loses 4 coins. How many coins?", "answer": "3", "values": [3]}]
+    comps = []
+    for group in texts:
+        cg = []
+        for t in group:
+            ids = tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            cg.append(Completion(text=t, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
+        comps.append(cg)
+    ro = build_rollout(rows, [chat_prompt(r["question"]) for r in rows], comps, tok, mask_truncated=False)
+    scorer = R.StepLabelScorer(tok)
+    r, e = scorer.step_rewards(ro)
+    for q in range(2):
+        for g in range(3):
+            n = len(labels[q][g])
+            assert r[q, g, :n].tolist() == labels[q][g]
+            assert bool(torch.isnan(r[q, g, n:]).all())
+            ends = [t for t, i in enumerate(comps[q][g].token_ids) if "\n" in tok.decode([i])]
+            ends = ends + ([len(comps[q][g].token_ids) - 1] if ends[-1:] != [len(comps[q][g].token_ids) - 1] else [])
+            assert e[q, g, :n].tolist() == ends
+    T = ro.completion_mask.shape[1]
+    eps = 1e-4
+    ref = torch.zeros(2, 3, T, dtype=torch.float64)
+    for q in range(2):
+        flat = [x for g in range(3) for x in labels[q][g]]
+        mean = sum(flat) / len(flat)
+        std = math.sqrt(sum((x - mean) ** 2 for x in flat) / (len(flat) - 1))
+        for g in range(3):
+            for t in range(T):
+                ref[q, g, t] = sum((x - mean) / (std + eps) for x, end in zip(labels[q][g], e[q, g].tolist(), strict=False)
+                                   if end >= t)
+    got = scorer.advantages(ro, "process_rule", scale_rewards="group", eps=eps)
+    assert torch.allclose(got.advantages.double(), ref, atol=1e-5)
+    assert got.rewards[0].tolist() == pytest.approx([1.0, 0.0, 0.5])
+
+    rows_nv = [{k: v for k, v in r_.items() if k != "values"} for r_ in rows]
+    ro2 = build_rollout(rows_nv, [chat_prompt(r_["question"]) for r_ in rows_nv], comps, tok, mask_truncated=False)
+    with pytest.raises(R.PipelineError, match="process_rule needs problem rows with a 'values' field"):
+        scorer.step_rewards(ro2)
