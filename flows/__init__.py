@@ -1,11 +1,18 @@
 """Thin Prefect 3 flows, one per dvc.yaml stage (``python -m flows.<stage>``), and the pipeline.
 
 Importing this package points Prefect at a project-local home (``.prefect/``, git-ignored) before
-Prefect itself is imported, so runs never touch ``~/.prefect`` and tests stay isolated.
+Prefect itself is imported, so runs never touch ``~/.prefect`` and tests stay isolated. Under
+``python -m flows.pipeline`` a ``python -m flows.<stage>`` command is first offered to the pipeline's stage
+server (flows/_stage_server.py), which runs it in a fork of a process that has imported the stages already.
 """
 
 import os
 from pathlib import Path
+
+if os.environ.get("DSM_STAGE_SERVER"):  # inside `python -m flows.pipeline`: run this stage in its fork server
+    from flows._stage_server import forward
+
+    forward()  # exits with the stage's status; returns when the server refuses (then the stage runs here)
 
 _ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PREFECT_HOME", str(_ROOT / ".prefect"))

@@ -7,7 +7,10 @@ stage runs, is restored from the run-cache, or is skipped; Prefect never caches 
 Prefect cache could hand back a directory that DVC has deleted).
 
 One Prefect API server is started for the whole run and handed to every stage's own flow process
-through PREFECT_API_URL, so stages do not each pay the start-up of a temporary server.
+through PREFECT_API_URL, so stages do not each pay the start-up of a temporary server. Likewise one stage
+server (flows/_stage_server.py) imports the stage flows once and forks a process for every stage command
+DVC runs, so stages do not each pay the imports of prefect, torch and transformers (``--no-stage-server``:
+every stage imports them itself).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows._common import pipeline_error
+from flows._stage_server import StageServer
 from stages.core.errors import PipelineError
 from stages.params import load_params
 
@@ -109,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.pipeline", description="Run the DeepSeekMath pipeline (dvc.yaml) as a Prefect flow.")
     ap.add_argument("stages", nargs="*", help="only these stages (default: all, in dvc.yaml order)")
     ap.add_argument("--force", action="store_true", help="re-run the stages even when up to date")
+    ap.add_argument("--no-stage-server", action="store_true",
+                    help="let every stage process import its libraries itself (no fork server)")
     args = ap.parse_args(argv)
     try:
         load_params("params.yaml")  # a bad value fails here, before DVC deletes any output
@@ -126,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         server = SubprocessASGIServer()
         server.start()
         os.environ["PREFECT_API_URL"] = server.api_url  # inherited by every stage's process
+    stage_server = None
     try:
+        names = args.stages or stage_names()
+        if not args.no_stage_server and hasattr(os, "fork"):
+            modules = sorted({f"flows.{n.split('@')[0]}" for n in names})
+            stage_server = StageServer(modules, os.environ["PREFECT_HOME"]).start()
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
-            rows = pipeline_flow(stages=args.stages or None, force=args.force)
+            rows = pipeline_flow(stages=names, force=args.force)
     except Exception as e:
         user_error = pipeline_error(e)
         if user_error is None:
@@ -136,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {user_error}", file=sys.stderr)
         return 1
     finally:
+        if stage_server is not None:
+            stage_server.stop()
         if server is not None:
             _drain_prefect_workers()
             server.stop()

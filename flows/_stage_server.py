@@ -1,0 +1,355 @@
+"""A fork server for the stage processes of one pipeline run: the stages' imports are paid once per run.
+
+Why: every dvc.yaml stage runs ``python -m flows.<stage>`` in a new process, and each one imported prefect,
+torch and transformers (about 5 s on 2 cores; transformers' model code pulls torch.distributed, torch._dynamo
+and scipy). Over the default pipeline's twelve stage processes that was about half of the orchestration time.
+
+How: ``python -m flows.pipeline`` starts this server (:class:`StageServer`): a process that imports the stage
+flows once and then waits on a unix socket, with no thread running. DVC still runs each stage's cmd
+``python -m flows.<stage>`` as usual; ``flows/__init__.py`` sees ``DSM_STAGE_SERVER`` in the environment and calls
+:func:`forward` before anything heavy is imported: the small client sends its command line, working directory,
+environment and its stdin / stdout / stderr file descriptors to the server and waits. The server forks; the child
+takes over those descriptors and runs the module as ``__main__`` (``runpy``), exactly what ``python -m`` does,
+and its exit status becomes the client's. DVC sees an ordinary process: same output, same exit status;
+Ctrl-C / SIGTERM sent to the client is passed on to the child.
+
+The server refuses a request, and the client then imports and runs the stage itself as before, when the request
+differs from what the server has loaded: another interpreter, another working directory (the project root),
+another environment (variables other than DVC's ``DVC_*`` and the shell's ``PWD`` / ``SHLVL`` / ``_``), a module
+outside ``flows``, or a project source file changed since the server imported it. So it never runs stale code or
+settings; a plain ``dvc repro`` (no server) is unaffected. The server exits when the pipeline stops it or when
+its parent process is gone.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ENV_VAR = "DSM_STAGE_SERVER"
+_IGNORED_ENV = ("PWD", "OLDPWD", "SHLVL", "_", ENV_VAR)
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------------------------
+# wire format: 4-byte length + JSON; the client's first message also carries 3 file descriptors
+
+
+def _send(conn: socket.socket, obj: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(obj).encode()
+    msg = struct.pack("!I", len(data)) + data
+    if fds:
+        conn.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        conn.sendall(msg)
+
+
+def _recv_exact(conn: socket.socket, n: int, fds: list[int] | None = None) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        if fds is not None and not buf:
+            chunk, anc, _, _ = conn.recvmsg(n, socket.CMSG_SPACE(16 * array.array("i").itemsize))
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(payload[:len(payload) - len(payload) % a.itemsize])
+                    fds.extend(a)
+        else:
+            chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("stage server: connection closed")
+        buf += chunk
+    return buf
+
+
+def _recv(conn: socket.socket, fds: list[int] | None = None) -> dict[str, Any]:
+    head = _recv_exact(conn, 4, fds)
+    (n,) = struct.unpack("!I", head)
+    return json.loads(_recv_exact(conn, n))
+
+
+# ---------------------------------------------------------------------------------------------
+# client (runs inside ``python -m flows.<stage>`` before anything heavy is imported)
+
+
+def requested_module() -> tuple[str, list[str]] | None:
+    """(module, arguments) of this interpreter's ``python -m <module> <args>`` command line; None otherwise."""
+    argv = list(getattr(sys, "orig_argv", []))
+    if sys.argv[:1] != ["-m"] or "-m" not in argv:  # sys.argv[0] is "-m" while -m's package is imported
+        return None
+    i = argv.index("-m")
+    return (argv[i + 1], argv[i + 2:]) if i + 1 < len(argv) else None
+
+
+def forward() -> None:
+    """Run this ``python -m flows.<stage>`` command in the stage server and exit with its status; return (and let
+    the command run here as usual) when there is no server or it refuses the request."""
+    path = os.environ.get(ENV_VAR)
+    req = requested_module()
+    if not path or req is None or not req[0].startswith("flows."):
+        return
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        _send(conn, {"module": req[0], "args": req[1], "cwd": os.getcwd(), "env": dict(os.environ),
+                     "executable": sys.executable}, fds=(0, 1, 2))
+        reply = _recv(conn)
+    except (OSError, ConnectionError, ValueError):
+        return
+    if not reply.get("accepted"):
+        if os.environ.get("DSM_STAGE_SERVER_VERBOSE"):
+            print(f"stage server: running here ({reply.get('why')})", file=sys.stderr)
+        conn.close()
+        return
+    pid = int(reply["pid"])
+
+    def _pass_on(signum: int, _frame: Any) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _pass_on)
+    try:
+        done = _recv(conn)
+    except (OSError, ConnectionError, ValueError):
+        os._exit(1)
+    code = int(done.get("exit", 1))
+    if code < 0:  # killed by a signal: die of the same signal, as the child did
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+# ---------------------------------------------------------------------------------------------
+# server
+
+
+def _source_files() -> dict[str, float]:
+    """mtime of every loaded module file of this project (flows/, stages/): a change makes the server refuse."""
+    out = {}
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if f and f.endswith(".py"):
+            p = Path(f).resolve()
+            if p.is_relative_to(_ROOT) and ".venv" not in p.parts:
+                try:
+                    out[str(p)] = p.stat().st_mtime
+                except OSError:
+                    pass
+    return out
+
+
+def _changed(files: dict[str, float]) -> str | None:
+    for f, t in files.items():
+        try:
+            if os.stat(f).st_mtime != t:
+                return f
+        except OSError:
+            return f
+    return None
+
+
+def _env_difference(a: dict[str, str], b: dict[str, str]) -> str | None:
+    keys = {k for k in set(a) | set(b) if not k.startswith("DVC_") and k not in _IGNORED_ENV}
+    diff = sorted(k for k in keys if a.get(k) != b.get(k))
+    return ", ".join(diff[:5]) if diff else None
+
+
+def _child(req: dict[str, Any], fds: list[int], log: Any) -> None:
+    """In the forked child: take over the client's stdio, run the module as __main__, exit with its status."""
+    import atexit
+    import runpy
+    import traceback
+
+    code: int = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for target, fd in zip((0, 1, 2), fds, strict=True):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        log.close()
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.argv = [req["module"], *req["args"]]
+        try:
+            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+            traceback.print_exc()
+            code = 1
+        atexit._run_exitfuncs()
+    finally:
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -> None:
+    """The server's main loop (``python -m flows._stage_server SOCKET MODULE...``): import ``modules``, then serve
+    one request at a time until stopped (SIGTERM) or the parent process is gone."""
+    import importlib
+
+    log = open(log_path or os.devnull, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if os.path.exists(sock_path):
+        os.unlink(sock_path)
+    listener.bind(sock_path)
+    listener.listen(16)
+    t0 = time.perf_counter()
+    for m in modules:
+        importlib.import_module(m)
+    env = dict(os.environ)
+    files = _source_files()
+    import threading
+
+    print(f"ready: {len(modules)} modules, {len(files)} project files in {time.perf_counter() - t0:.1f} s; "
+          f"threads {threading.active_count()}", file=log)
+    listener.settimeout(1.0)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while os.getppid() == parent:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            with conn:
+                _handle(conn, env, files, listener, log)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        listener.close()
+        try:
+            os.unlink(sock_path)
+        except OSError:
+            pass
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _handle(conn: socket.socket, env: dict[str, str], files: dict[str, float], listener: socket.socket,
+            log: Any) -> None:
+    import threading
+
+    fds: list[int] = []
+    try:
+        req = _recv(conn, fds)
+    except (OSError, ConnectionError, ValueError) as e:
+        print(f"bad request: {e}", file=log)
+        for fd in fds:
+            os.close(fd)
+        return
+    why = None
+    if len(fds) != 3:
+        why = f"expected 3 file descriptors, got {len(fds)}"
+    elif req.get("executable") != sys.executable:
+        why = f"another interpreter ({req.get('executable')})"
+    elif os.path.realpath(req.get("cwd", "")) != os.path.realpath(os.getcwd()):
+        why = f"another working directory ({req.get('cwd')})"
+    elif not str(req.get("module", "")).startswith("flows."):
+        why = f"not a flows module ({req.get('module')})"
+    elif (d := _env_difference(req.get("env", {}), env)) is not None:
+        why = f"another environment ({d})"
+    elif (f := _changed(files)) is not None:
+        why = f"{f} changed since the server started"
+    elif threading.active_count() != 1:
+        why = "a thread is running in the server (fork would be unsafe)"
+    if why is not None:
+        print(f"refused {req.get('module')}: {why}", file=log)
+        _send(conn, {"accepted": False, "why": why})
+        for fd in fds:
+            os.close(fd)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        conn.close()
+        _child(req, fds, log)
+    for fd in fds:
+        os.close(fd)
+    _send(conn, {"accepted": True, "pid": pid})
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    print(f"ran {req['module']} {' '.join(req['args'])}: exit {code} in {time.perf_counter() - t0:.1f} s", file=log)
+    try:
+        _send(conn, {"exit": code})
+    except OSError:
+        pass
+
+
+class StageServer:
+    """Start / stop the stage server for one pipeline run (sets ``DSM_STAGE_SERVER`` for the stage processes).
+
+    ``modules``: what to import up front (the stage flows that will run). Start it after every environment variable
+    the stages need is set (the server refuses a request whose environment differs)."""
+
+    def __init__(self, modules: Sequence[str], run_dir: str | os.PathLike[str]) -> None:
+        self.modules = list(modules)
+        self.dir = Path(run_dir)
+        # in the temp directory: a unix socket path is limited to ~100 characters
+        self.sock = os.path.join(tempfile.gettempdir(), f"dsm-stage-server-{os.getpid()}-{id(self):x}.sock")
+        self.log = str(self.dir / "stage-server.log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> StageServer:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        self.proc = subprocess.Popen([sys.executable, "-m", "flows._stage_server", self.sock, self.log, *self.modules],
+                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=open(self.log, "a"))  # noqa: SIM115
+        os.environ[ENV_VAR] = self.sock
+        return self
+
+    def stop(self) -> None:
+        os.environ.pop(ENV_VAR, None)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+    def __enter__(self) -> StageServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[3:], log_path=sys.argv[2])
