@@ -168,8 +168,9 @@ def _env_difference(a: dict[str, str], b: dict[str, str]) -> str | None:
     return ", ".join(diff[:5]) if diff else None
 
 
-def _child(req: dict[str, Any], fds: list[int], log: Any) -> None:
-    """In the forked child: take over the client's stdio, run the module as __main__, exit with its status."""
+def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any) -> None:
+    """In the forked child: take over the client's stdio and environment (plus the variables the server's imports
+    set, as the same imports would in a new process), run the module as __main__, exit with its status."""
     import atexit
     import runpy
     import traceback
@@ -187,6 +188,8 @@ def _child(req: dict[str, Any], fds: list[int], log: Any) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        for k, v in added.items():
+            os.environ.setdefault(k, v)
         sys.argv = [req["module"], *req["args"]]
         try:
             runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
@@ -225,9 +228,10 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -
     listener.bind(sock_path)
     listener.listen(16)
     t0 = time.perf_counter()
+    env = dict(os.environ)  # what a stage process starts with; the imports below may add variables
     for m in modules:
         importlib.import_module(m)
-    env = dict(os.environ)
+    added = {k: v for k, v in os.environ.items() if env.get(k) != v}
     files = _source_files()
     import threading
 
@@ -243,7 +247,7 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -
                 continue
             conn.settimeout(None)
             with conn:
-                _handle(conn, env, files, listener, log)
+                _handle(conn, env, added, files, listener, log)
     except KeyboardInterrupt:
         pass
     finally:
@@ -258,8 +262,8 @@ def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _handle(conn: socket.socket, env: dict[str, str], files: dict[str, float], listener: socket.socket,
-            log: Any) -> None:
+def _handle(conn: socket.socket, env: dict[str, str], added: dict[str, str], files: dict[str, float],
+            listener: socket.socket, log: Any) -> None:
     import threading
 
     fds: list[int] = []
@@ -298,7 +302,7 @@ def _handle(conn: socket.socket, env: dict[str, str], files: dict[str, float], l
     if pid == 0:
         listener.close()
         conn.close()
-        _child(req, fds, log)
+        _child(req, added, fds, log)
     for fd in fds:
         os.close(fd)
     _send(conn, {"accepted": True, "pid": pid})
@@ -330,9 +334,20 @@ class StageServer:
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         self.proc = subprocess.Popen([sys.executable, "-m", "flows._stage_server", self.sock, self.log, *self.modules],
                                      env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.log, "a"))  # noqa: SIM115
+                                     stderr=open(self.log, "w"))  # noqa: SIM115  (a fresh log per run)
         os.environ[ENV_VAR] = self.sock
         return self
+
+    def summary(self) -> str:
+        """One line: how many stage commands the server ran, and the ones it refused (with why)."""
+        try:
+            lines = Path(self.log).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return "stage server: no log"
+        ran = [x for x in lines if x.startswith("ran ")]
+        refused = [x.removeprefix("refused ") for x in lines if x.startswith("refused ")]
+        out = f"stage server: ran {len(ran)} stage command(s)"
+        return out + (f"; {len(refused)} ran on their own: " + "; ".join(refused) if refused else "")
 
     def stop(self) -> None:
         os.environ.pop(ENV_VAR, None)

@@ -125,19 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     # it was called by path (.venv/bin/python -m flows.pipeline) without activating the venv.
     os.environ["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
     t0 = time.perf_counter()
-    server = None
-    if "PREFECT_API_URL" not in os.environ:
-        from prefect.server.api.server import SubprocessASGIServer
-
-        server = SubprocessASGIServer()
-        server.start()
-        os.environ["PREFECT_API_URL"] = server.api_url  # inherited by every stage's process
-    stage_server = None
+    server = stage_server = None
     try:
         names = args.stages or stage_names()
-        if not args.no_stage_server and hasattr(os, "fork"):
-            modules = sorted({f"flows.{n.split('@')[0]}" for n in names})
+        modules = sorted({f"flows.{n.split('@')[0]}" for n in names})
+        use_stage_server = not args.no_stage_server and hasattr(os, "fork")
+        if "PREFECT_API_URL" not in os.environ:
+            from prefect.server.api.server import SubprocessASGIServer
+
+            server = SubprocessASGIServer()
+            server.port = server.find_available_port()  # the URL is known before the start: the stage server needs it
+            os.environ["PREFECT_API_URL"] = server.api_url  # inherited by every stage's process
+        if use_stage_server:  # it imports the stages while the API server starts
             stage_server = StageServer(modules, os.environ["PREFECT_HOME"]).start()
+        if server is not None:
+            server.start()
+            if server.api_url != os.environ["PREFECT_API_URL"]:  # the port was taken meanwhile: Prefect took another
+                os.environ["PREFECT_API_URL"] = server.api_url
+                if stage_server is not None:
+                    stage_server.stop()
+                    stage_server = StageServer(modules, os.environ["PREFECT_HOME"]).start()
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
             rows = pipeline_flow(stages=names, force=args.force)
     except Exception as e:
@@ -149,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if stage_server is not None:
             stage_server.stop()
+            print(stage_server.summary())
         if server is not None:
             _drain_prefect_workers()
             server.stop()

@@ -105,5 +105,6 @@ def test_pipeline_flow_reports_ran_and_skipped(project: Path) -> None:
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _, out = _run([sys.executable, "-m", "flows.pipeline", *TARGETS], project)
     assert statuses(out) == {"data": "skipped", "base_model": "ran"}, out[-2000:]
+    assert "stage server: ran 1 stage command(s)\n" in out, out[-2000:]  # base_model, forked by the stage server
     _, out = _run([sys.executable, "-m", "flows.pipeline", *TARGETS], project)
     assert statuses(out) == {"data": "skipped", "base_model": "skipped"}, out[-2000:]

@@ -19,6 +19,10 @@ RUNS_AS_SCRIPT = {
     "stages/core/answers.py": ["stages.core._answers_worker"],
 }
 
+# How a stage is launched, not what it computes (like DVC itself): flows/__init__.py hands the command to the
+# pipeline's fork server when one runs; editing it must not re-run every stage.
+LAUNCHER_ONLY = {"flows/_stage_server.py"}
+
 
 def _module_file(module: str) -> Path | None:
     base = ROOT.joinpath(*module.split("."))
@@ -42,7 +46,7 @@ def import_closure(module: str) -> set[str]:
         mod = todo.pop()
         for m in _with_parents(mod):
             f = _module_file(m)
-            if f is None or str(f.relative_to(ROOT)) in seen:
+            if f is None or str(f.relative_to(ROOT)) in seen or str(f.relative_to(ROOT)) in LAUNCHER_ONLY:
                 continue
             seen.add(str(f.relative_to(ROOT)))
             todo.extend(RUNS_AS_SCRIPT.get(str(f.relative_to(ROOT)), []))
