@@ -4,10 +4,12 @@ All of it runs in a throw-away copy of the project (the files ``git ls-files -co
 lists, i.e. the working tree with uncommitted changes and without data/, committed into a fresh git
 repository in a temporary directory), so /work/main/data, .prefect and .dvc/cache are never touched.
 
-1. ``dvc repro`` from scratch: its wall time minus the sum of the stages' own ``wall_s`` (each stage's
-   data/metrics/*.json) is the orchestration overhead (interpreter and import start-up, Prefect flow
-   engine and, without PREFECT_API_URL, one temporary Prefect server per stage, DVC hashing and
-   caching). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
+1. The whole pipeline from scratch (``--runner``: ``pipeline`` = ``python -m flows.pipeline``, the main
+   command: one Prefect server and one stage server for the run; ``pipeline-no-stage-server``: the same with
+   every stage process importing its libraries itself; ``dvc`` = plain ``dvc repro``): its wall time minus the
+   sum of the stages' own ``wall_s`` (each stage's data/metrics/*.json) is the orchestration overhead
+   (interpreter and import start-up, Prefect flow engine and, for plain ``dvc repro`` without PREFECT_API_URL,
+   one temporary Prefect server per stage, DVC hashing and caching). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
    ``--full``: params.yaml as it is (the full default; about 15 min on a quiet 2-core CPU).
 2. No-op ``dvc repro`` right after: median of ``--repeats`` runs (nothing to do: DVC only hashes).
 3. Start-up of ``python -m flows.data``: time from launch to the flow's first stage log line
@@ -16,7 +18,8 @@ repository in a temporary directory), so /work/main/data, .prefect and .dvc/cach
    server's own start time is reported apart). Interpreter start-up and ``import flows.data`` are
    timed too, to split the start-up into its parts.
 
-    python benchmarks/orchestration.py                 # reduced repro; JSON to benchmarks/results/orchestration.json
+    python benchmarks/orchestration.py                 # reduced pipeline; JSON to benchmarks/results/orchestration.json
+    python benchmarks/orchestration.py --runner pipeline-no-stage-server --out /tmp/o.json   # A/B
     python benchmarks/orchestration.py --full          # full default repro (long)
     python benchmarks/orchestration.py --skip-repro    # only the flow start-up figures
 """
@@ -213,6 +216,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="repro with params.yaml unchanged (the full default)")
     ap.add_argument("--skip-repro", action="store_true", help="only interpreter / import / flow start-up figures")
+    ap.add_argument("--runner", choices=["pipeline", "pipeline-no-stage-server", "dvc"], default="pipeline",
+                    help="what runs the stages (module docstring)")
     ap.add_argument("--server", choices=["none", "shared"], default="none",
                     help="the repro without PREFECT_API_URL (each stage starts a temporary server: plain `dvc repro`) "
                          "or with one shared server")
@@ -255,11 +260,13 @@ def main() -> int:
             if args.server == "shared":
                 server, api, srv_s = start_server(clone)
                 result["server_start_s"] = round(srv_s, 2)
-            print(f"dvc repro ({mode} params, server={args.server}) in {clone} ...", flush=True)
-            wall, out, rc = sh([str(BIN / "dvc"), "repro"], clone, _env(clone, api), timeout=args.timeout)
+            cmd = {"dvc": [str(BIN / "dvc"), "repro"], "pipeline": [sys.executable, "-m", "flows.pipeline"],
+                   "pipeline-no-stage-server": [sys.executable, "-m", "flows.pipeline", "--no-stage-server"]}[args.runner]
+            print(f"{' '.join(cmd[-3:])} ({mode} params, server={args.server}) in {clone} ...", flush=True)
+            wall, out, rc = sh(cmd, clone, _env(clone, api), timeout=args.timeout)
             walls = stage_walls(clone)
             stage_sum = sum(walls.values())
-            result["repro"] = {"mode": mode, "server": args.server, "rc": rc, "wall_s": round(wall, 2),
+            result["repro"] = {"mode": mode, "runner": args.runner, "server": args.server, "rc": rc, "wall_s": round(wall, 2),
                                "stage_wall_s": {k: round(v, 2) for k, v in walls.items()},
                                "stage_wall_sum_s": round(stage_sum, 2), "overhead_s": round(wall - stage_sum, 2),
                                "n_stages": len(walls),
