@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "micro_batch_size": args.micro_batch_size, "mu": 1, "minibatches": 1, "beta": 0.04, "lr": 1e-6,
         "skip_zero_std_groups": False, "checkpoint_every": 0, "log_completions_every": 0,
         "vllm_gpu_memory_utilization": args.gpu_memory_utilization, "vllm_enable_sleep_mode": on_gpu,
-        "offload_idle_models": True, "precision": "bf16" if on_gpu else "fp32",
+        "offload_idle_models": True, "share_prompt_prefix": True, "precision": "bf16" if on_gpu else "fp32",
         "num_threads": base.num_threads if on_gpu else 1,
         "heldout": base.heldout.model_copy(update={"every": 0}),
         "baseline": base.baseline.model_copy(update={"enabled": False}),

@@ -61,12 +61,13 @@ from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
 from stages.core.io import atomic_path, write_json
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
+from stages.core.problems import load_problem_file
 from stages.core.prompts import chat_prompt
 from stages.params import GrpoParams
 from stages.rl.advantages import outcome_advantages
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, run_dir, save_checkpoint
-from stages.rl.data import load_heldout, load_prompts, step_questions
+from stages.rl.data import load_prompts, step_questions
 from stages.rl.iterative import run_iterations
 from stages.rl.losses import LossNormalizer, grpo_loss
 from stages.rl.paradigm import RftPool, build_rft_pool, rft_coefficients, run_questions, weighted_nll_loss
@@ -237,11 +238,13 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
             for sl in _micro_slices(train_rows, p.micro_batch_size):
                 ids, att, t = _trim(ro, sl)
                 if not fused_old:
-                    lp, _ = token_logprobs(model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature)
+                    lp, _ = token_logprobs(model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature,
+                                             share_prompts=p.share_prompt_prefix)
                     old_lp[sl, :t] = lp.cpu()
                 if ref_lp is not None:
                     rdev = next(ref_model.parameters()).device  # type: ignore[union-attr]
-                    rlp, _ = token_logprobs(ref_model, ids.to(rdev), att.to(rdev), ro.prompt_len, p.temperature)
+                    rlp, _ = token_logprobs(ref_model, ids.to(rdev), att.to(rdev), ro.prompt_len, p.temperature,
+                                             share_prompts=p.share_prompt_prefix)
                     ref_lp[sl, :t] = rlp.float().cpu()
     m["t_logprobs"], m["cpu_logprobs"] = time.perf_counter() - t0, time.process_time() - c0
 
@@ -282,7 +285,8 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
                 sl = slices[j]
                 assert ro is not None
                 ids, att, t = _trim(ro, sl)
-                lp, ent = token_logprobs(fwd, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature, entropy=it == 0)
+                lp, ent = token_logprobs(fwd, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature, entropy=it == 0,
+                                         share_prompts=p.share_prompt_prefix)
                 lp = lp.float()
                 msk = lmask[sl, :t].to(dev)
                 old = lp.detach() if fused_old else old_lp[sl, :t].to(dev)
@@ -394,7 +398,9 @@ class HeldoutEval:
         """None when ``h.every`` is 0 (off)."""
         if not h.every:
             return None
-        return cls(load_heldout(h.problems_file or paths.problems_file("test"), h.limit), h.every, h.max_new_tokens)
+        problems = load_problem_file(h.problems_file or paths.problems_file("test"), h.limit)
+        rows = [{"id": q.id, "question": q.question, "answer": q.gold} for q in problems]
+        return cls(rows, h.every, h.max_new_tokens)
 
     def due(self, done: int, total: int) -> bool:
         """Whether the policy after ``done`` of ``total`` steps is evaluated (and was not yet)."""

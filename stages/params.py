@@ -517,6 +517,10 @@ class GrpoParams(Section):
     """torch CPU threads (0 = torch's default); 1 is much faster than 2 on a machine shared with other jobs."""
     heldout: GrpoHeldoutParams
     """Periodic held-out greedy accuracy of the policy (every: 0 = off)."""
+    share_prompt_prefix: bool
+    """Log-prob passes (reference and policy update) run each distinct prompt once and share its KV cache with the
+    group's G outputs (stages.rl.rollout.token_logprobs): the same numbers, the prompt tokens computed Q instead of
+    Q x G times. false: one full pass per output (for an architecture whose forward cannot take a KV cache)."""
     offload_idle_models: bool
     """On a GPU: keep the reference and reward models in CPU memory except while they score (no-op on CPU)."""
     vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]

@@ -299,7 +299,8 @@ class _Row:
 
 
 class HFGenerator:
-    """The ``hf`` backend: batched KV-cache decoding with the transformers model itself.
+    """The ``hf`` backend: batched KV-cache decoding with the transformers model itself. The ``n`` samples of a
+    prompt share one prefill pass (its KV cache rows are copied), as vLLM's prefix caching would.
 
     Args:
         model: a causal LM (``PreTrainedModel``). It is used as is (not copied) unless ``dtype`` asks for
@@ -434,7 +435,21 @@ class HFGenerator:
         limits = torch.tensor([r.limit for r in rows], dtype=torch.long, device=device)
 
         cache = _make_cache(self.model, width + max_new)
-        logits = self._forward(cache, input_ids, mask[:, :width], positions)
+        # the samples of one prompt share its prefill: run it once per distinct prompt, then copy the KV cache rows
+        first: dict[int, int] = {}  # prompt index -> its position among the distinct prompts
+        uniq_rows: list[int] = []
+        for k, r in enumerate(rows):
+            if r.prompt_index not in first:
+                first[r.prompt_index] = len(uniq_rows)
+                uniq_rows.append(k)
+        if len(uniq_rows) < b:
+            uniq = torch.tensor(uniq_rows, dtype=torch.long, device=device)
+            inverse = torch.tensor([first[r.prompt_index] for r in rows], dtype=torch.long, device=device)
+            logits = self._forward(cache, input_ids[uniq], mask[uniq, :width], positions[uniq])
+            _select_rows(cache, inverse)
+            logits = logits.index_select(0, inverse)
+        else:
+            logits = self._forward(cache, input_ids, mask[:, :width], positions)
         vocab = logits.shape[-1]
         eos = torch.zeros(vocab, dtype=torch.bool, device=device)
         eos[[i for i in self.eos_ids if i < vocab]] = True

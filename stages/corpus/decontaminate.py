@@ -21,11 +21,10 @@ import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from stages.core.errors import PipelineError
-from stages.core.io import iter_jsonl
+from stages.core import problems
+from stages.core.problems import Problem
 from stages.core.text import NgramIndex, strip_calculator
 
 
@@ -38,57 +37,28 @@ class BenchmarkItem:
     solution: str | None = None
 
 
-def _load(path: str | os.PathLike[str], name: str, convert: Callable[[int, dict[str, Any]], BenchmarkItem | None]
-          ) -> list[BenchmarkItem]:
-    p = Path(path)
-    if not p.is_file():
-        raise PipelineError(f"{p}: {name} benchmark file not found; fix the path or set it to null")
-    items = [item for i, row in enumerate(iter_jsonl(p)) if (item := convert(i, row)) is not None]
-    if not items:
-        raise PipelineError(f"{p}: no {name} problems in the file; check it is the right file")
-    return items
-
-
-def load_generated_test(path: str | os.PathLike[str]) -> list[BenchmarkItem]:
-    """The data stage's held-out problems: question and CoT solution."""
-    def conv(i: int, r: dict[str, Any]) -> BenchmarkItem | None:
-        q = r.get("question")
-        return BenchmarkItem(str(r.get("id", i)), q, r.get("cot")) if isinstance(q, str) else None
-    return _load(path, "generated test", conv)
-
-
-def load_gsm8k(path: str | os.PathLike[str]) -> list[BenchmarkItem]:
-    """GSM8K rows ``{"question", "answer"}``; calculator annotations are stripped from both."""
-    def conv(i: int, r: dict[str, Any]) -> BenchmarkItem | None:
-        q = r.get("question")
-        if not isinstance(q, str):
-            return None
-        a = r.get("answer")
-        return BenchmarkItem(f"gsm8k-{i}", strip_calculator(q), strip_calculator(a) if isinstance(a, str) else None)
-    return _load(path, "GSM8K", conv)
-
-
-def load_math(path: str | os.PathLike[str]) -> list[BenchmarkItem]:
-    """MATH rows ``{"problem", "solution", "unique_id"?}``."""
-    def conv(i: int, r: dict[str, Any]) -> BenchmarkItem | None:
-        q = r.get("problem")
-        if not isinstance(q, str):
-            return None
-        s = r.get("solution")
-        return BenchmarkItem(str(r.get("unique_id") or f"math-{i}"), q, s if isinstance(s, str) else None)
-    return _load(path, "MATH", conv)
+def _items(loaded: Iterable[Problem], strip: bool = False) -> list[BenchmarkItem]:
+    """Benchmark items of loaded problems (``strip``: without GSM8K calculator annotations)."""
+    clean: Callable[[str], str] = strip_calculator if strip else (lambda t: t)
+    return [BenchmarkItem(p.id, clean(p.question), None if p.solution is None else clean(p.solution))
+            for p in loaded]
 
 
 def load_benchmarks(*, generated_test: str | os.PathLike[str] | None = None, gsm8k: str | os.PathLike[str] | None = None,
                     math: str | os.PathLike[str] | None = None) -> dict[str, list[BenchmarkItem]]:
-    """The benchmarks whose paths are given, by name (``generated``, ``gsm8k``, ``math``)."""
+    """The benchmarks whose paths are given, by name (``generated``, ``gsm8k``, ``math``).
+
+    Files are read by :mod:`stages.core.problems` (one-line errors for a missing file or a malformed row). Items
+    are questions and reference solutions (generated CoT, GSM8K solution, MATH solution); GSM8K calculator
+    annotations are stripped from both; MATH rows without an answer are kept (their text still counts).
+    """
     out: dict[str, list[BenchmarkItem]] = {}
     if generated_test is not None:
-        out["generated"] = load_generated_test(generated_test)
+        out["generated"] = _items(problems.load_generated(generated_test))
     if gsm8k is not None:
-        out["gsm8k"] = load_gsm8k(gsm8k)
+        out["gsm8k"] = _items(problems.load_gsm8k(gsm8k), strip=True)
     if math is not None:
-        out["math"] = load_math(math)
+        out["math"] = _items(problems.load_math(math, keep_unanswered=True))
     return out
 
 

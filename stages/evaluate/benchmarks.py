@@ -1,8 +1,8 @@
-"""Benchmarks and their prompts: the held-out generated problems, GSM8K and MATH test files.
+"""The prompts of the benchmarks: the held-out generated problems, GSM8K and MATH test files.
 
-Every benchmark becomes a list of :class:`Problem` (id, question, gold answer, difficulty). Difficulty
-is what the per-difficulty breakdown groups by: ``n_steps`` for the generated problems, the number of
-solution lines before ``####`` for GSM8K (its reasoning steps), ``level`` for MATH.
+The files are read by :mod:`stages.core.problems` into :class:`~stages.core.problems.Problem` lists (id,
+question, gold answer, difficulty: ``n_steps`` for the generated problems, the number of solution lines before
+``####`` for GSM8K, ``level`` for MATH).
 
 Prompts (:func:`build_prompt`):
 - zero-shot (SFT / RL models): the chat prompt with DeepSeekMath's instruction
@@ -18,12 +18,11 @@ Prompts (:func:`build_prompt`):
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
-from stages.core.answers import gsm8k_gold
 from stages.core.errors import PipelineError
 from stages.core.io import iter_jsonl
+from stages.core.problems import Problem
 from stages.core.prompts import (
     MINERVA_STOP,
     QA_STOP,
@@ -35,57 +34,6 @@ from stages.core.prompts import (
 
 TIR_STOP = "```output"
 """Where tool-integrated generation pauses for the code to run (DeepSeekMath's stop word)."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One evaluation problem."""
-
-    id: str
-    benchmark: str
-    question: str
-    gold: str
-    difficulty: int | None
-
-
-def load_generated(path: str | Path, limit: int | None = None) -> list[Problem]:
-    """The held-out generated problems (data/generated/problems/test.jsonl); difficulty = n_steps."""
-    out = []
-    for row in iter_jsonl(path):
-        out.append(Problem(str(row["id"]), "generated", row["question"], str(row["answer"]), int(row["n_steps"])))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
-
-
-def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
-    """GSM8K test rows ``{question, answer}``; gold after ``#### ``; difficulty = solution lines."""
-    out = []
-    for i, row in enumerate(iter_jsonl(path)):
-        if "question" not in row or "answer" not in row:
-            raise PipelineError(f"{path}: row {i + 1} lacks 'question' or 'answer'; expected GSM8K's JSONL format")
-        steps = [ln for ln in row["answer"].split("####")[0].splitlines() if ln.strip()]
-        out.append(Problem(f"gsm8k-{i}", "gsm8k", row["question"], gsm8k_gold(row["answer"]), len(steps)))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
-
-
-def load_math(path: str | Path, limit: int | None = None) -> list[Problem]:
-    """MATH test rows ``{problem, answer, level}`` (rows without an answer are skipped); difficulty = level."""
-    out = []
-    for i, row in enumerate(iter_jsonl(path)):
-        if "problem" not in row:
-            raise PipelineError(f"{path}: row {i + 1} lacks 'problem'; expected the MATH JSONL format")
-        if row.get("answer") is None:
-            continue
-        level = row.get("level")
-        pid = str(row.get("unique_id") or f"math-{i}")
-        out.append(Problem(pid, "math", row["problem"], str(row["answer"]),
-                           int(level) if isinstance(level, int) else None))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
 
 
 def fewshot_exemplars(sft_path: str | Path, n_shots: int, mode: str, seed: int) -> list[tuple[str, str]]:

@@ -31,8 +31,9 @@ from typing import Any
 from stages.core.answers import are_equivalent, extract_answer
 from stages.core.generation import SamplingParams
 from stages.core.io import iter_jsonl
+from stages.core.problems import Problem
 from stages.core.sandbox import extract_tir_code, run_many_pot, run_tir_code, tir_output_block
-from stages.evaluate.benchmarks import TIR_STOP, Problem, build_prompt, stop_strings, strip_stops
+from stages.evaluate.benchmarks import TIR_STOP, build_prompt, stop_strings, strip_stops
 
 _PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 

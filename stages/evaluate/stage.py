@@ -30,15 +30,8 @@ from stages.core.answers import is_equivalent
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, write_json
 from stages.core.modeling import resolve_model
-from stages.evaluate.benchmarks import (
-    Problem,
-    build_prompt,
-    check_supported,
-    fewshot_exemplars,
-    load_generated,
-    load_gsm8k,
-    load_math,
-)
+from stages.core.problems import Problem, load_generated, load_gsm8k, load_math
+from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
 from stages.evaluate.loop import LoopSettings, RunSpec, run_one
 from stages.evaluate.metrics import default_ks, sample_metrics
 from stages.params import EvalCommonParams, EvalModelParams, EvaluateParams

@@ -19,7 +19,6 @@ import os
 import random
 from typing import Any
 
-from stages.core.answers import gsm8k_gold
 from stages.core.errors import PipelineError
 from stages.core.io import iter_jsonl
 
@@ -54,21 +53,3 @@ def step_questions(n_rows: int, step: int, per_step: int, seed: int) -> list[int
         take = min(per_step - len(out), n_rows - offset)
         out.extend(perm[offset:offset + take])
     return out
-
-
-def load_heldout(path: str | os.PathLike[str], limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` rows of a held-out problem file as {"id", "question", "answer"} rows.
-
-    Rows are prompt-schema rows (the generated test problems) or GSM8K rows, whose ``answer`` is a solution
-    ending with ``#### N`` (the gold is N, stages.core.answers.gsm8k_gold)."""
-    rows: list[dict[str, Any]] = []
-    for n, row in enumerate(iter_jsonl(path), 1):
-        if len(rows) >= limit:
-            break
-        q, a = row.get("question"), row.get("answer")
-        if not isinstance(q, str) or not isinstance(a, str) or not q.strip():
-            raise PipelineError(f"{path}: row {n} has no string \"question\" / \"answer\"; held-out rows need both")
-        rows.append({"id": row.get("id", f"heldout-{n}"), "question": q, "answer": gsm8k_gold(a) if "####" in a else a})
-    if not rows:
-        raise PipelineError(f"{path}: no held-out problems in the file")
-    return rows

@@ -16,6 +16,7 @@ Tensor layout of a rollout batch of N = Q * G outputs (row n = q * G + g)::
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,20 +113,57 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
 
 
 def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float,
-                   *, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                   *, entropy: bool = False, share_prompts: bool = False) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log pi(o_t | q, o_<t) of the completion tokens, from logits / temperature.
 
     input_ids/attention_mask: (B, P + T), prompt left-padded to P. Returns (B, T) log-probs (with
     gradient if enabled) and, when ``entropy``, the (B, T) entropy of the full-vocabulary
     distribution softmax(logits / T) (detached). Position ids follow the attention mask, as in
     generation with left padding.
+
+    ``share_prompts``: rows with the same prompt (a GRPO group's G outputs) run the prompt through the model
+    once: one pass over the U distinct prompts fills a KV cache, whose rows are copied to the B outputs
+    (differentiably: the gradient of every output flows back into its prompt's pass), then one pass over the
+    completions attends to it. The same numbers as the plain pass up to float rounding (tested), with the
+    prompt tokens computed U instead of B times.
     """
     T = input_ids.shape[1] - prompt_len
+    if share_prompts and T > 1 and prompt_len > 0:
+        prompts = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], dim=1)
+        uniq, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+        if uniq.shape[0] < input_ids.shape[0]:
+            logits = _shared_prompt_logits(model, uniq, inverse, input_ids, attention_mask, prompt_len)
+            return _completion_logprobs(logits, input_ids[:, prompt_len:], temperature, entropy)
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, logits_to_keep=T + 1, use_cache=False)
-    logits = out.logits[:, :-1, :].float() / temperature  # position P-1+t predicts completion token t
-    logp_all = torch.log_softmax(logits, dim=-1)
-    targets = input_ids[:, prompt_len:]
+    # position P-1+t predicts completion token t
+    return _completion_logprobs(out.logits[:, :-1, :], input_ids[:, prompt_len:], temperature, entropy)
+
+
+def _shared_prompt_logits(model: Any, uniq: Tensor, inverse: Tensor, input_ids: Tensor, attention_mask: Tensor,
+                          P: int) -> Tensor:
+    """(B, T, V) logits predicting the T completion tokens, the prompts run once each (``token_logprobs``)."""
+    p_ids, p_att = uniq[:, :P], uniq[:, P:]
+    p_pos = (p_att.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=p_ids, attention_mask=p_att, position_ids=p_pos, logits_to_keep=1, use_cache=True)
+    kw = _cache_kwarg(model)  # transformers >= 5.2x renamed past_key_values to cache
+    cache = out[kw]
+    cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...) rows; indexing keeps the autograd graph
+    first = out.logits[:, -1:, :].index_select(0, inverse)  # the last prompt position predicts token 0
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    rest = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, P:-1],
+                 use_cache=True, **{kw: cache}).logits  # positions P..P+T-2 predict tokens 1..T-1
+    return torch.cat([first, rest], dim=1)
+
+
+def _cache_kwarg(model: Any) -> str:
+    fwd = getattr(model, "module", model).forward  # a DeepSpeed engine wraps the model
+    return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
+
+
+def _completion_logprobs(logits: Tensor, targets: Tensor, temperature: float, entropy: bool
+                         ) -> tuple[Tensor, Tensor | None]:
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     ent = None
     if entropy:

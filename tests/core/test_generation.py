@@ -128,6 +128,19 @@ def test_sampling_is_seeded_and_independent_of_batching(lm):
     assert [[c.token_ids for c in r] for r in other] != [[c.token_ids for c in r] for r in a]
 
 
+def test_samples_of_a_prompt_share_its_prefill_exactly(lm):
+    """n samples per prompt prefill each prompt once and copy its KV rows: every sample's log-probs still equal a
+    teacher-forced pass of its own, in a left-padded batch of prompts of different lengths."""
+    model, tok = lm
+    prompts = tiny_prompts(4)
+    outs = HFGenerator(model, tok).generate(prompts, SamplingParams(temperature=1.0, n=3, max_new_tokens=10, seed=3))
+    for prompt, group in zip(prompts, outs, strict=True):
+        assert len({tuple(c.token_ids) for c in group}) > 1
+        for c in group:
+            tf = teacher_forced_logprobs(model, tok, prompt, c.token_ids)
+            assert torch.allclose(torch.tensor(c.logprobs), tf, atol=1e-5, rtol=0)
+
+
 def test_sampling_frequencies_follow_the_distribution(lm):
     model, tok = lm
     prompt = tiny_prompts(1)[0]

@@ -1,5 +1,6 @@
-"""Decontamination: the n-gram rules, benchmark loading, and the planted test on real text
-(every GSM8K test question and the 500 MATH-500 problems planted into real pages)."""
+"""Decontamination: the n-gram rules, GSM8K calculator stripping, and the planted test on real text
+(every GSM8K test question and the 500 MATH-500 problems planted into real pages). Reading the benchmark
+files (missing file, bad rows): tests/core/test_problems.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
-from stages.core.errors import PipelineError
-from stages.corpus.decontaminate import BenchmarkItem, ContaminationIndex, decontaminate, load_benchmarks, load_gsm8k
+from stages.corpus.decontaminate import BenchmarkItem, ContaminationIndex, decontaminate, load_benchmarks
 
 BENCH = {"toy": [
     BenchmarkItem("q1", "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
@@ -47,18 +45,10 @@ def test_strings_callables_and_prebuilt_index() -> None:
 def test_gsm8k_calculator_annotations_are_stripped(tmp_path: Path) -> None:
     f = tmp_path / "gsm8k.jsonl"
     f.write_text(json.dumps({"question": "Q?", "answer": "She sold 48/2 = <<48/2=24>>24 clips in May so she sold 48+24 = <<48+24=72>>72 clips.\n#### 72"}) + "\n")
-    item = load_gsm8k(f)[0]
+    item = load_benchmarks(gsm8k=f)["gsm8k"][0]
     assert "<<" not in item.solution
     res = decontaminate(["she sold 48/2 = 24 clips in May so she sold 48+24"], {"gsm8k": [item]}, n=10)
     assert res.removed
-
-
-def test_missing_or_empty_benchmark_file_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(PipelineError, match="not found"):
-        load_benchmarks(gsm8k=tmp_path / "nope.jsonl")
-    (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(PipelineError, match="no MATH problems"):
-        load_benchmarks(math=tmp_path / "empty.jsonl")
 
 
 def _vary(rng: random.Random, text: str) -> str:

@@ -1,4 +1,5 @@
-"""Few-shot prompt builders, benchmark loading and prompt selection."""
+"""Few-shot prompt builders and prompt selection (the benchmark files are read by stages.core.problems:
+tests/core/test_problems.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from stages.core.errors import PipelineError
+from stages.core.problems import Problem
 from stages.core.prompts import (
     GSM8K_8SHOT_EXEMPLARS,
     MINERVA_MATH_4SHOT,
@@ -16,15 +18,7 @@ from stages.core.prompts import (
     minerva_math_prompt,
     qa_fewshot_prompt,
 )
-from stages.evaluate.benchmarks import (
-    Problem,
-    build_prompt,
-    fewshot_exemplars,
-    load_gsm8k,
-    load_math,
-    stop_strings,
-    strip_stops,
-)
+from stages.evaluate.benchmarks import build_prompt, fewshot_exemplars, stop_strings, strip_stops
 
 
 def test_gsm8k_8shot_layout() -> None:
@@ -79,12 +73,3 @@ def test_prompt_and_stop_selection() -> None:
     with pytest.raises(PipelineError, match="few-shot pot on gsm8k"):
         build_prompt(gsm, "pot", "few_shot")
 
-
-def test_load_real_gsm8k_and_math(shared_data: Path) -> None:
-    gsm = load_gsm8k(shared_data / "gsm8k" / "test.jsonl", limit=5)
-    assert len(gsm) == 5 and all(p.gold.lstrip("-").replace(".", "").isdigit() for p in gsm)
-    assert all(p.difficulty and p.difficulty >= 1 for p in gsm)
-    full = load_gsm8k(shared_data / "gsm8k" / "test.jsonl")
-    assert len(full) == 1319
-    math = load_math(shared_data / "math" / "test.jsonl", limit=5)
-    assert len(math) == 5 and all(p.difficulty in {1, 2, 3, 4, 5} for p in math)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stages.core.generation import Completion
-from stages.evaluate.benchmarks import Problem
+from stages.core.problems import Problem
 from stages.evaluate.loop import LoopSettings, RunSpec, pot_program, run_one
 
 SETTINGS = LoopSettings(batch_size=2, max_new_tokens=32, temperature=0.7, top_p=1.0, seed=0, tir_max_rounds=2,

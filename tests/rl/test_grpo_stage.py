@@ -35,7 +35,7 @@ def tiny_params(**over) -> GrpoParams:
         iterative=dict(iterations=1, rm_replay_fraction=0.1, rm_questions=4, rm_samples_per_question=2,
                        rm_labels="values", rm_rollouts_per_step=2, rm_train_on="process", rm_heldout_fraction=0.25,
                        rm_epochs=1, rm_lr=1e-3, rm_batch_size=4),
-        heldout=dict(every=0, problems_file=None, limit=4, max_new_tokens=12), offload_idle_models=True,
+        heldout=dict(every=0, problems_file=None, limit=4, max_new_tokens=12), offload_idle_models=True, share_prompt_prefix=True,
         vllm_gpu_memory_utilization=0.1, vllm_enable_sleep_mode=False, precision="fp32",
         deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
     )

@@ -54,3 +54,36 @@ def test_tool_output_tokens_masked(tiny_model_dir):
     assert "print(x)" in kept and "The answer is 3." in kept and "output" not in kept
     plain = tok("3 + 2 = 5.", add_special_tokens=False)["input_ids"]
     assert tool_output_mask(plain, tok) == [1] * len(plain)
+
+
+def test_shared_prompt_pass_gives_the_same_logprobs_and_gradients(tiny_model_dir):
+    """share_prompts: the distinct prompts run once and their KV cache rows are copied to the outputs; log-probs,
+    entropies and parameter gradients equal the plain full pass (left-padded prompts, padded completions, rows of a
+    group not adjacent), and a batch without a repeated prompt takes the plain pass."""
+    model = load_model(tiny_model_dir).train()
+    torch.manual_seed(0)
+    P, T, U, G = 7, 5, 3, 4
+    V = model.config.vocab_size
+    prompt_mask = torch.ones(U, P, dtype=torch.long)
+    prompt_mask[0, :2] = 0
+    prompt_mask[1, :1] = 0
+    prompts = torch.randint(3, V, (U, P)).masked_fill(prompt_mask == 0, 0)
+    ids = torch.cat([prompts.repeat_interleave(G, 0), torch.randint(3, V, (U * G, T))], 1)
+    att = torch.cat([prompt_mask.repeat_interleave(G, 0), torch.ones(U * G, T, dtype=torch.long)], 1)
+    att[1, -2:] = 0  # a shorter completion
+    perm = torch.randperm(U * G)
+    ids, att = ids[perm], att[perm]
+
+    def run(share: bool):
+        model.zero_grad()
+        lp, ent = token_logprobs(model, ids, att, P, 0.9, entropy=True, share_prompts=share)
+        (lp * torch.linspace(0.5, 1.5, T)).sum().backward()
+        return lp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    lp_a, ent_a, g_a = run(False)
+    lp_b, ent_b, g_b = run(True)
+    assert torch.allclose(lp_a, lp_b, atol=1e-5, rtol=0) and torch.allclose(ent_a, ent_b, atol=1e-5, rtol=0)
+    for name, g in g_a.items():
+        assert (g - g_b[name]).norm() <= 1e-5 * g.norm() + 1e-8, name
+    one = token_logprobs(model, ids[:1], att[:1], P, 0.9, share_prompts=True)[0]  # nothing to share
+    assert torch.allclose(one, lp_a[:1], atol=1e-5, rtol=0)
