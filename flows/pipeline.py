@@ -69,12 +69,15 @@ def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
 
     logger = get_run_logger()
     dvc_logger = logging.getLogger("dvc")
-    handler, level = _Collect(), dvc_logger.level
+    handler, level, propagate = _Collect(), dvc_logger.level, dvc_logger.propagate
     dvc_logger.addHandler(handler)
     dvc_logger.setLevel(logging.INFO)
+    # DVC prints its messages with its own console handler when it has one; Prefect's root handler would repeat them
+    dvc_logger.propagate = not any(isinstance(h, logging.StreamHandler) for h in dvc_logger.handlers)
     t0 = time.perf_counter()
     try:
         with Repo() as repo:
+            repo.scm_context.quiet = True  # no "git add dvc.lock" hint after every stage: main() prints one
             repo.reproduce(name, single_item=True, force=force)
     except DvcException as e:
         cause = e.__cause__ or e
@@ -82,6 +85,7 @@ def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
     finally:
         dvc_logger.removeHandler(handler)
         dvc_logger.setLevel(level)
+        dvc_logger.propagate = propagate
     wall = time.perf_counter() - t0
     status = classify("\n".join(handler.lines))
     logger.info("%s: %s in %.1f s", name, status, wall)
@@ -165,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['stage']:<24}{r['status']:<10}{r['wall_s']:>8.1f}")
     print(f"{'total':<34}{total:>8.1f}")
+    if any(r["status"] != "skipped" for r in rows):
+        print("to record this run in git: git add dvc.lock data/.gitignore && git commit (`dvc push` shares the outputs)")
     return 0
 
 
