@@ -1,9 +1,10 @@
-"""Fixtures of the RL tests: a tiny Llama + tokenizer saved as data/models/sft in a temporary project
-root, and a small prompt file (custom-prompt schema of stages/rl/data.py)."""
+"""Fixtures of the RL tests: a tiny Llama + tokenizer, and ``project``: a temporary project root holding it as
+data/models/sft and a small prompt file (custom-prompt schema of stages/rl/data.py, with ``values``)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stages.base_model import train_tokenizer
+from stages.core import paths
 from stages.core.modeling import save_model
 
 TEXTS = [
@@ -48,3 +50,13 @@ def write_prompts(path: Path, n: int = 8) -> Path:
                      "cot": f"Tom buys {b} more: {a} + {b} = {a + b}.\nThe answer is \\boxed{{{a + b}}}."})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> Path:
+    """A temporary project root (the working directory) holding data/models/sft and data/corpus/problems/rl.jsonl."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir, paths.SFT_MODEL)
+    paths.RL_PROMPTS.parent.mkdir(parents=True)
+    write_prompts(paths.RL_PROMPTS, 8)
+    return tmp_path

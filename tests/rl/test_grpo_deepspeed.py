@@ -15,7 +15,7 @@ from stages.core import paths
 from stages.core.modeling import load_model, load_tokenizer
 from stages.rl.data import load_prompts
 
-from .test_grpo_stage import project, tiny_params  # noqa: F401  (project is a fixture)
+from .test_grpo_stage import tiny_params
 from .test_paradigm import ScriptedGenerator, _texts
 
 torch.set_num_threads(1)
@@ -42,7 +42,7 @@ def _train(p) -> tuple[dict[str, torch.Tensor], list[dict]]:
 
 
 @pytest.mark.parametrize(("algorithm", "stage"), [("grpo", 2), ("online_rft", 2), ("grpo", 1), ("grpo", 0)])
-def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stage) -> None:  # noqa: F811
+def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stage) -> None:
     kw = dict(algorithm=algorithm, steps=2, micro_batch_size=4, checkpoint_every=0)
     if algorithm == "online_rft":  # a random model is never right: scripted outputs, 3 of 4 correct
         tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
@@ -57,7 +57,7 @@ def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stag
     assert max(float((plain[k] - ds[k]).abs().max()) for k in plain) < 1e-6
 
 
-def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch) -> None:  # noqa: F811
+def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch) -> None:
     """A NaN loss: the rest of the accumulation runs as zero-gradient dummies and the step at LR 0 (no update)."""
     import math
 
@@ -76,7 +76,7 @@ def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch)
 
 
 @pytest.mark.slow
-def test_two_ranks_give_the_one_process_update(project, tmp_path) -> None:  # noqa: F811
+def test_two_ranks_give_the_one_process_update(project, tmp_path) -> None:
     """torchrun, 2 CPU ranks, ZeRO-2: 3 questions per step split 2 / 1 (uneven micro-batch counts, so rank 1 runs a
     dummy backward); with the same (scripted) rollouts the grad norms and weights equal one plain process's."""
     import json

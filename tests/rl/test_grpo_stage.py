@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,6 @@ from stages import grpo
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.params import GrpoParams
-
-from .conftest import write_prompts
 
 torch.set_num_threads(1)
 
@@ -41,16 +38,6 @@ def tiny_params(**over) -> GrpoParams:
     )
     raw.update(over)
     return GrpoParams.model_validate(raw)
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch, tiny_model_dir):
-    """A temporary project root holding data/models/sft and data/corpus/problems/rl.jsonl."""
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_model_dir, paths.SFT_MODEL)
-    paths.RL_PROMPTS.parent.mkdir(parents=True)
-    write_prompts(paths.RL_PROMPTS, 8)
-    return tmp_path
 
 
 def _weights(d: Path) -> dict[str, torch.Tensor]:

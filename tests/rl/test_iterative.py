@@ -8,7 +8,6 @@ reward model are written and differ."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -27,22 +26,12 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture
-def project(tmp_path, monkeypatch, tiny_model_dir):
-    """Temporary project root: data/models/sft, the RL prompts (with values) and an initial reward model."""
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_model_dir, paths.SFT_MODEL)
-    paths.RL_PROMPTS.parent.mkdir(parents=True)
-    rows = []
-    for i in range(8):
-        a, b = 2 + i, 1 + i % 3
-        rows.append({"id": f"p{i}", "question": f"Tom has {a} apples. He buys {b} more. How many apples does Tom have now?",
-                     "answer": str(a + b), "values": [a + b],
-                     "cot": f"Tom buys {b} more: {a} + {b} = {a + b}.\nThe answer is \\boxed{{{a + b}}}."})
-    paths.RL_PROMPTS.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def rm_project(project):
+    """``project`` plus an initial reward model (data/models/reward_model)."""
     tok = load_tokenizer(paths.SFT_MODEL)
     torch.manual_seed(0)
     save_reward_model(init_reward_model(paths.SFT_MODEL), tok, paths.REWARD_MODEL, _examples(tok, 20), None, {"stage": "test"})
-    return tmp_path
+    return project
 
 
 def _iter_params(source: str, iterations: int = 2, replay: float = 0.5):
@@ -54,7 +43,7 @@ def _iter_params(source: str, iterations: int = 2, replay: float = 0.5):
 
 
 @pytest.mark.parametrize("source", ["process_rm", "outcome_rm"])
-def test_two_iterations_reset_reference_replay_and_write_models(project, source):
+def test_two_iterations_reset_reference_replay_and_write_models(rm_project, source):
     m = grpo.run(_iter_params(source))
     its = m["iterations"]
     assert [i["iteration"] for i in its] == [1, 2] and m["grpo"]["steps"] == 4
@@ -80,7 +69,7 @@ def test_two_iterations_reset_reference_replay_and_write_models(project, source)
     assert len(load_examples(paths.GRPO_ITERS / "rm_iter2")) == r2["n_history"] + r2["n_new_examples"]
 
 
-def test_rule_reward_iterations_write_policies_only(project):
+def test_rule_reward_iterations_write_policies_only(rm_project):
     m = grpo.run(_iter_params("rule", iterations=2))
     assert len(m["iterations"]) == 2 and "rm" not in m["iterations"][0]
     assert (paths.GRPO_ITERS / "iter1" / "config.json").is_file()

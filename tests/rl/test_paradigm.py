@@ -22,7 +22,7 @@ from stages.rl.losses import LossNormalizer
 from stages.rl.paradigm import build_rft_pool, rft_coefficients, run_questions, select_rft_samples, weighted_nll_loss
 
 from .conftest import write_prompts
-from .test_grpo_stage import project, tiny_params  # noqa: F401  (project is a fixture)
+from .test_grpo_stage import tiny_params
 
 torch.set_num_threads(1)
 
@@ -163,7 +163,7 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
         assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-3), k
 
 
-def test_online_rft_step_applies_the_sft_gradient_of_the_correct_samples(project) -> None:  # noqa: F811
+def test_online_rft_step_applies_the_sft_gradient_of_the_correct_samples(project) -> None:
     tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     p = tiny_params(algorithm="online_rft", max_grad_norm=1e9, questions_per_step=2, group_size=4, micro_batch_size=3)
     gen = ScriptedGenerator(tok, rows, _texts)
@@ -182,7 +182,7 @@ def test_online_rft_step_applies_the_sft_gradient_of_the_correct_samples(project
     assert out["r"].tolist() == [[1.0, 1.0, 1.0, 0.0]] * 2
 
 
-def test_rft_pool_keeps_correct_deduplicated_samples_and_trains_on_them(project) -> None:  # noqa: F811
+def test_rft_pool_keeps_correct_deduplicated_samples_and_trains_on_them(project) -> None:
     tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     p = tiny_params(algorithm="rft", max_grad_norm=1e9, questions_per_step=2, group_size=4, steps=3)
     gen = ScriptedGenerator(tok, rows, _texts)
@@ -216,7 +216,7 @@ def test_rft_pool_keeps_correct_deduplicated_samples_and_trains_on_them(project)
 
 
 @pytest.mark.parametrize("algorithm", ["sft", "rft", "online_rft", "grpo"])
-def test_each_algorithm_runs_and_writes_the_stage_outputs(project, algorithm) -> None:  # noqa: F811
+def test_each_algorithm_runs_and_writes_the_stage_outputs(project, algorithm) -> None:
     """Two steps of each method on the tiny random model, with the held-out curve on. grpo keeps tiny_params' dense
     length reward (so it updates); rft / online_rft use the rule reward whatever grpo.reward says."""
     write_prompts(project / "heldout.jsonl", 3)
@@ -249,7 +249,7 @@ def test_each_algorithm_runs_and_writes_the_stage_outputs(project, algorithm) ->
         assert saved["grpo"]["kl_first5"] == 0.0  # no reference model, no KL term
 
 
-def test_grpo_with_exact_step_labels_runs_and_needs_values(project) -> None:  # noqa: F811
+def test_grpo_with_exact_step_labels_runs_and_needs_values(project) -> None:
     """reward_source process_rule: two GRPO steps with step-label process rewards; rows without 'values' are refused."""
     p = tiny_params(algorithm="grpo", reward_source="process_rule", steps=2, baseline=dict(enabled=False, lr=1e-3),
                     checkpoint_every=0)
@@ -261,7 +261,7 @@ def test_grpo_with_exact_step_labels_runs_and_needs_values(project) -> None:  # 
         grpo.run(p)
 
 
-def test_sft_algorithm_needs_gold_solutions(project, tmp_path) -> None:  # noqa: F811
+def test_sft_algorithm_needs_gold_solutions(project, tmp_path) -> None:
     f = tmp_path / "nocot.jsonl"
     f.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
     with pytest.raises(PipelineError, match="algorithm sft"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -22,21 +21,6 @@ def rm_params(**over) -> RewardModelParams:
                lr=1e-3, batch_size=4, num_threads=1)
     raw.update(over)
     return RewardModelParams.model_validate(raw)
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch, tiny_model_dir):
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_model_dir, paths.SFT_MODEL)
-    paths.RL_PROMPTS.parent.mkdir(parents=True)
-    rows = []
-    for i in range(8):
-        a, b = 2 + i, 1 + i % 3
-        rows.append({"id": f"p{i}", "question": f"Tom has {a} apples. He buys {b} more. How many apples does Tom have now?",
-                     "answer": str(a + b), "values": [a + b],
-                     "cot": f"Tom buys {b} more: {a} + {b} = {a + b}.\nThe answer is \\boxed{{{a + b}}}."})
-    paths.RL_PROMPTS.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return tmp_path
 
 
 @pytest.mark.parametrize("labels", ["values", "rollouts"])
