@@ -92,12 +92,18 @@ def requested_module() -> tuple[str, list[str]] | None:
     return (argv[i + 1], argv[i + 2:]) if i + 1 < len(argv) else None
 
 
+def _is_stage_module(module: str) -> bool:
+    """``flows.<stage>``: a stage flow (not the pipeline, not a private module)."""
+    pkg, _, name = module.partition(".")
+    return pkg == "flows" and bool(name) and "." not in name and not name.startswith("_") and name != "pipeline"
+
+
 def forward() -> None:
     """Run this ``python -m flows.<stage>`` command in the stage server and exit with its status; return (and let
     the command run here as usual) when there is no server or it refuses the request."""
     path = os.environ.get(ENV_VAR)
     req = requested_module()
-    if not path or req is None or not req[0].startswith("flows."):
+    if not path or req is None or not _is_stage_module(req[0]):
         return
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -290,8 +296,8 @@ def _handle(conn: socket.socket, env: dict[str, str], added: dict[str, str], fil
         why = f"another interpreter ({req.get('executable')})"
     elif os.path.realpath(req.get("cwd", "")) != os.path.realpath(os.getcwd()):
         why = f"another working directory ({req.get('cwd')})"
-    elif not str(req.get("module", "")).startswith("flows."):
-        why = f"not a flows module ({req.get('module')})"
+    elif not _is_stage_module(str(req.get("module", ""))):
+        why = f"not a stage flow ({req.get('module')})"
     elif (d := _env_difference(req.get("env", {}), env)) is not None:
         why = f"another environment ({d})"
     elif (f := _changed(files)) is not None:
