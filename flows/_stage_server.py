@@ -16,7 +16,7 @@ Ctrl-C / SIGTERM sent to the client is passed on to the child.
 The server refuses a request, and the client then imports and runs the stage itself as before, when the request
 differs from what the server has loaded: another interpreter, another working directory (the project root),
 another environment (variables other than DVC's ``DVC_*`` and the shell's ``PWD`` / ``SHLVL`` / ``_``), a module
-outside ``flows``, or a project source file changed since the server imported it. So it never runs stale code or
+other than a stage flow, or a project source file changed since the server imported it. So it never runs stale code or
 settings; a plain ``dvc repro`` (no server) is unaffected. The server exits when the pipeline stops it or when
 its parent process is gone.
 """
