@@ -37,18 +37,12 @@ SHARED_GSM8K = Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data
 def load_rows(path: str | None, n: int) -> list[dict[str, Any]]:
     """``n`` prompt rows {"id", "question", "answer"}: GSM8K rows from ``path`` (or the shared GSM8K train file), else
     the generated RL problems."""
-    from stages.core.answers import gsm8k_gold
-    from stages.core.io import iter_jsonl
+    from stages.core.problems import load_problem_file
 
     f = Path(path) if path else SHARED_GSM8K
     if f.is_file():
-        rows = []
-        for i, r in enumerate(iter_jsonl(f)):
-            ans = r["answer"]
-            rows.append({"id": f"q{i}", "question": r["question"], "answer": gsm8k_gold(ans) if "####" in ans else ans})
-            if len(rows) == n:
-                break
-        return rows
+        return [{"id": f"q{i}", "question": p.question, "answer": p.gold}
+                for i, p in enumerate(load_problem_file(f, n))]
     from benchmarks._tiny import problem_rows
 
     return problem_rows(n)
