@@ -67,7 +67,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "timed_steps": args.steps, "threads": args.threads, "lr": args.lr, "beta": 0.04, "clip_eps": 0.2,
             "temperature": 1.0, "top_p": 1.0, "dtype": "float32", "loss": "grpo (seq-mean-token-mean)",
             "scale_rewards": "group", "adv_eps": 1e-4, "max_grad_norm": 1.0, "num_iterations": 1,
-            "trl_use_bias_correction_kl": False}
+            "trl_use_bias_correction_kl": False, "ours_share_prompt_prefix": not args.no_share_prompts}
 
 
 def step_rows(n_steps: int, q: int) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
@@ -118,7 +118,7 @@ def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
         "top_p": 1.0, "beta": 0.04, "clip_eps": 0.2, "clip_eps_high": None, "mu": 1, "minibatches": 1,
         "micro_batch_size": q * g, "aggregation": "seq-mean-token-mean", "scale_rewards": "group", "adv_eps": 1e-4,
         "mask_truncated": False, "skip_zero_std_groups": False, "lr": args.lr, "weight_decay": 0.0,
-        "max_grad_norm": 1.0, "backend": "hf", "seed": SEED})
+        "max_grad_norm": 1.0, "backend": "hf", "seed": SEED, "share_prompt_prefix": not args.no_share_prompts})
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     gen = make_generator("hf", model, tok, batch_size=q * g, **({"dtype": args.gen_dtype} if args.gen_dtype else {}))
     rows, _ = step_rows(args.steps + 1, q)
@@ -435,7 +435,7 @@ def run_worker(kind: str, python: str, args: argparse.Namespace, model_dir: Path
     cmd = [python, __file__, "--worker", kind, "--model-dir", str(model_dir), "--json-out", str(out),
            "--record", str(tmp / "record.pt"), "--questions", str(args.questions), "--group", str(args.group),
            "--max-new-tokens", str(args.max_new_tokens), "--steps", str(args.steps), "--threads", str(args.threads),
-           "--lr", str(args.lr)]
+           "--lr", str(args.lr)] + (["--no-share-prompts"] if args.no_share_prompts else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True)
     if proc.returncode != 0:
@@ -457,6 +457,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--gen-dtype", default=None, choices=["bfloat16"],
                     help="(what-if, --worker ours only) sample with a bf16 copy of the policy; not the like-for-like run")
+    ap.add_argument("--no-share-prompts", action="store_true",
+                    help="(ablation) ours with grpo.share_prompt_prefix off: a full forward pass per output in the "
+                         "log-prob passes (the generator's shared prefill stays)")
     ap.add_argument("--worker", choices=["ours", "trl"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", type=Path, default=None, help=argparse.SUPPRESS)

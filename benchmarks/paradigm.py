@@ -18,10 +18,12 @@ with exact supervision, grpo_os (the rule reward: answer correctness) and grpo_p
 problems' exact step labels), and with the trained reward model as the paper does, grpo_os_rm / grpo_ps_rm
 (data/models/reward_model: ``reward_source`` outcome_rm / process_rm). The exact pair separates "process vs
 outcome supervision" from "how good the RM is"; each pair is compared with the paper's order on its own. The experiments run
-``-s`` (only the grpo stage: its inputs must exist, e.g. from ``dvc repro reward_model``), in DVC's temporary
-directories; the grpo inputs present in the workspace are copied in (``-C``; ``--no-copy-inputs`` to rely on
-``dvc.lock`` and the cache instead). The continued-SFT baseline is switched off (``grpo.baseline.enabled=false``).
-Not in CI: the full comparison takes hours on the tiny default on a 2-core machine.
+``-s`` (only the grpo stage) in DVC's temporary directories, which DVC fills from the committed ``dvc.lock`` and
+the cache: run ``dvc repro reward_model`` and commit ``dvc.lock`` first (the script refuses otherwise).
+``--copy-inputs`` also copies the workspace's grpo inputs in (``-C``); with DVC 3.67 a copied output without a
+lock entry was removed again before the stage ran, so the lock is what counts. The continued-SFT baseline is
+switched off (``grpo.baseline.enabled=false``). Not in CI: the full comparison (6 methods x 3 seeds) took 70 min
+with two parallel experiments on the 2-core machine.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ PAPER_ORDER_RM = ("grpo_ps_rm", "grpo_os_rm", "online_rft", "rft")
 CHAINS = {"exact": PAPER_ORDER, "reward_model": PAPER_ORDER_RM}
 _RANK = ("grpo_ps", "grpo_ps_rm", "grpo_os", "grpo_os_rm", "online_rft", "rft")  # tie-break, paper's best first
 # the grpo stage's inputs, as directories: DVC's -C copies a file only into an existing directory
+UPSTREAM = ("data", "corpus", "sft", "reward_model")  # the stages whose outputs the grpo stage reads
 GRPO_INPUTS = ("data/models/sft", "data/models/reward_model", "data/corpus/problems", "data/generated/problems")
 
 
@@ -275,6 +278,28 @@ def dvc(project: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
     return out
 
 
+def start_workers(project: Path, jobs: int) -> None:
+    """``dvc queue start -j JOBS``, not waiting for the workers: they run detached and would hold a captured
+    output pipe open (measured: a ``dvc queue start`` run with captured output returned only when its worker
+    exited, an hour later)."""
+    out = subprocess.run([sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)], cwd=project, env=_env(),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise SystemExit(f"dvc queue start -j {jobs} failed ({out.returncode}) in {project}")
+
+
+def check_lock(project: Path) -> None:
+    """Refuse to queue when the committed dvc.lock lacks a stage the grpo stage reads from (the experiments would fail)."""
+    import yaml
+
+    out = subprocess.run(["git", "show", "HEAD:dvc.lock"], cwd=project, capture_output=True, text=True)
+    stages = set((yaml.safe_load(out.stdout) or {}).get("stages", {})) if out.returncode == 0 else set()
+    missing = [s for s in UPSTREAM if s not in stages]
+    if missing:
+        raise SystemExit(f"{project}: the committed dvc.lock has no {', '.join(missing)}; the experiments check their "
+                         "inputs out from it: run `dvc repro reward_model` and `git add dvc.lock && git commit` first")
+
+
 def copy_inputs(project: Path) -> list[str]:
     """The grpo inputs present in the workspace but ignored by git (``-C``: a queued experiment's temporary
     directory is a git checkout; git-tracked inputs are there already)."""
@@ -318,7 +343,7 @@ def wait_for(project: Path, names: Sequence[str], poll_s: float, timeout_s: floa
         st, workers = queue_states(project, names)
         active = [n for n in names if st.get(n) in ("Queued", "Running")]
         if workers == 0 and any(st.get(n) == "Queued" for n in names):
-            dvc(project, "queue", "start", "-j", str(jobs))
+            start_workers(project, jobs)
         line = ", ".join(f"{k}: {sum(1 for v in st.values() if v == k)}" for k in sorted(set(st.values())))
         if line != last:
             print(f"[{time.monotonic() - t0:7.0f}s] queue: {line}", flush=True)
@@ -338,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra -S override (repeatable)")
     ap.add_argument("--tag", default=time.strftime("%Y%m%d-%H%M%S"), help="experiment name tag (default: now)")
     ap.add_argument("--jobs", type=int, default=1, help="dvc queue start -j (parallel experiments)")
-    ap.add_argument("--no-copy-inputs", action="store_true", help="do not copy the grpo inputs into the experiments")
+    ap.add_argument("--copy-inputs", action="store_true", help="also copy the workspace's grpo inputs in (-C)")
     ap.add_argument("--run", action="store_true", help="queue and run the experiments (without it: print the plan)")
     ap.add_argument("--collect-only", action="store_true", help="only collect the experiments of --tag")
     ap.add_argument("--poll", type=float, default=20.0)
@@ -348,7 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     project = Path(args.project).resolve()
     names = {exp_name(args.tag, m, s): (m, s) for m in args.methods for s in args.seeds}
     t0 = time.perf_counter()
-    copy = [] if args.no_copy_inputs else copy_inputs(project)
+    copy = copy_inputs(project) if args.copy_inputs else []
+    if args.run:
+        check_lock(project)
     if not args.run and not args.collect_only:
         print(f"plan ({len(names)} experiments in {project}; add --run to queue and run them):")
         for name, (m, s) in names.items():
@@ -361,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dvc(project, *queue_command(name, m, s, heldout_every=args.heldout_every,
                                         heldout_limit=args.heldout_limit, sets=args.set, copy_paths=copy))
             print(f"queued {name}", flush=True)
-        dvc(project, "queue", "start", "-j", str(args.jobs))
+        start_workers(project, args.jobs)
         states = wait_for(project, list(names), args.poll, args.timeout, args.jobs)
         dvc(project, "queue", "stop", check=False)  # workers stop by themselves on an empty queue; make sure
     else:
