@@ -397,6 +397,19 @@ class RMAdvantages:
     n_steps_mean: float
 
 
+def _pad_steps(rewards: Sequence[Sequence[float]], ends: Sequence[Sequence[int]], group_size: int
+               ) -> tuple[Tensor, Tensor]:
+    """(Q, G, S) step rewards (NaN-padded) and (Q, G, S) step-end indices from per-output lists (N = Q x G)."""
+    N = len(rewards)
+    S = max([len(x) for x in rewards] + [1])
+    r = torch.full((N, S), math.nan, dtype=torch.float64)
+    e = torch.zeros((N, S), dtype=torch.long)
+    for i, (rw, en) in enumerate(zip(rewards, ends, strict=True)):
+        r[i, :len(rw)] = torch.tensor(rw, dtype=torch.float64)
+        e[i, :len(en)] = torch.tensor(en, dtype=torch.long)
+    return r.view(N // group_size, group_size, S), e.view(N // group_size, group_size, S)
+
+
 class RewardModelScorer:
     """Scores GRPO rollouts with a reward model: outcome rewards or process (step) rewards."""
 
@@ -424,14 +437,10 @@ class RewardModelScorer:
         sc = example_scores(self.rm, self.tokenizer, [exs[i] for i in keep], self.batch_size)
         for i, s in zip(keep, sc, strict=True):
             scores[i] = s
-        N, G = len(exs), ro.group_size
-        S = max([len(ex["step_ends"]) for ex in exs] + [1])
-        r = torch.full((N, S), math.nan, dtype=torch.float64)
-        e = torch.zeros((N, S), dtype=torch.long)
-        for i, s in scores.items():
-            r[i, :len(s)] = torch.sigmoid(torch.tensor(s, dtype=torch.float64))
-            e[i, :len(s)] = torch.tensor(exs[i]["step_ends"])
-        return r.view(N // G, G, S), e.view(N // G, G, S)
+        rewards = [torch.sigmoid(torch.tensor(scores[i], dtype=torch.float64)).tolist() if i in scores else []
+                   for i in range(len(exs))]
+        return _pad_steps(rewards, [ex["step_ends"] if i in scores else [] for i, ex in enumerate(exs)],
+                          ro.group_size)
 
     def advantages(self, ro: Any, source: Literal["outcome_rm", "process_rm", "process_rule"], *, scale_rewards: str,
                    eps: float) -> RMAdvantages:
@@ -491,11 +500,4 @@ class StepLabelScorer(RewardModelScorer):
             outcome = answer_correct(ro.texts[n], row["answer"])
             ends_all.append(ends)
             labels_all.append(value_step_labels(texts, row["values"], outcome))
-        N = len(ends_all)
-        S = max([len(e) for e in ends_all] + [1])
-        r = torch.full((N, S), math.nan, dtype=torch.float64)
-        e = torch.zeros((N, S), dtype=torch.long)
-        for i, (ends, labels) in enumerate(zip(ends_all, labels_all, strict=True)):
-            r[i, :len(labels)] = torch.tensor(labels, dtype=torch.float64)
-            e[i, :len(ends)] = torch.tensor(ends, dtype=torch.long)
-        return r.view(N // G, G, S), e.view(N // G, G, S)
+        return _pad_steps([[float(x) for x in lab] for lab in labels_all], ends_all, G)
