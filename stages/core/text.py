@@ -102,7 +102,8 @@ def _powers(k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Table:
-    """Sorted window hashes of one length, their sources, and prefilters that skip most lookups."""
+    """Sorted window hashes of one length (a hash may repeat, once per source holding it), their sources, and
+    prefilters that skip most lookups."""
 
     def __init__(self, keys: np.ndarray, vals: np.ndarray, first: np.ndarray | None) -> None:
         self.keys, self.vals, self.first = keys, vals, first
@@ -117,16 +118,19 @@ class _Table:
             np.bitwise_or.at(bits, idx >> 3, (1 << (idx & 7)).astype(np.uint8))
             self.bits = bits
 
+    def _prefilter(self, starts: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.bits is None or not len(h):
+            return starts, h
+        b = (h >> self.shift).astype(np.intp)
+        keep = ((self.bits[b >> 3] >> (b & 7).astype(np.uint8)) & 1).astype(bool)
+        return starts[keep], h[keep]
+
     def lookup(self, starts: np.ndarray, h: np.ndarray) -> tuple[int, int] | None:
-        """(start, source index) of the first window (in ``starts`` order) whose hash is a key, or None."""
+        """(start, source index) of the first window (in ``starts`` order) whose hash is a key, or None; of the
+        sources holding that window, the first one added."""
+        starts, h = self._prefilter(starts, h)
         if not len(h):
             return None
-        if self.bits is not None:
-            b = (h >> self.shift).astype(np.intp)
-            keep = ((self.bits[b >> 3] >> (b & 7).astype(np.uint8)) & 1).astype(bool)
-            starts, h = starts[keep], h[keep]
-            if not len(h):
-                return None
         pos = np.searchsorted(self.keys, h)
         pos[pos == len(self.keys)] = 0
         hit = self.keys[pos] == h
@@ -135,29 +139,48 @@ class _Table:
         j = int(np.argmax(hit))
         return int(starts[j]), int(self.vals[pos[j]])
 
+    def counts(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sources, how many of the distinct windows ``h`` each source holds), for the sources holding any."""
+        h = np.unique(h)
+        _, h = self._prefilter(h, h)
+        lo = np.searchsorted(self.keys, h, "left")
+        n = np.searchsorted(self.keys, h, "right") - lo
+        total = int(n.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        offsets = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(total)
+        return np.unique(self.vals[offsets], return_counts=True)
+
 
 class NgramIndex:
     """An index of source texts answering "which source does this text copy?" (decontamination).
 
-    A query matches a source when they share an ``n``-gram, or when the source has between
-    ``min_short`` and ``n - 1`` grams and the query contains all of them as a contiguous run (the
-    rule for benchmark texts shorter than ``n``). Grams are mapped to integer ids (a vocabulary
-    built from the sources; a query gram outside it cannot be part of a match) and every window of
-    ids to a 64-bit polynomial hash, so the index is sorted numpy arrays and a query is a few
-    vectorised operations: windows with an unknown gram are dropped, short texts are only tried
-    where their first gram occurs, and a bitmap filters the rest before the binary search. Two
+    With ``min_overlap`` 0 (the default; the paper's rule), a query matches a source when they share one
+    ``n``-gram. With ``min_overlap`` > 0 (containment), a query matches a source when it contains at least that
+    fraction of the source's distinct ``n``-grams (a copied text contains all of them; an unrelated text that
+    shares a stock phrase or a run of markup contains a few). Either way a source with between ``min_short`` and
+    ``n - 1`` grams matches a query that contains all of them as a contiguous run (the rule for benchmark texts
+    shorter than ``n``). Grams are mapped to integer ids (a vocabulary built from the sources; a query gram outside
+    it cannot be part of a match) and every window of ids to a 64-bit polynomial hash, so the index is sorted
+    numpy arrays and a query is a few vectorised operations: windows with an unknown gram are dropped, short texts
+    are only tried where their first gram occurs, and a bitmap filters the rest before the binary search. Two
     different windows collide with probability about 2**-64 per pair.
     """
 
-    def __init__(self, n: int, *, min_short: int = 3) -> None:
+    def __init__(self, n: int, *, min_short: int = 3, min_overlap: float = 0.0) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if not 0.0 <= min_overlap <= 1.0:
+            raise ValueError(f"min_overlap must be in [0, 1], got {min_overlap}")
         self.n = n
         self.min_short = min_short
+        self.min_overlap = min_overlap
         self.vocab: dict[str, int] = {}
         self.sources: list[object] = []
+        self._sizes: list[int] = []  # distinct n-grams of each source (1 for a short text matched whole)
         self._parts: dict[int, list[tuple[np.ndarray, np.ndarray, int]]] = {}
-        self._tables: tuple[_Table | None, _Table | None, np.ndarray] | None = None
+        self._tables: tuple[_Table | None, _Table | None, np.ndarray, np.ndarray] | None = None
+        self._size_arr = np.zeros(0)
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -170,7 +193,9 @@ class NgramIndex:
         return np.array([get(t, 0) for t in toks], dtype=np.uint64)
 
     def add(self, text: str, source: object, *, whole_if_short: bool = True) -> None:
-        """Index ``text`` under ``source`` (its n-grams; the whole text when it is short and ``whole_if_short``)."""
+        """Index ``text`` under ``source`` (its n-grams; the whole text when it is short and ``whole_if_short``).
+        Each call is one source of its own for the overlap count, even when ``source`` repeats (a question and
+        its solution are two texts)."""
         toks = grams(text)
         if len(toks) >= self.n:
             length = self.n
@@ -180,21 +205,23 @@ class NgramIndex:
             return
         ids = self._ids(toks, grow=True)
         h = _window_hashes(ids, length)
-        if length < self.n:
-            h = h[:1]
+        h = h[:1] if length < self.n else np.unique(h)
         self.sources.append(source)
+        self._sizes.append(len(h))
         self._parts.setdefault(length, []).append((h, np.full(len(h), len(self.sources) - 1, dtype=np.int64), int(ids[0])))
         self._tables = None
 
-    def _build(self) -> tuple[_Table | None, _Table | None, np.ndarray]:
-        """(n-gram table, short-text table, short lengths); short keys are mixed with their length."""
+    def _build(self) -> tuple[_Table | None, _Table | None, np.ndarray, np.ndarray]:
+        """(n-gram table, short-text table, short lengths, n-grams a query must hold per source); short keys are
+        mixed with their length."""
         if self._tables is None:
             long_t = short_t = None
             lengths = np.array(sorted(k for k in self._parts if k < self.n), dtype=np.intp)
             if self.n in self._parts:
                 parts = self._parts[self.n]
-                keys, first = np.unique(np.concatenate([h for h, _, _ in parts]), return_index=True)
-                long_t = _Table(keys, np.concatenate([v for _, v, _ in parts])[first], None)
+                keys = np.concatenate([h for h, _, _ in parts])
+                order = np.argsort(keys, kind="stable")  # equal windows: the first source added first
+                long_t = _Table(keys[order], np.concatenate([v for _, v, _ in parts])[order], None)
             if len(lengths):
                 mix = np.arange(self.n, dtype=np.uint64) * _LEN_MIX  # array arithmetic wraps silently
                 parts = [(h + mix[k], v, f) for k in lengths for h, v, f in self._parts[int(k)]]
@@ -202,14 +229,23 @@ class NgramIndex:
                 starts = np.zeros(len(self.vocab) + 1, dtype=bool)
                 starts[[f for _, _, f in parts]] = True
                 short_t = _Table(keys, np.concatenate([v for _, v, _ in parts])[first], starts)
-            self._tables = (long_t, short_t, lengths)  # the first source wins a shared window
+            self._size_arr = np.array(self._sizes, dtype=np.float64)
+            need = np.maximum(1, np.ceil(self.min_overlap * self._size_arr - 1e-9)).astype(np.int64)
+            self._tables = (long_t, short_t, lengths, need)  # the first source wins a shared short window
         return self._tables
 
     def match(self, text: str, toks: list[str] | None = None) -> object | None:
-        """The source ``text`` copies (the one matching earliest in the text), or None.
+        """The source ``text`` copies, or None. ``min_overlap`` 0: the source matching earliest in the text;
+        else the source of which ``text`` holds the largest share of n-grams (a short text matched whole: all).
 
         ``toks``: the grams of ``text`` when the caller already has them."""
-        long_t, short_t, lengths = self._build()
+        hit = self.best(text, toks)
+        return None if hit is None else hit[0]
+
+    def best(self, text: str, toks: list[str] | None = None) -> tuple[object, float | None] | None:
+        """:meth:`match` with the share of the source's n-grams found in ``text`` (1.0 for a short text matched
+        whole; None with ``min_overlap`` 0, where one shared n-gram decides and no share is computed)."""
+        long_t, short_t, lengths, need = self._build()
         if long_t is None and short_t is None:
             return None
         ids = self._ids(grams(text) if toks is None else toks, grow=False)
@@ -219,12 +255,22 @@ class NgramIndex:
         prefix = _prefix_hashes(ids)
         _, inv = _powers(n_ids)
         unknown = np.concatenate([[0], np.cumsum(ids == 0)])
-        best: tuple[int, int] | None = None  # (position in text, source index)
+        best: tuple[int, int] | None = None  # (position in text, source index), min_overlap 0
+        top: tuple[float, int] | None = None  # (share of the source's n-grams, source index), min_overlap > 0
         if long_t is not None and n_ids >= self.n:
             m = n_ids - self.n + 1
             starts = np.flatnonzero((unknown[self.n:self.n + m] - unknown[:m]) == 0)
-            best = long_t.lookup(starts, (prefix[starts + self.n] - prefix[starts]) * inv[starts])
-        if short_t is not None:
+            h = (prefix[starts + self.n] - prefix[starts]) * inv[starts]
+            if self.min_overlap == 0.0:
+                best = long_t.lookup(starts, h)
+            else:
+                srcs, counts = long_t.counts(h)
+                ok = counts >= need[srcs]
+                if ok.any():
+                    share = counts[ok] / self._size_arr[srcs[ok]]
+                    j = int(np.argmax(share))  # ties: the first source added (srcs are sorted)
+                    top = (float(share[j]), int(srcs[ok][j]))
+        if short_t is not None and (top is None or top[0] < 1.0):
             starts = np.flatnonzero(short_t.first[ids.astype(np.intp)])
             if best is not None:
                 starts = starts[starts < best[0]]
@@ -238,9 +284,15 @@ class NgramIndex:
                 st, ln, end = st[fits], ln[fits], end[fits]
                 h = (prefix[end] - prefix[st]) * inv[st] + ln.astype(np.uint64) * _LEN_MIX
                 hit = short_t.lookup(st, h)
-                if hit is not None and (best is None or hit[0] < best[0]):
-                    best = hit
-        return None if best is None else self.sources[best[1]]
+                if hit is not None:
+                    if self.min_overlap == 0.0:
+                        if best is None or hit[0] < best[0]:
+                            best = hit
+                    else:
+                        top = (1.0, hit[1])
+        if self.min_overlap == 0.0:
+            return None if best is None else (self.sources[best[1]], None)
+        return None if top is None else (self.sources[top[1]], top[0])
 
 
 def _prefix_hashes(ids: np.ndarray) -> np.ndarray:

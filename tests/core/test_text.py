@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from stages.core.text import (
     NgramIndex,
     grams,
@@ -79,3 +81,53 @@ def test_ngram_index_rules() -> None:
     assert index.match("compute 8 choose") is None
     assert index.match("this is too short") is None
     assert NgramIndex(5).match("anything") is None
+
+
+def _naive_overlap(sources: list[str], n: int, min_short: int, theta: float, query: str) -> dict[int, float]:
+    """Sources the query holds at least ``theta`` of (distinct n-grams; short sources whole), with the share."""
+    q = grams(query)
+    qset = {tuple(q[j:j + n]) for j in range(len(q) - n + 1)}
+    out = {}
+    for i, s in enumerate(sources):
+        g = grams(s)
+        if len(g) >= n:
+            table = {tuple(g[j:j + n]) for j in range(len(g) - n + 1)}
+            share = len(table & qset) / len(table)
+            if share > 0 and share >= theta - 1e-12:
+                out[i] = share
+        elif len(g) >= min_short and any(q[j:j + len(g)] == g for j in range(len(q) - len(g) + 1)):
+            out[i] = 1.0
+    return out
+
+
+def test_containment_agrees_with_naive_sets() -> None:
+    rng = random.Random(1)
+    vocab = [f"w{i}" for i in range(12)]
+    sources = [" ".join(rng.choice(vocab) for _ in range(rng.randint(2, 30))) for _ in range(60)]
+    for theta in (0.2, 0.5, 0.7, 1.0):
+        index = NgramIndex(4, min_short=3, min_overlap=theta)
+        for i, s in enumerate(sources):
+            index.add(s, i)
+        for _ in range(200):
+            parts = [rng.choice(sources) for _ in range(rng.randint(0, 2))]
+            noise = " ".join(rng.choice(vocab + ["zz"]) for _ in range(rng.randint(0, 30)))
+            query = " ".join(parts[:1] + [noise] + parts[1:])
+            expected = _naive_overlap(sources, 4, 3, theta, query)
+            hit = index.best(query)
+            assert (hit is None) == (not expected), (theta, query)
+            if hit is not None:
+                assert hit[0] in expected and abs(hit[1] - max(expected.values())) < 1e-9
+
+
+def test_containment_rules() -> None:
+    index = NgramIndex(3, min_overlap=0.5)
+    index.add("a b c d e f", "six")     # 4 distinct 3-grams: a query must hold 2
+    index.add("x y z x y z x y z", "rep")  # 3 distinct 3-grams (x y z, y z x, z x y): repeats count once
+    index.add("p q", "tiny")  # too short to match whole
+    assert index.match("a b c d") == "six" and index.best("a b c d") == ("six", 0.5)
+    assert index.match("a b c") is None  # 1 of 4
+    assert index.best("x y z x") == ("rep", 2 / 3)
+    assert index.match("p q") is None
+    assert NgramIndex(3, min_overlap=0.0).best("anything") is None
+    with pytest.raises(ValueError):
+        NgramIndex(3, min_overlap=1.5)
