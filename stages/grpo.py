@@ -715,7 +715,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     return metrics
 
 
-if __name__ == "__main__":  # the DeepSpeed / torchrun entry (README, Real mode); dvc runs python -m flows.grpo
+if __name__ == "__main__":  # the DeepSpeed / torchrun entry (docs/real-mode.md); dvc runs python -m flows.grpo
     from stages.train.common import cli
 
     raise SystemExit(cli(GrpoParams, run))

@@ -1,6 +1,6 @@
 """The ``pretrain`` stage: continual pretraining of the base model on a mixture of text sources.
 
-Paper ([P] section 2.3, ../shared/docs/deepseekmath.md section 2): 500B tokens, 56% math corpus, 4%
+Paper (arXiv 2402.03300 sections 2.2.1 and 2.3; docs/training.md): 500B tokens, 56% math corpus, 4%
 AlgebraicStack, 10% arXiv, 20% code, 10% general text; AdamW (0.9, 0.95, wd 0.1); multi-step LR (warm-up
 2000 steps, 31.6% of the peak after 80% of the steps, 10% after 90%); 4K context. The tiny default mixes
 the corpus stage's math corpus with its general crawl text. The first ``eval_docs`` rows of the first

@@ -1,6 +1,6 @@
 """The ``sft`` stage: supervised fine-tuning on chain-of-thought, program-of-thought and tool-integrated solutions.
 
-Paper ([P] section 3, ../shared/docs/deepseekmath.md section 3): 776K examples in CoT, PoT and
+Paper (arXiv 2402.03300 sections 3.1-3.2; docs/training.md): 776K examples in CoT, PoT and
 tool-integrated formats, packed to 4K tokens, 500 steps, batch 256, constant LR 5e-5.
 
 Each example is ``chat_prompt(question, mode)`` (``User: {question}\\n{instruction}\\n\\nAssistant:``, with

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-pytest.importorskip("vllm", reason="vllm not installed in this environment (.venv-vllm has it; README)")
+pytest.importorskip("vllm", reason="vllm not installed in this environment (.venv-vllm has it; docs/generation.md)")
 pytest.importorskip("deepspeed", reason="deepspeed not installed in this environment")
 
 pytestmark = pytest.mark.vllm
