@@ -175,7 +175,7 @@ class GrpoParams(Section):
     fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32."""
     deepspeed: DeepSpeedParams
     """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
-    when launched by deepspeed / torchrun (README, Real mode). ZeRO-3 is refused (see the validator)."""
+    when launched by deepspeed / torchrun (docs/real-mode.md). ZeRO-3 is refused (see the validator)."""
 
     @model_validator(mode="after")
     def _check_algorithm(self) -> GrpoParams:
