@@ -6,6 +6,9 @@ small Llama-style causal LM from params; both are saved as one Hugging Face dire
 
 Real mode (``checkpoint`` set): write ``model_ref.json`` pointing at the checkpoint (a local HF
 directory or a hub id such as ``deepseek-ai/deepseek-coder-7b-base-v1.5``); its own tokenizer is used.
+
+Either way the model records ``prompt_format`` (stages/core/prompts.py): in its tokenizer config (tiny mode) or
+in ``model_ref.json``; every later stage builds its prompts in that format.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, iter_jsonl, write_json
 from stages.core.modeling import MODEL_REF, save_model
+from stages.core.prompts import record_style
 from stages.schema.base_model import BaseModelParams
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -110,12 +114,21 @@ def run(p: BaseModelParams) -> dict[str, Any]:
             config = AutoConfig.from_pretrained(p.checkpoint)
         except (OSError, ValueError) as e:
             raise PipelineError(f"base_model.checkpoint: cannot read a model config from {p.checkpoint!r} ({str(e).splitlines()[0]})") from None
+        if p.prompt_format == "chat_template":
+            try:
+                record_style(AutoTokenizer.from_pretrained(p.checkpoint), p.prompt_format)
+            except PipelineError as e:
+                raise PipelineError(f"base_model.prompt_format: {e} ({p.checkpoint})") from None
         with atomic_path(paths.BASE_MODEL) as tmp:
             tmp.mkdir()
-            (tmp / MODEL_REF).write_text(json.dumps({"path": p.checkpoint}) + "\n")
-        metrics = {"mode": "checkpoint", "model_type": config.model_type}
+            (tmp / MODEL_REF).write_text(json.dumps({"path": p.checkpoint, "prompt_format": p.prompt_format}) + "\n")
+        metrics = {"mode": "checkpoint", "model_type": config.model_type, "prompt_format": p.prompt_format}
     else:
         tokenizer = train_tokenizer(corpus_texts(paths.GENERATED, p.tokenizer_texts), p.vocab_size)
+        try:
+            record_style(tokenizer, p.prompt_format)
+        except PipelineError as e:
+            raise PipelineError(f"base_model.prompt_format: {e} (the tiny tokenizer has none)") from None
         model = init_model(p, tokenizer)
         n_params = sum(t.numel() for t in model.parameters())
         save_model(model, tokenizer, paths.BASE_MODEL, extra={"stage": "base_model", "params": p.tracked_dump()})

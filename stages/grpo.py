@@ -62,7 +62,7 @@ from stages.core.generation import SamplingParams, make_generator, model_max_len
 from stages.core.io import atomic_path, write_json
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
-from stages.core.prompts import chat_prompt
+from stages.core.prompts import prompt_format
 from stages.rl.advantages import outcome_advantages
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, run_dir, save_checkpoint
@@ -158,11 +158,12 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
         if pool is None:
             raise ValueError("grpo_step: algorithm rft needs the RFT pool")
         kept = pool.step_samples(qs)
-        ro = build_rollout([rows[q] for q, _ in kept], [chat_prompt(rows[q]["question"], "cot") for q, _ in kept],
+        ro = build_rollout([rows[q] for q, _ in kept], [prompt_format(tokenizer).prompt(rows[q]["question"], "cot") for q, _ in kept],
                            [[c] for _, c in kept], tokenizer, mask_truncated=p.mask_truncated) if kept else None
     else:
         batch = [rows[i] for i in qs]
-        prompts = [chat_prompt(r["question"], "cot") for r in batch]
+        fmt = prompt_format(tokenizer)
+        prompts = [fmt.prompt(r["question"], "cot") for r in batch]
         model.eval()
         sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=G, max_new_tokens=p.max_new_tokens,
                             seed=p.seed * 1_000_003 + step)
@@ -409,7 +410,8 @@ class HeldoutEval:
 
     def evaluate(self, done: int, generator: Any) -> float:
         """Evaluate now (``generator`` holds the current weights); record and return the accuracy."""
-        outs = generator.generate([chat_prompt(r["question"], "cot") for r in self.rows],
+        fmt = prompt_format(generator.tokenizer)
+        outs = generator.generate([fmt.prompt(r["question"], "cot") for r in self.rows],
                                   SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens))
         ok = sum(accuracy_reward(completion=o[0].text, answer=r["answer"]) for o, r in zip(outs, self.rows, strict=True))
         acc = ok / len(self.rows)
@@ -429,7 +431,7 @@ class HeldoutEval:
 def max_model_len(tokenizer: Any, model: Any, questions: list[str], max_new_tokens: int) -> int:
     """Longest prompt (CoT chat prompt of ``questions``) plus ``max_new_tokens``, capped by the model's context:
     the vLLM engine's ``max_model_len`` (its KV-cache reservation follows it)."""
-    longest = max((len(ids) for ids in tokenizer([chat_prompt(q, "cot") for q in questions])["input_ids"]), default=1)
+    longest = max((len(ids) for ids in tokenizer([prompt_format(tokenizer).prompt(q, "cot") for q in questions])["input_ids"]), default=1)
     cap = model_max_length(model.config) or (longest + max_new_tokens)
     return int(min(cap, longest + max_new_tokens))
 
@@ -502,7 +504,7 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
             sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size,
                                 max_new_tokens=p.max_new_tokens, seed=p.seed * 1_000_003 - 1)
             model.eval()
-            pool = build_rft_pool(generator, rows, qidx, [chat_prompt(rows[q]["question"], "cot") for q in qidx], sp,
+            pool = build_rft_pool(generator, rows, qidx, [prompt_format(tokenizer).prompt(rows[q]["question"], "cot") for q in qidx], sp,
                                   lambda row, c: accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
             if rft_cache is not None:
                 rft_cache["pool"] = pool

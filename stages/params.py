@@ -12,10 +12,12 @@ The section classes are re-exported here for tests and scripts (``from stages.pa
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.schema.base import RUNTIME, Section, format_error, merge_runtime, read_params_file
 from stages.schema.base_model import BaseModelParams
@@ -28,6 +30,7 @@ from stages.schema.corpus import (
     RecallParams,
 )
 from stages.schema.data import CrawlParams, DataParams, ProblemParams
+from stages.schema.datasets import DatasetSpec, HubSource
 from stages.schema.evaluate import EvalCommonParams, EvalMode, EvalModelParams, EvaluateParams
 from stages.schema.grpo import (
     GrpoBaselineParams,
@@ -36,13 +39,17 @@ from stages.schema.grpo import (
     GrpoParams,
     GrpoRewardParams,
 )
+from stages.schema.ingest import IngestCommonParams, IngestDataset, IngestDecontamParams, IngestParams
 from stages.schema.pretrain import MixtureSource, PretrainParams
 from stages.schema.reward_model import RewardModelParams
 from stages.schema.sft import SftFormatMix, SftParams
+from stages.schema.testsets import TestsetCommonParams, TestsetsParams
 from stages.schema.train import DeepSpeedParams, TrainLoopParams
 
 __all__ = [
-    "RUNTIME", "BaseModelParams", "ClassifierParams", "CorpusParams", "CrawlParams", "DataParams", "DecontamParams",
+    "RUNTIME", "BaseModelParams", "ClassifierParams", "CorpusParams", "CrawlParams", "DataParams", "DatasetSpec",
+    "DecontamParams", "HubSource", "IngestCommonParams", "IngestDataset", "IngestDecontamParams", "IngestParams",
+    "TestsetCommonParams", "TestsetsParams",
     "DedupParams", "DeepSpeedParams", "DomainParams", "EvalCommonParams", "EvalMode", "EvalModelParams",
     "EvaluateParams", "GrpoBaselineParams", "GrpoHeldoutParams", "GrpoIterativeParams", "GrpoParams",
     "GrpoRewardParams", "MixtureSource", "Params", "PretrainParams", "ProblemParams", "RecallParams",
@@ -57,6 +64,10 @@ class Params(BaseModel):
 
     data: DataParams
     """Generated crawl, seed corpus and word problems."""
+    testsets: TestsetsParams
+    """Evaluation sets as pipeline rows (GSM8K / MATH test, MATH-500, GSM-Hard, the generated test problems)."""
+    ingest: IngestParams
+    """SFT and RL data sets as pipeline rows, checked and decontaminated (GSM8K / MATH train, instruction sets)."""
     base_model: BaseModelParams
     """Tokenizer and initial model."""
     corpus: CorpusParams
@@ -71,6 +82,35 @@ class Params(BaseModel):
     """Neural outcome / process reward model for GRPO (paper sections 4.1.3-4.1.4)."""
     sft: SftParams
     """Supervised fine-tuning on CoT / PoT / TIR solutions (paper section 3)."""
+
+
+    @model_validator(mode="after")
+    def _check_across_sections(self) -> Params:
+        """What one section says about another's outputs: every named test set exists, a model reward has a reward
+        model, and a stage reading the ingest stage's sft / rl rows has a data set of that role."""
+        names = set(self.testsets.datasets)
+        if Path(self.evaluate.common.testsets) == paths.TESTSETS:
+            missing = [b for b in self.evaluate.common.benchmarks if b not in names]
+            if missing:
+                raise ValueError(f"evaluate.common.benchmarks: {missing} are not test sets (testsets.datasets has "
+                                 f"{sorted(names)})")
+        held = Path(self.grpo.heldout.problems_file)
+        if held.parent == paths.TESTSETS and held.stem not in names:
+            raise ValueError(f"grpo.heldout.problems_file: {held} is not a test set (testsets.datasets has "
+                             f"{sorted(names)})")
+        model_reward = self.grpo.reward_source in ("outcome_rm", "process_rm")
+        if model_reward and not self.reward_model.enabled:
+            raise ValueError(f"grpo.reward_source {self.grpo.reward_source} needs a reward model; set "
+                             "reward_model.enabled: true (or reward_source: rule)")
+        roles = {d.role for d in self.ingest.datasets.values()}
+        for key, value in (("sft.problems", self.sft.problems), ("grpo.prompts_file", self.grpo.prompts_file),
+                           ("reward_model.prompts_file", self.reward_model.prompts_file)):
+            path = Path(value)
+            for role in ("sft", "rl"):
+                if (path == paths.INGEST / role or path.parent == paths.INGEST / role) and role not in roles:
+                    raise ValueError(f"{key}: {value} is the ingest stage's {role} rows, but no ingest data set has "
+                                     f"role {role}")
+        return self
 
 
 def section_classes() -> dict[str, type[Section]]:

@@ -18,7 +18,15 @@ from stages.core import paths
 from stages.core.io import write_json
 from stages.schema.pretrain import PretrainParams
 from stages.train.checkpoint import run_hash
-from stages.train.common import cli, export_model, is_main_process, load_start_model, loop_metrics, write_curves
+from stages.train.common import (
+    cli,
+    export_model,
+    is_main_process,
+    load_start_model,
+    loop_metrics,
+    pass_through,
+    write_curves,
+)
 from stages.train.data import PackedMixture, read_heldout_texts, text_eval_batches
 from stages.train.loop import eval_loss, train
 
@@ -60,8 +68,11 @@ def pretrain(p: PretrainParams, *, base_dir: str | Path, out_dir: str | Path, ck
 def run(p: PretrainParams) -> dict[str, Any]:
     """Pretrain data/models/base on the mixture into data/models/pretrain; write data/metrics/pretrain.json."""
     t0 = time.perf_counter()
-    metrics = pretrain(p, base_dir=paths.BASE_MODEL, out_dir=paths.PRETRAIN_MODEL,
-                       ckpt_root=paths.CHECKPOINTS / "pretrain", plots_dir=paths.plots_dir("pretrain"))
+    if not p.enabled:
+        metrics = pass_through("pretrain", paths.BASE_MODEL, paths.PRETRAIN_MODEL, paths.plots_dir("pretrain"))
+    else:
+        metrics = pretrain(p, base_dir=paths.BASE_MODEL, out_dir=paths.PRETRAIN_MODEL,
+                           ckpt_root=paths.CHECKPOINTS / "pretrain", plots_dir=paths.plots_dir("pretrain"))
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
         write_json(paths.metrics_file("pretrain"), metrics)

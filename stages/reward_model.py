@@ -10,6 +10,9 @@ labelled automatically from samples of the SFT policy on RL problems.
 4. report held-out outcome AUC (last-token score vs answer correctness) and step AUC (step-end scores vs
    step labels), before and after training.
 
+``enabled: false``: nothing is trained; data/models/reward_model/ holds only a ``DISABLED`` note (for GRPO with
+the rule reward, which never reads it).
+
 Outputs: data/models/reward_model/ (HF directory, ``AutoModelForTokenClassification`` with one label, plus
 ``examples.jsonl``: the training examples, the replay history of iterative GRPO, and ``heldout.jsonl``),
 data/metrics/reward_model.json.
@@ -24,7 +27,7 @@ import torch
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import write_json
+from stages.core.io import atomic_path, write_json
 from stages.core.modeling import check_compatible, load_model, load_tokenizer
 from stages.rl.data import load_prompts
 from stages.rl.reward_model import (
@@ -42,9 +45,16 @@ from stages.schema.reward_model import RewardModelParams
 def run(p: RewardModelParams) -> dict[str, Any]:
     """Sample, label, train and evaluate the reward model; write it and its metrics."""
     t_start = time.perf_counter()
+    if not p.enabled:
+        with atomic_path(paths.REWARD_MODEL) as tmp:
+            tmp.mkdir(parents=True)
+            (tmp / "DISABLED").write_text("reward_model.enabled: false; no reward model was trained\n")
+        off = {"enabled": False, "wall_s": round(time.perf_counter() - t_start, 2)}
+        write_json(paths.metrics_file("reward_model"), off)
+        return off
     if p.num_threads:
         torch.set_num_threads(p.num_threads)
-    prompts_path = p.prompts_file or paths.RL_PROMPTS
+    prompts_path = p.prompts_file
     rows = load_prompts(prompts_path)
     if p.labels == "values" and any("values" not in r for r in rows[: p.questions]):
         raise PipelineError(f"reward_model.labels: 'values' needs rows with a 'values' field in {prompts_path}; use 'rollouts'")

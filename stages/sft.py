@@ -3,14 +3,20 @@
 Paper (arXiv 2402.03300 sections 3.1-3.2; docs/training.md): 776K examples in CoT, PoT and
 tool-integrated formats, packed to 4K tokens, 500 steps, batch 256, constant LR 5e-5.
 
-Each example is ``chat_prompt(question, mode)`` (``User: {question}\\n{instruction}\\n\\nAssistant:``, with
-DeepSeekMath's CoT / TIR instructions and our PoT instruction, stages/core/prompts.py) followed by
-``response_text(solution)`` and EOS; prompt and response are tokenised separately and concatenated, so the
-prompt's tokens are exactly those the model sees at evaluation. The loss covers the response and EOS only.
-Every training problem gets one format, drawn with the ``formats`` shares; PoT programs and TIR code are run
-in the sandbox and the example is dropped unless execution reproduces the gold answer (and, for TIR, the
-``output`` block written in the solution). The last ``val_problems`` problems are held out as CoT examples;
-their loss picks the best checkpoint, which is the exported model.
+Each example is the model's prompt for (question, mode) (stages/core/prompts.py: the DeepSeekMath
+``User: {question}\\n{instruction}\\n\\nAssistant:`` or the tokenizer's chat template, with DeepSeekMath's CoT /
+TIR instructions and our PoT instruction) followed by its response text for the solution and EOS; prompt and
+response are tokenised separately and concatenated, so the prompt's tokens are exactly those the model sees in RL
+and at evaluation. The loss covers the response and EOS only.
+
+Problems: a JSONL file or a directory of them (the ingest stage's data/ingest/sft); each row has ``question``,
+``answer`` and at least one solution field among ``cot``, ``pot``, ``tir``. Every training problem gets one of the
+formats it has, drawn with the ``formats`` shares renormalised over those (a generated problem has all three; a
+GSM8K or MATH row only ``cot``; a row whose formats all have share 0 is not trained on, and counted). PoT
+programs and TIR code are run in the sandbox and the example is dropped unless execution reproduces the gold
+answer (and, for TIR, the ``output`` block written in the solution). The last ``val_problems`` problems are held
+out as examples of their first format among cot, pot, tir; their loss picks the best checkpoint, which is the
+exported model.
 """
 
 from __future__ import annotations
@@ -27,37 +33,58 @@ from typing import Any
 from stages.core import paths, sandbox
 from stages.core.answers import extract_answer, is_equivalent
 from stages.core.errors import PipelineError
-from stages.core.io import read_jsonl, write_json
-from stages.core.prompts import chat_prompt, response_text
+from stages.core.io import write_json
+from stages.core.problems import load_rows
+from stages.core.prompts import prompt_format
 from stages.schema.sft import SftParams
 from stages.train.checkpoint import run_hash
-from stages.train.common import cli, export_model, is_main_process, load_start_model, loop_metrics, write_curves
+from stages.train.common import (
+    cli,
+    export_model,
+    is_main_process,
+    load_start_model,
+    loop_metrics,
+    pass_through,
+    write_curves,
+)
 from stages.train.data import Example, PackedExamples, eval_batches, make_example
 from stages.train.loop import eval_loss, train
 
 FORMATS = ("cot", "pot", "tir")
-_REQUIRED = ("question", "answer", "cot", "pot", "tir")
 _TIR_BLOCK = re.compile(r"```python\n.*?```", re.S)
 _TIR_OUT = re.compile(r"```output\n(.*?)```", re.S)
 
 
+def row_formats(row: dict[str, Any]) -> list[str]:
+    """The solution formats a problem row has (non-empty ``cot`` / ``pot`` / ``tir`` strings), in that order."""
+    return [f for f in FORMATS if isinstance(row.get(f), str) and row[f].strip()]
+
+
 def load_problems(path: str | Path) -> list[dict[str, Any]]:
-    """Read the SFT problems; one-line error when the file is missing, empty, or rows lack a field."""
-    rows = read_jsonl(path)
-    if not rows:
-        raise PipelineError(f"{path}: no SFT problems in the file; run the corpus stage (dvc repro corpus) or fix sft.problems")
+    """Read the SFT problems (a file or a directory of them); one-line error when missing, empty, or a row has no
+    question, answer or solution."""
+    rows = load_rows(path, "SFT problem")
     for i, r in enumerate(rows, 1):
-        missing = [k for k in _REQUIRED if not isinstance(r.get(k), str)]
-        if missing:
-            raise PipelineError(f"{path}:{i}: problem row lacks string field(s) {missing}; see the problem schema in stages/data/problems.py")
+        if not row_formats(r):
+            raise PipelineError(f"{path}: SFT row {i} ({r.get('id')}) has no solution (cot, pot or tir); ingest it "
+                                "with a solution or leave it out of the SFT set")
     return rows
 
 
-def assign_formats(n: int, shares: dict[str, float], seed: int) -> list[str]:
-    """One format per problem, drawn independently with the given shares (seeded)."""
+def assign_formats(n: int, shares: dict[str, float], seed: int, available: list[list[str]] | None = None
+                   ) -> list[str | None]:
+    """One format per problem, drawn independently with the given shares (seeded), among the formats each problem
+    has (``available``, default: all three) with the shares renormalised over them; None where every format the
+    problem has has share 0. With every format available this is ``rng.choices`` over the shares, draw for draw."""
     rng = random.Random(seed)
     names = [f for f in FORMATS if shares[f] > 0]
-    return rng.choices(names, weights=[shares[f] for f in names], k=n)
+    if available is None:
+        return rng.choices(names, weights=[shares[f] for f in names], k=n)  # type: ignore[return-value]
+    out: list[str | None] = []
+    for have in available:
+        opts = [f for f in names if f in have]
+        out.append(rng.choices(opts, weights=[shares[f] for f in opts])[0] if opts else None)
+    return out
 
 
 def _tir_ok(solution: str, gold: str) -> bool:
@@ -97,7 +124,9 @@ def build_examples(p: SftParams, rows: list[dict[str, Any]], tok: Any, cache: Pa
     if p.val_problems >= len(rows):
         raise PipelineError(f"sft.val_problems: {p.val_problems} is not below the {len(rows)} problems in {p.problems}; use fewer")
     train_rows, val_rows = rows[: -p.val_problems], rows[-p.val_problems:]
-    modes = assign_formats(len(train_rows), p.formats.model_dump(), p.train.seed)
+    have = [row_formats(r) for r in train_rows]
+    modes = assign_formats(len(train_rows), p.formats.model_dump(), p.train.seed, have)
+    unshared = sum(1 for m in modes if m is None)
     t0 = time.perf_counter()
     if not p.verify_programs:
         keep = [True] * len(train_rows)
@@ -109,20 +138,23 @@ def build_examples(p: SftParams, rows: list[dict[str, Any]], tok: Any, cache: Pa
             write_json(cache, keep)
     verify_s = time.perf_counter() - t0
     drawn, kept, too_long = Counter(modes), Counter(), Counter()
+    fmt = prompt_format(tok)
     train_ex: list[Example] = []
     for r, m, k in zip(train_rows, modes, keep, strict=True):
-        if not k:
+        if not k or m is None:
             continue
-        ex = make_example(tok, chat_prompt(r["question"], m), response_text(r[m]))
+        ex = make_example(tok, fmt.prompt(r["question"], m), fmt.response(r[m]))
         if len(ex.input_ids) > p.train.seq_len:
             too_long[m] += 1
             continue
         kept[m] += 1
         train_ex.append(ex)
-    val_ex = [make_example(tok, chat_prompt(r["question"], "cot"), response_text(r["cot"])) for r in val_rows]
+    val_ex = [make_example(tok, fmt.prompt(r["question"], row_formats(r)[0]), fmt.response(r[row_formats(r)[0]]))
+              for r in val_rows]
     val_ex = [e for e in val_ex if len(e.input_ids) <= p.train.seq_len]
     counts = {
-        "problems": len(rows), "val_problems": len(val_ex),
+        "problems": len(rows), "val_problems": len(val_ex), "prompt_format": fmt.style,
+        "rows_with_format": {m: sum(1 for h in have if m in h) for m in FORMATS}, "no_shared_format": unshared,
         "drawn": {m: drawn[m] for m in FORMATS}, "kept": {m: kept[m] for m in FORMATS},
         "dropped_unverified": {m: sum(1 for mm, k in zip(modes, keep, strict=True) if mm == m and not k) for m in FORMATS},
         "dropped_too_long": {m: too_long[m] for m in FORMATS},
@@ -173,8 +205,11 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
 def run(p: SftParams) -> dict[str, Any]:
     """Fine-tune data/models/pretrain into data/models/sft; write data/metrics/sft.json."""
     t0 = time.perf_counter()
-    metrics = sft(p, init_dir=paths.PRETRAIN_MODEL, out_dir=paths.SFT_MODEL, ckpt_root=paths.CHECKPOINTS / "sft",
-                  plots_dir=paths.plots_dir("sft"))
+    if not p.enabled:
+        metrics = pass_through("sft", paths.PRETRAIN_MODEL, paths.SFT_MODEL, paths.plots_dir("sft"))
+    else:
+        metrics = sft(p, init_dir=paths.PRETRAIN_MODEL, out_dir=paths.SFT_MODEL, ckpt_root=paths.CHECKPOINTS / "sft",
+                      plots_dir=paths.plots_dir("sft"))
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
         write_json(paths.metrics_file("sft"), metrics)

@@ -23,16 +23,34 @@ MODEL_REF = "model_ref.json"
 
 def resolve_model(path: str | os.PathLike[str]) -> str:
     """Return what transformers should load for ``path``: the directory itself, or the target of
-    its ``model_ref.json``. Raises a one-line error when ``path`` is not a model directory."""
+    its ``model_ref.json`` (followed again when the target holds one). Raises a one-line error when ``path`` is
+    not a model directory."""
     p = Path(path)
-    ref = p / MODEL_REF
-    if ref.is_file():
+    for _ in range(16):
+        ref = p / MODEL_REF
+        if not ref.is_file():
+            break
         target = json.loads(ref.read_text())["path"]
-        if Path(target).exists():
-            check_model_dir(target)
-        return str(target)
+        if not Path(target).exists():
+            return str(target)  # a hub id
+        p = Path(target)
     check_model_dir(p)
     return str(p)
+
+
+def model_ref_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``model_ref.json`` of ``path`` and of every model directory it points through, merged (nearest wins):
+    what a model used in place records beside its path (its prompt format)."""
+    out: dict[str, Any] = {}
+    p = Path(path)
+    for _ in range(16):
+        ref = p / MODEL_REF
+        if not ref.is_file():
+            break
+        info = json.loads(ref.read_text())
+        out = {**info, **out}
+        p = Path(info["path"])
+    return out
 
 
 def check_model_dir(path: str | os.PathLike[str]) -> None:
@@ -47,6 +65,9 @@ def check_model_dir(path: str | os.PathLike[str]) -> None:
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """Load the tokenizer of a model directory (left padding, pad token set)."""
     tok = AutoTokenizer.from_pretrained(resolve_model(path))
+    style = model_ref_info(path).get("prompt_format")
+    if style is not None:  # a checkpoint used in place: its prompt format is recorded in model_ref.json
+        tok.init_kwargs["pipeline_prompt_format"] = style
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

@@ -15,6 +15,11 @@ CRAWL = GENERATED / "crawl.jsonl"  # web-like pages with ground-truth labels
 SEED = GENERATED / "seed.jsonl"  # the OpenWebMath stand-in
 PROBLEMS = GENERATED / "problems"  # sft.jsonl, rl.jsonl, test.jsonl
 
+# testsets and ingest stages: evaluation sets and SFT / RL sets as pipeline rows
+TESTSETS = DATA / "testsets"  # <name>.jsonl, one per testsets.datasets entry (what evaluate scores)
+INGEST = DATA / "ingest"  # sft/<name>.jsonl and rl/<name>.jsonl, one per ingest.datasets entry
+REPORTS = DATA / "reports"  # <stage>/<name>.json: what each data set kept and skipped
+
 # corpus stage
 CORPUS = DATA / "corpus"
 MATH_CORPUS = CORPUS / "math_corpus.jsonl"  # rows: id, url, text, score, domain, round
@@ -48,6 +53,21 @@ EVAL = DATA / "eval"
 def problems_file(split: str) -> Path:
     """The JSONL file of one problem split: ``sft``, ``rl`` or ``test``."""
     return PROBLEMS / f"{split}.jsonl"
+
+
+def testset_file(name: str) -> Path:
+    """The rows of test set ``name``: ``data/testsets/<name>.jsonl``."""
+    return TESTSETS / f"{name}.jsonl"
+
+
+def ingest_file(role: str, name: str) -> Path:
+    """The rows of ingested data set ``name``: ``data/ingest/<role>/<name>.jsonl`` (role sft or rl)."""
+    return INGEST / role / f"{name}.jsonl"
+
+
+def report_file(stage: str, name: str) -> Path:
+    """The report of one data set of the testsets / ingest stage: ``data/reports/<stage>/<name>.json``."""
+    return REPORTS / stage / f"{name}.json"
 
 
 def metrics_file(stage: str) -> Path:

@@ -11,9 +11,16 @@ trains on PoT data but its evaluation code has no zero-shot PoT instruction.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from stages.core.errors import PipelineError
 
 Mode = Literal["cot", "pot", "tir"]
+Style = Literal["deepseekmath", "chat_template"]
+STYLES: tuple[str, ...] = ("deepseekmath", "chat_template")
+STYLE_KEY = "pipeline_prompt_format"
+"""Where a model records its prompt style: a key of its tokenizer config (``tokenizer.init_kwargs``)."""
 
 INSTRUCTIONS: dict[str, str] = {
     "cot": "Please reason step by step, and put your final answer within \\boxed{}.",
@@ -27,13 +34,77 @@ INSTRUCTIONS: dict[str, str] = {
 
 
 def chat_prompt(question: str, mode: Mode = "cot") -> str:
-    """The zero-shot prompt for SFT/RL models: ``User: {q}\\n{instruction}\\n\\nAssistant:``."""
+    """The zero-shot prompt in the ``deepseekmath`` style: ``User: {q}\\n{instruction}\\n\\nAssistant:``."""
     return f"User: {question}\n{INSTRUCTIONS[mode]}\n\nAssistant:"
 
 
 def response_text(solution: str) -> str:
-    """The training/target response for a solution: a space, then the solution (EOS added by the tokenizer step)."""
+    """The ``deepseekmath`` training/target response: a space, then the solution (EOS added by the tokenizer step)."""
     return " " + solution.strip()
+
+
+def user_message(question: str, mode: Mode = "cot") -> str:
+    """The user turn of both styles: the question, a newline, the instruction of the mode."""
+    return f"{question}\n{INSTRUCTIONS[mode]}"
+
+
+def recorded_style(tokenizer: Any) -> str:
+    """The prompt style a model's tokenizer records (``deepseekmath`` when it records none)."""
+    style = (getattr(tokenizer, "init_kwargs", None) or {}).get(STYLE_KEY) or "deepseekmath"
+    if style not in STYLES:
+        raise PipelineError(f"the model's tokenizer records prompt format {style!r}; expected one of {STYLES}")
+    return style
+
+
+def record_style(tokenizer: Any, style: str) -> None:
+    """Record ``style`` in the tokenizer (saved with it by ``save_pretrained``); a chat template must exist."""
+    if style not in STYLES:
+        raise PipelineError(f"prompt format {style!r}; expected one of {STYLES}")
+    if style == "chat_template" and not getattr(tokenizer, "chat_template", None):
+        raise PipelineError("prompt format chat_template: the tokenizer has no chat template; use deepseekmath")
+    tokenizer.init_kwargs[STYLE_KEY] = style
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """The zero-shot prompt and response text of one model (see the module docstring)."""
+
+    style: str
+    tokenizer: Any = None
+
+    def prompt(self, question: str, mode: Mode = "cot") -> str:
+        """The prompt text; ``tokenizer(prompt)`` gives its token ids in every stage."""
+        if self.style == "deepseekmath":
+            return chat_prompt(question, mode)
+        tok = self.tokenizer
+        text = tok.apply_chat_template([{"role": "user", "content": user_message(question, mode)}], tokenize=False,
+                                       add_generation_prompt=True)
+        bos = tok.bos_token
+        if bos and text.startswith(bos) and adds_bos(tok):
+            text = text[len(bos):]
+        return text
+
+    def response(self, solution: str) -> str:
+        """The response text a solution is trained as (EOS follows it)."""
+        return response_text(solution) if self.style == "deepseekmath" else solution.strip()
+
+
+def adds_bos(tokenizer: Any) -> bool:
+    """Whether ``tokenizer(text)`` puts the BOS token in front of the text by itself."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tokenizer("x", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == bos and tokenizer("x", add_special_tokens=False)["input_ids"][:1] != [bos]
+
+
+def prompt_format(tokenizer: Any) -> PromptFormat:
+    """The prompt format a model's tokenizer records (:func:`recorded_style`)."""
+    style = recorded_style(tokenizer)
+    if style == "chat_template" and not getattr(tokenizer, "chat_template", None):
+        raise PipelineError("the model records prompt format chat_template but its tokenizer has no chat template; "
+                            "use a tokenizer with one (or base_model.prompt_format: deepseekmath)")
+    return PromptFormat(style, tokenizer)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,9 +61,9 @@ def _check_inputs(p: CorpusParams) -> None:
         f = Path(p.problems_dir) / f"{split}.jsonl"
         if not f.is_file():
             raise PipelineError(f"corpus.problems_dir: {f} not found; run the data stage or fix the path")
-    for name, value in (("gsm8k_test", p.decontam.gsm8k_test), ("math_test", p.decontam.math_test)):
-        if value is not None and not Path(value).is_file():
-            raise PipelineError(f"corpus.decontam.{name}: {value} not found; give an existing JSONL file or null")
+    if not Path(p.decontam.testsets).exists():
+        raise PipelineError(f"corpus.decontam.testsets: {p.decontam.testsets} not found; run the testsets stage "
+                            "(dvc repro testsets) or fix the path")
     if p.domains.approve != "auto":
         dom.read_approved(p.domains.approve)
 
@@ -91,9 +91,10 @@ def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], No
     mp = map_fn or local_map
     say = log or (lambda msg: None)
     _check_inputs(p)
-    bench = load_benchmarks(generated_test=Path(p.problems_dir) / "test.jsonl", gsm8k=p.decontam.gsm8k_test,
-                            math=p.decontam.math_test)
-    index = ContaminationIndex(bench, p.decontam.ngram, min_short=p.decontam.min_short)
+    bench = {**load_benchmarks(testsets=p.decontam.testsets),
+             **load_benchmarks(generated_test=Path(p.problems_dir) / "test.jsonl")}
+    index = ContaminationIndex(bench, p.decontam.ngram, min_short=p.decontam.min_short,
+                               min_overlap=p.decontam.min_overlap)
     timings: dict[str, float] = {}
     paths.DATA.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".corpus-work-", dir=paths.DATA))
@@ -299,7 +300,7 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: Contam
         write_jsonl(out / "problems" / f"{split}.jsonl", res.kept)
         problems_removed[split] = {"in": len(rows), "removed": len(res.removed), "by_benchmark": res.counts(),
                                    "samples": [{"id": r.get("id"), "benchmark": b, "item": i} for r, b, i in res.removed[:5]]}
-    decon = {"ngram": p.decontam.ngram, "crawl": report.to_dict(index.sizes), "problems": problems_removed}
+    decon = {"ngram": p.decontam.ngram, "min_overlap": p.decontam.min_overlap, "crawl": report.to_dict(index.sizes), "problems": problems_removed}
     if has_truth:
         decon["crawl_vs_truth"] = {
             "planted_pages": truth["planted"], "planted_removed": truth["planted_removed"],

@@ -60,14 +60,19 @@ def _items(loaded: Iterable[Problem], strip: bool = False) -> list[BenchmarkItem
 
 
 def load_benchmarks(*, generated_test: str | os.PathLike[str] | None = None, gsm8k: str | os.PathLike[str] | None = None,
-                    math: str | os.PathLike[str] | None = None) -> dict[str, list[BenchmarkItem]]:
-    """The benchmarks whose paths are given, by name (``generated``, ``gsm8k``, ``math``).
+                    math: str | os.PathLike[str] | None = None, testsets: str | os.PathLike[str] | None = None
+                    ) -> dict[str, list[BenchmarkItem]]:
+    """The benchmarks whose paths are given, by name (``generated``, ``gsm8k``, ``math``; ``testsets``: the
+    testsets stage's directory, or one of its files, each file a benchmark named by its stem).
 
     Files are read by :mod:`stages.core.problems` (one-line errors for a missing file or a malformed row). Items
     are questions and reference solutions (generated CoT, GSM8K solution, MATH solution); GSM8K calculator
     annotations are stripped from both; MATH rows without an answer are kept (their text still counts).
     """
     out: dict[str, list[BenchmarkItem]] = {}
+    if testsets is not None:
+        for f in problems.jsonl_files(testsets, "test set"):
+            out[f.stem] = _items(problems.load_problem_file(f), strip=True)
     if generated_test is not None:
         out["generated"] = _items(problems.load_generated(generated_test))
     if gsm8k is not None:

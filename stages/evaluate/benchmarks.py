@@ -5,8 +5,9 @@ question, gold answer, difficulty: ``n_steps`` for the generated problems, the n
 ``####`` for GSM8K, ``level`` for MATH).
 
 Prompts (:func:`build_prompt`):
-- zero-shot (SFT / RL models): the chat prompt with DeepSeekMath's instruction
-  (:func:`stages.core.prompts.chat_prompt`), generation ends at EOS;
+- zero-shot (SFT / RL models): the model's prompt format with DeepSeekMath's instruction
+  (:class:`stages.core.prompts.PromptFormat`: the DeepSeekMath chat prompt, or the tokenizer's chat template),
+  generation ends at EOS;
 - few-shot (base / pretrained models): GSM8K 8-shot ``Q:/A:`` (stop ``\\nQ:``), MATH 4-shot Minerva
   (stop ``\\nProblem:``), and for the generated problems ``n_shots`` exemplars drawn from the SFT split in
   the same ``Q:/A:`` format, whose answer is the exemplar's CoT, PoT program or TIR solution by mode.
@@ -26,6 +27,7 @@ from stages.core.problems import Problem
 from stages.core.prompts import (
     MINERVA_STOP,
     QA_STOP,
+    PromptFormat,
     chat_prompt,
     gsm8k_fewshot_prompt,
     minerva_math_prompt,
@@ -80,11 +82,13 @@ def check_supported(benchmark: str, mode: str, prompting: str) -> None:
         )
 
 
-def build_prompt(problem: Problem, mode: str, prompting: str, exemplars: list[tuple[str, str]] | None = None) -> str:
-    """The prompt of one problem (see the module docstring)."""
+def build_prompt(problem: Problem, mode: str, prompting: str, exemplars: list[tuple[str, str]] | None = None,
+                 fmt: PromptFormat | None = None) -> str:
+    """The prompt of one problem (see the module docstring); ``fmt``: the model's zero-shot format (None: the
+    DeepSeekMath chat prompt)."""
     check_supported(problem.benchmark, mode, prompting)
     if prompting == "zero_shot":
-        return chat_prompt(problem.question, mode)  # type: ignore[arg-type]
+        return fmt.prompt(problem.question, mode) if fmt is not None else chat_prompt(problem.question, mode)  # type: ignore[arg-type]
     if problem.benchmark == "gsm8k":
         return gsm8k_fewshot_prompt(problem.question)
     if problem.benchmark == "math":

@@ -32,8 +32,16 @@ from stages.core.answers import are_equivalent, extract_answer
 from stages.core.generation import SamplingParams
 from stages.core.io import iter_jsonl
 from stages.core.problems import Problem
+from stages.core.prompts import PromptFormat, prompt_format
 from stages.core.sandbox import extract_tir_code, run_many_pot, run_tir_code, tir_output_block
 from stages.evaluate.benchmarks import TIR_STOP, build_prompt, stop_strings, strip_stops
+
+
+def generator_format(generator: Any) -> PromptFormat | None:
+    """The zero-shot prompt format of the model a generator decodes with (None when it exposes no tokenizer)."""
+    tok = getattr(generator, "tokenizer", None)
+    return None if tok is None else prompt_format(tok)
+
 
 _PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
@@ -42,10 +50,16 @@ _PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 class RunSpec:
     """What one run evaluates."""
 
-    benchmark: str
+    benchmark: str  # the test set's name (metrics key)
     mode: str  # cot | pot | tir
     decoding: str  # greedy | sample
     n: int  # completions per problem (1 for greedy)
+    family_: str | None = None  # generated | gsm8k | math: prompts and answer extraction; None: the name's
+
+    @property
+    def family(self) -> str:
+        """The benchmark family (stages.core.problems.FAMILIES): few-shot prompt, stops, answer extraction."""
+        return self.family_ or self.benchmark
 
     @property
     def name(self) -> str:
@@ -127,8 +141,9 @@ def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s
                    exemplars: list[tuple[str, str]] | None, batch_index: int,
                    pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
     """Generate, execute, extract and judge one batch; returns one record per problem."""
-    stops = stop_strings(spec.benchmark, spec.mode, prompting)
-    prompts = [build_prompt(p, spec.mode, prompting, exemplars) for p in problems]
+    stops = stop_strings(spec.family, spec.mode, prompting)
+    fmt = generator_format(generator)
+    prompts = [build_prompt(p, spec.mode, prompting, exemplars, fmt) for p in problems]
     if spec.mode == "tir":
         comps = generate_tir(generator, prompts, spec, s, stops, batch_index, pool)
     else:
@@ -138,7 +153,7 @@ def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s
     flat = [c for cs in comps for c in cs]
     for c in flat:
         c["text"] = strip_stops(c["text"], stops)
-    bench = "math" if spec.benchmark == "math" else "gsm8k"
+    bench = "math" if spec.family == "math" else "gsm8k"
     if spec.mode == "pot":
         results = run_many_pot([pot_program(c["text"]) for c in flat], timeout_s=s.exec_timeout_s,
                                workers=s.exec_workers)
@@ -152,7 +167,7 @@ def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s
     # the reference's percent rule (gold x 100 or / 100 accepted) only for the real benchmarks it was made for;
     # on the generated integer problems it would count 200 as right for a gold of 2
     checks = are_equivalent([c["answer"] for c in flat], golds, workers=s.exec_workers,
-                            percent_variants=spec.benchmark != "generated")
+                            percent_variants=spec.family != "generated")
     for c, ok in zip(flat, checks, strict=True):
         c["correct"] = bool(ok)
     records = []

@@ -30,41 +30,48 @@ from stages.core.answers import is_equivalent
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, write_json
 from stages.core.modeling import resolve_model
-from stages.core.problems import Problem, load_generated, load_gsm8k, load_math
+from stages.core.problems import Problem, load_problem_file
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
-from stages.evaluate.loop import LoopSettings, RunSpec, run_one
+from stages.evaluate.loop import LoopSettings, RunSpec, generator_format, run_one
 from stages.evaluate.metrics import default_ks, sample_metrics
 from stages.schema.evaluate import EvalCommonParams, EvalModelParams, EvaluateParams
 
 _CODE_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "core")
 
 
+def benchmark_file(c: EvalCommonParams, name: str) -> Path:
+    """The rows of test set ``name``: ``<testsets>/<name>.jsonl`` (or ``testsets`` itself when it is that file)."""
+    base = Path(c.testsets)
+    return base if base.is_file() and base.stem == name else base / f"{name}.jsonl"
+
+
 def load_benchmarks(c: EvalCommonParams, model_limit: int | None = None) -> dict[str, list[Problem]]:
-    """The benchmarks the params ask for, each cut to the smaller of ``c.limit`` and ``model_limit``."""
+    """The test sets ``c.benchmarks`` names, each cut to the smaller of ``c.limit`` and ``model_limit``; a test set
+    not written yet is a one-line error naming the stage that writes it."""
     limits = [x for x in (c.limit, model_limit) if x is not None]
     limit = min(limits) if limits else None
     out: dict[str, list[Problem]] = {}
-    if c.generated:
-        out["generated"] = load_generated(paths.problems_file("test"), limit)
-    if c.gsm8k_test:
-        out["gsm8k"] = load_gsm8k(c.gsm8k_test, limit)
-    if c.math_test:
-        out["math"] = load_math(c.math_test, limit)
-    if not out:
-        raise PipelineError("evaluate.common: no benchmark selected; set generated: true or give gsm8k_test / math_test")
+    for name in c.benchmarks:
+        f = benchmark_file(c, name)
+        if not f.is_file():
+            raise PipelineError(f"evaluate.common.benchmarks: test set {name!r} not found ({f}); add it to "
+                                f"testsets.datasets and run dvc repro testsets@{name}")
+        out[name] = load_problem_file(f, limit)
     return out
 
 
-def plan_runs(m: EvalModelParams, benchmarks: Sequence[str]) -> list[RunSpec]:
-    """Every (benchmark, mode, decoding) run of one model, checked for a prompt format up front."""
+def plan_runs(m: EvalModelParams, benchmarks: dict[str, list[Problem]] | Sequence[str]) -> list[RunSpec]:
+    """Every (benchmark, mode, decoding) run of one model, checked for a prompt format up front. ``benchmarks``:
+    the loaded test sets (each run gets its rows' family), or names (each name is its own family)."""
     runs = []
     for bench in benchmarks:
+        fam = benchmarks[bench][0].benchmark if isinstance(benchmarks, dict) else bench
         for mode in m.greedy_modes:
-            check_supported(bench, mode, m.prompting)
-            runs.append(RunSpec(bench, mode, "greedy", 1))
+            check_supported(fam, mode, m.prompting)
+            runs.append(RunSpec(bench, mode, "greedy", 1, fam))
         for mode in m.sample_modes:
-            check_supported(bench, mode, m.prompting)
-            runs.append(RunSpec(bench, mode, "sample", m.n_samples))
+            check_supported(fam, mode, m.prompting)
+            runs.append(RunSpec(bench, mode, "sample", m.n_samples, fam))
     if not runs:
         raise PipelineError("evaluate.models: a model with no greedy_modes and no sample_modes evaluates nothing")
     return runs
@@ -185,11 +192,10 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     m, c = p.models[model], p.common
     resolve_model(m.path)  # one-line error when the model directory is missing
     benchmarks = load_benchmarks(c, m.limit)
-    runs = plan_runs(m, list(benchmarks))
+    runs = plan_runs(m, benchmarks)
     sft_file = paths.problems_file("sft")
-    need_shots = m.prompting == "few_shot" and "generated" in benchmarks and c.n_shots > 0
-    data_files = [f for f in (paths.problems_file("test") if c.generated else None, c.gsm8k_test, c.math_test,
-                              sft_file if need_shots else None) if f]
+    need_shots = m.prompting == "few_shot" and any(r.family == "generated" for r in runs) and c.n_shots > 0
+    data_files = [benchmark_file(c, name) for name in benchmarks] + ([sft_file] if need_shots else [])
     ckpt_dir = paths.CHECKPOINTS / "evaluate" / fingerprint(model, m, c, data_files)
     if c.num_threads:
         torch.set_num_threads(c.num_threads)
@@ -208,8 +214,9 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
         if spec.decoding == "sample" and c.sample_limit is not None:
             problems = problems[: c.sample_limit]
         exemplars = (fewshot_exemplars(sft_file, c.n_shots, spec.mode, c.seed)
-                     if m.prompting == "few_shot" and spec.benchmark == "generated" else None)
-        prompt_examples.append(f"===== {spec.name} =====\n{build_prompt(problems[0], spec.mode, m.prompting, exemplars)}")
+                     if m.prompting == "few_shot" and spec.family == "generated" else None)
+        prompt_examples.append(f"===== {spec.name} =====\n"
+                               f"{build_prompt(problems[0], spec.mode, m.prompting, exemplars, generator_format(generator))}")
         t_run = time.perf_counter()
         records, resumed = run_one(generator, problems, spec, settings, m.prompting, exemplars,
                                    ckpt_dir / f"{spec.name}.jsonl", progress=_progress(f"{model}:{spec.name}"))

@@ -13,16 +13,17 @@ import torch
 from torch import Tensor
 
 from stages.core.errors import PipelineError
-from stages.core.prompts import chat_prompt, response_text
+from stages.core.prompts import prompt_format
 from stages.rl.data import step_questions
 
 
 def sft_batch(rows: list[dict[str, Any]], tokenizer: Any) -> tuple[Tensor, Tensor, Tensor]:
     """(input_ids, attention_mask, labels) right-padded; labels are -100 except on the response + EOS."""
     seqs, labs = [], []
+    fmt = prompt_format(tokenizer)
     for r in rows:
-        p = tokenizer(chat_prompt(r["question"], "cot"))["input_ids"]
-        a = tokenizer(response_text(r["cot"]), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        p = tokenizer(fmt.prompt(r["question"], "cot"))["input_ids"]
+        a = tokenizer(fmt.response(r["cot"]), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(p + a)
         labs.append([-100] * len(p) + a)
     L = max(len(s) for s in seqs)

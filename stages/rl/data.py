@@ -1,16 +1,18 @@
 """RL prompt datasets and the question order of the GRPO steps.
 
-Prompt JSONL schema (``grpo.prompts_file``; the default is the corpus stage's
-data/corpus/problems/rl.jsonl, whose rows are the data stage's problem rows)::
+Prompt JSONL schema (``grpo.prompts_file``: a file, or a directory of them such as the ingest stage's
+data/ingest/rl; the tiny default is the corpus stage's data/corpus/problems/rl.jsonl, whose rows are the data
+stage's problem rows); read by :func:`stages.core.problems.load_rows`::
 
-    question  str   required, the problem text (goes into the chat prompt, CoT instruction)
-    answer    str   required, the gold final answer (compared by stages.core.answers.is_equivalent)
-    id        str   optional, defaults to "prompt-<line number>"
+    question  str   required, the problem text (goes into the model's prompt, CoT instruction)
+    answer    str   required (or an integer), the gold final answer (compared by stages.core.answers.is_equivalent);
+                    a raw GSM8K answer ("... #### 72") counts as its gold, 72
+    id        str   optional, defaults to "prompt-<row number>"
     cot       str   optional, a reference solution; needed only by the continued-SFT baseline
     ...             any other keys are kept and passed to custom reward functions as ``row``
 
-A row without ``question`` or ``answer`` (or with non-string values) is a one-line PipelineError
-naming the file and line.
+A row without ``question`` or ``answer`` (or with values of the wrong type) is a one-line PipelineError
+naming the file and row.
 """
 
 from __future__ import annotations
@@ -19,22 +21,12 @@ import os
 import random
 from typing import Any
 
-from stages.core.errors import PipelineError
-from stages.core.io import iter_jsonl
+from stages.core.problems import load_rows
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read and validate a prompt JSONL file (schema in the module docstring)."""
-    rows: list[dict[str, Any]] = []
-    for n, row in enumerate(iter_jsonl(path), 1):
-        for key in ("question", "answer"):
-            if not isinstance(row.get(key), str) or not row[key].strip():
-                raise PipelineError(f"{path}: row {n} has no string {key!r}; each row needs \"question\" and \"answer\" strings")
-        row.setdefault("id", f"prompt-{n}")
-        rows.append(row)
-    if not rows:
-        raise PipelineError(f"{path}: no prompts; the RL prompt file must hold at least one row")
-    return rows
+    """Read and validate a prompt file or directory (schema in the module docstring)."""
+    return load_rows(path, "RL prompt", default_id="prompt-{number}")
 
 
 def step_questions(n_rows: int, step: int, per_step: int, seed: int) -> list[int]:

@@ -54,7 +54,7 @@ from torch import Tensor
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, read_jsonl
 from stages.core.modeling import resolve_model
-from stages.core.prompts import chat_prompt
+from stages.core.prompts import prompt_format
 from stages.rl.advantages import _nan_mean_std, outcome_advantages, process_advantages, step_end_indices
 
 LabelMethod = Literal["values", "rollouts"]
@@ -184,7 +184,8 @@ def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]
     if generator is None:
         kw = {"batch_size": min(256, max(1, len(rows) * cfg.samples_per_question))} if resolve_backend(cfg.backend) == "hf" else {}
         generator = make_generator(cfg.backend, policy, tokenizer, **kw)
-    prompts = [chat_prompt(r["question"], "cot") for r in rows]
+    fmt = prompt_format(tokenizer)
+    prompts = [fmt.prompt(r["question"], "cot") for r in rows]
     sp = SamplingParams(temperature=cfg.temperature, n=cfg.samples_per_question, max_new_tokens=cfg.max_new_tokens,
                         seed=cfg.seed)
     outs = generator.generate(prompts, sp)
@@ -229,7 +230,7 @@ def _batch(examples: Sequence[dict[str, Any]], tokenizer: Any, prompt_cache: dic
     for ex in examples:
         q = ex["question"]
         if q not in prompt_cache:
-            prompt_cache[q] = tokenizer(chat_prompt(q, "cot"))["input_ids"]
+            prompt_cache[q] = tokenizer(prompt_format(tokenizer).prompt(q, "cot"))["input_ids"]
         p = prompt_cache[q]
         seqs.append(p + list(ex["completion_ids"]))
         plens.append(len(p))

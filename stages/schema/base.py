@@ -127,6 +127,16 @@ ModelRef = Annotated[str | None, AfterValidator(_check_model_ref)]
 ExistingFile = Annotated[str | None, AfterValidator(_check_existing_file)]
 """null or the path of an existing file (relative to the project root)."""
 
+def _check_data_path(value: str) -> str:
+    if not value.strip():
+        raise ValueError("give a path (a file, or a directory of *.jsonl files)")
+    return value
+
+
+DataPath = Annotated[str, AfterValidator(_check_data_path)]
+"""A file or directory a stage reads (relative to the project root): a dvc dependency of that stage (dvc.yaml
+templates it), checked when the stage runs (an earlier stage may write it), never null."""
+
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,10 @@ class BaseModelParams(Section):
 
     checkpoint: ModelRef
     """null: train a tokenizer and initialise a tiny Llama here; else a HF directory or hub id to start from."""
+    prompt_format: Literal["deepseekmath", "chat_template"]
+    """Zero-shot prompt style of every later stage (SFT, RL, RM, evaluation), recorded with the model:
+    deepseekmath = ``User: {question}\\n{instruction}\\n\\nAssistant:``; chat_template = the tokenizer's own chat
+    template with the same instruction (a checkpoint whose tokenizer has one; stages/core/prompts.py)."""
     seed: NonNegInt
     """Seed for weight initialisation."""
     vocab_size: Annotated[int, Field(ge=300, le=256_000)]

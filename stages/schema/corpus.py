@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from stages.schema.base import RUNTIME, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
 
 
 class ClassifierParams(Section):
@@ -84,17 +84,19 @@ class DedupParams(Section):
 
 
 class DecontamParams(Section):
-    """Benchmark decontamination of the crawl and of the SFT / RL problems (paper: 10-gram rule)."""
+    """Benchmark decontamination of the crawl and of the SFT / RL problems (stages/corpus/decontaminate.py)."""
 
     ngram: Annotated[int, Field(ge=3, le=256)]
-    """A page sharing an n-gram of this many grams with a benchmark question or solution is removed (paper: 10;
-    the tiny default uses 20 because template-generated problems share 10-grams by construction)."""
+    """n of the n-gram rule (paper: 10; the tiny default uses 20 because template-generated problems share
+    10-grams by construction)."""
     min_short: Annotated[int, Field(ge=1)]
     """Benchmark questions with at least this many (and fewer than ngram) grams are matched whole (paper: 3)."""
-    gsm8k_test: str | None
-    """GSM8K test JSONL ({"question", "answer"}) to decontaminate against; null = not used."""
-    math_test: str | None
-    """MATH test JSONL ({"problem", "solution"}) to decontaminate against; null = not used."""
+    min_overlap: Fraction
+    """A page is removed when it holds this share of the distinct n-grams of one benchmark question or solution;
+    0 = one shared n-gram (the paper's literal rule). Real math: 0.7 (measured, docs/corpus.md)."""
+    testsets: DataPath
+    """The benchmarks: the testsets stage's directory (data/testsets: every test set), or one of its files; the
+    word problems' test split (problems_dir/test.jsonl) is always one too."""
     samples: NonNegInt
     """Removed pages quoted per benchmark in the decontamination report."""
 

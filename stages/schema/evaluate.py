@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from stages.schema.base import RUNTIME, ExistingFile, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DataPath, NonNegInt, PosFloat, PosInt, Section
 
 EvalMode = Literal["cot", "pot", "tir"]
 """cot: chain of thought; pot: program of thought (``solution()`` run in the sandbox); tir: tool-integrated."""
@@ -61,16 +61,24 @@ class EvalCommonParams(Section):
     """maj@k averages over every k-subset of the samples when there are at most this many, else over this many random ones."""
     n_shots: NonNegInt
     """Few-shot exemplars (from the SFT split, Q:/A: format) in few_shot prompts for the generated problems."""
-    generated: bool
-    """Evaluate the held-out generated test problems (data/generated/problems/test.jsonl)."""
     limit: PosInt | None
     """Evaluate at most this many problems of each benchmark (the first ones); null: all."""
     sample_limit: PosInt | None
     """At most this many problems of each benchmark in sample_modes (a subset of limit); null: all."""
-    gsm8k_test: ExistingFile
-    """GSM8K test JSONL (question, answer with '#### gold'), e.g. ../shared/data/gsm8k/test.jsonl; null: skip."""
-    math_test: ExistingFile
-    """MATH test JSONL (problem, answer, level), e.g. ../shared/data/math/test.jsonl; null: skip."""
+    testsets: DataPath
+    """Where the benchmarks are: the testsets stage's directory (data/testsets), one file per test set."""
+    benchmarks: list[str]
+    """The test sets to evaluate, by name (files <testsets>/<name>.jsonl; names of testsets.datasets), e.g.
+    [gsm8k, math]; each is scored with its rows' family (gsm8k / math / generated: prompts and answer extraction)."""
+
+    @field_validator("benchmarks")
+    @classmethod
+    def _check_benchmarks(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("name at least one test set to evaluate")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a test set is named twice: {v}")
+        return v
 
 
 class EvaluateParams(Section):

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from stages.schema.base import RUNTIME, ExistingFile, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
 from stages.schema.train import DeepSpeedParams
 
 
@@ -69,9 +69,9 @@ class GrpoHeldoutParams(Section):
 
     every: NonNegInt
     """Evaluate every this many steps (plus before the first and after the last); 0 = off."""
-    problems_file: ExistingFile
-    """null: the data stage's data/generated/problems/test.jsonl; else a JSONL of {"question", "answer"} rows
-    (GSM8K rows, whose answer ends with '#### N', are read too)."""
+    problems_file: DataPath
+    """The held-out problems: a test set of the testsets stage (data/testsets/<name>.jsonl) or any JSONL of
+    {"question", "answer"} rows (GSM8K rows, whose answer ends with '#### N', are read too)."""
     limit: PosInt
     """Problems evaluated (the first ones of the file)."""
     max_new_tokens: PosInt
@@ -92,8 +92,9 @@ class GrpoParams(Section):
     sft / rft / online_rft use the rule reward (answer correctness) and no KL term."""
     seed: NonNegInt
     """Seed for question order, sampling and the baseline."""
-    prompts_file: ExistingFile
-    """null: the corpus stage's data/corpus/problems/rl.jsonl; else a JSONL of {"question", "answer", ...} rows (schema: stages/rl/data.py)."""
+    prompts_file: DataPath
+    """The RL prompts: a JSONL of {"question", "answer", ...} rows or a directory of them (schema: stages/rl/data.py):
+    the tiny default's data/corpus/problems/rl.jsonl, the ingest stage's data/ingest/rl in real mode."""
     steps: PosInt
     """GRPO steps (one rollout batch each)."""
     questions_per_step: PosInt

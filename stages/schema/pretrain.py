@@ -22,6 +22,8 @@ class PretrainParams(Section):
 
     SECTION = "pretrain"
 
+    enabled: bool
+    """false: no continual pretraining; data/models/pretrain passes the base model through (a model_ref.json)."""
     mixture: list[MixtureSource]
     """Sources and token shares; the first one is the math corpus (its first eval_docs rows are held out)."""
     eval_docs: NonNegInt

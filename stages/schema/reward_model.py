@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from stages.schema.base import ExistingFile, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
 
 
 class RewardModelParams(Section):
@@ -15,8 +15,11 @@ class RewardModelParams(Section):
 
     seed: NonNegInt
     """Seed for sampling, the train / held-out split and the training order."""
-    prompts_file: ExistingFile
-    """null: the corpus stage's data/corpus/problems/rl.jsonl; else a prompt JSONL (schema: stages/rl/data.py)."""
+    enabled: bool
+    """false: no reward model is trained (data/models/reward_model then holds only a note); for a grpo section
+    whose reward_source is rule and iterations 1, which never reads it."""
+    prompts_file: DataPath
+    """The RL prompts whose samples are labelled: as grpo.prompts_file (a JSONL file or a directory of them)."""
     questions: PosInt
     """RL problems to sample (the first ones of the file)."""
     samples_per_question: PosInt

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
-from stages.schema.base import Fraction, PosInt, Section
+from stages.schema.base import DataPath, Fraction, PosInt, Section
 from stages.schema.train import TrainLoopParams
 
 
@@ -24,10 +24,15 @@ class SftParams(Section):
 
     SECTION = "sft"
 
-    problems: str
-    """SFT problems JSONL (schema of data/generated/problems; the corpus stage writes data/corpus/problems/sft.jsonl)."""
+    enabled: bool
+    """false: no fine-tuning; data/models/sft passes the pretrained model through (a model_ref.json), e.g. to run
+    GRPO from an instruct model."""
+    problems: DataPath
+    """SFT problems: a JSONL file or a directory of them (the tiny default's data/corpus/problems/sft.jsonl; the
+    ingest stage's data/ingest/sft in real mode); rows need question, answer and at least one of cot / pot / tir."""
     formats: SftFormatMix
-    """Which solution format each training problem gets (drawn per problem with these shares)."""
+    """Which solution format each training problem gets: drawn per problem with these shares, renormalised over
+    the formats the problem has."""
     verify_programs: bool
     """Execute PoT / TIR programs in the sandbox and drop those that do not reproduce the gold answer."""
     val_problems: PosInt

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -56,6 +57,24 @@ def export_model(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: 
     elif not is_main_process():
         return
     save_model(model.to("cpu"), tok, out_dir, extra=extra)
+
+
+def pass_through(stage: str, in_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], plots_dir: Path
+                 ) -> dict[str, Any]:
+    """A disabled training stage (``enabled: false``): ``out_dir`` becomes a ``model_ref.json`` pointing at
+    ``in_dir`` (every loader follows it to the model it refers to, with its prompt format), the plots are
+    written empty (their dvc outputs exist); returns the stage's metrics."""
+    from stages.core.io import atomic_path
+    from stages.core.modeling import MODEL_REF, resolve_model
+
+    resolve_model(in_dir)  # one-line error when the input model is missing
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / MODEL_REF).write_text(json.dumps({"path": str(in_dir), "stage": stage, "enabled": False}) + "\n")
+    empty = TrainResult(total_steps=0, start_step=0, steps_run=0, skipped_steps=0, tokens=0, target_tokens=0,
+                        train_wall_s=0.0, precision="none")
+    write_curves(stage, plots_dir, empty, f"{stage}: disabled (enabled: false)")
+    return {"enabled": False, "passes_through": str(in_dir)}
 
 
 def write_curves(stage: str, plots_dir: Path, res: TrainResult, title: str) -> list[str]:

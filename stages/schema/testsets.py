@@ -1,0 +1,44 @@
+"""Schema of params.yaml's ``testsets`` section: the evaluation sets, read once into pipeline rows."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import field_validator
+
+from stages.schema.base import RUNTIME, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.datasets import DatasetSpec, check_names
+
+
+class TestsetCommonParams(Section):
+    """Settings every test set shares."""
+
+    exec_timeout_s: PosFloat
+    """Wall-clock limit of one program run in the sandbox (PAL / PoT rows are kept only when their program returns
+    the gold)."""
+    exec_workers: Annotated[PosInt, RUNTIME]
+    """Sandbox worker processes for the program checks."""
+    samples: NonNegInt
+    """Skipped rows quoted per reason in the report (data/testsets/reports/<name>.json)."""
+
+
+class TestsetsParams(Section):
+    """Section ``testsets``: every evaluation set (GSM8K test, MATH test, MATH-500, GSM-Hard, the generated test
+    problems), one dvc stage ``testsets@<name>`` each, written to data/testsets/<name>.jsonl in the pipeline's
+    rows. They are what the evaluate stage scores, what the corpus and ingest stages decontaminate against, and
+    never training data."""
+
+    SECTION = "testsets"
+
+    common: TestsetCommonParams
+    """Settings shared by every test set (dvc tracks them for every testsets@ stage)."""
+    datasets: dict[str, DatasetSpec]
+    """Test sets by name (the evaluate stage's benchmark names): where each is and how it is converted."""
+
+    @field_validator("datasets")
+    @classmethod
+    def _check_names(cls, v: dict[str, DatasetSpec]) -> dict[str, DatasetSpec]:
+        if not v:
+            raise ValueError("give at least one test set (the tiny default's: generated)")
+        check_names(v)  # type: ignore[arg-type]
+        return v
