@@ -72,6 +72,6 @@ def test_real_mode_writes_a_reference(tmp_path: Path, monkeypatch: pytest.Monkey
     metrics = base_model.run(_params(checkpoint=str(tmp_path / "ckpt")))
     assert metrics["mode"] == "checkpoint" and metrics["model_type"] == "llama"
     ref = json.loads((tmp_path / "data/models/base/model_ref.json").read_text())
-    assert ref == {"path": str(tmp_path / "ckpt")}
+    assert ref == {"path": str(tmp_path / "ckpt"), "prompt_format": "deepseekmath"}
     assert resolve_model(tmp_path / "data/models/base") == str(tmp_path / "ckpt")
     assert load_model(tmp_path / "data/models/base").config.hidden_size == 64

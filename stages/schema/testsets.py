@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import field_validator
 
@@ -12,6 +12,8 @@ from stages.schema.datasets import DatasetSpec, check_names
 
 class TestsetCommonParams(Section):
     """Settings every test set shares."""
+
+    __test__: ClassVar[bool] = False  # not a pytest test class (the name starts with "Test")
 
     exec_timeout_s: PosFloat
     """Wall-clock limit of one program run in the sandbox (PAL / PoT rows are kept only when their program returns
@@ -29,6 +31,7 @@ class TestsetsParams(Section):
     never training data."""
 
     SECTION = "testsets"
+    __test__: ClassVar[bool] = False
 
     common: TestsetCommonParams
     """Settings shared by every test set (dvc tracks them for every testsets@ stage)."""

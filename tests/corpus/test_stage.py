@@ -38,6 +38,7 @@ def _generate(root: Path) -> None:
     splits = problems.generate_splits(0, n_sft=200, n_rl=100, n_test=150, min_steps=1, max_steps=3, max_value=20)
     for split, rows in splits.items():
         write_jsonl(root / paths.problems_file(split), rows)
+    write_jsonl(root / paths.testset_file("generated"), splits["test"])  # as the testsets stage writes it
     crawl.generate(CrawlParams(**SMALL_CRAWL), seed=0, test_problems=splits["test"], crawl_path=root / paths.CRAWL,
                    seed_path=root / paths.SEED)
 
@@ -120,8 +121,8 @@ def test_bad_inputs(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / "junk.jsonl").write_bytes(b'{"url": "u"}\n\xff\xfe\nnot json\n')
     with pytest.raises(PipelineError, match="no valid pages"):
         corpus.run(_params(crawl_path=str(tmp_path / "junk.jsonl")))
-    with pytest.raises(PipelineError, match="math_test"):
-        corpus.run(_params(**{"decontam.math_test": str(tmp_path / "missing.jsonl")}))
+    with pytest.raises(PipelineError, match="decontam.testsets"):
+        corpus.run(_params(**{"decontam.testsets": str(tmp_path / "missing")}))
     with pytest.raises(PipelineError, match="approved prefix list not found"):
         corpus.run(_params(**{"domains.approve": str(tmp_path / "missing.tsv")}))
 

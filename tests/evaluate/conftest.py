@@ -40,11 +40,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, problem_splits: dic
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, problem_splits: dict[str, list[dict]]) -> Path:
-    """A temporary project root holding the generated test and SFT problems; the cwd for the test."""
+    """A temporary project root holding the generated test and SFT problems, and the test problems as the testsets
+    stage writes them (data/testsets/generated.jsonl); the cwd for the test."""
     d = tmp_path / "data" / "generated" / "problems"
     d.mkdir(parents=True)
-    for split in ("test", "sft"):
-        with open(d / f"{split}.jsonl", "w") as f:
+    (tmp_path / "data" / "testsets").mkdir()
+    for split, f_out in (("test", d / "test.jsonl"), ("sft", d / "sft.jsonl"),
+                         ("test", tmp_path / "data" / "testsets" / "generated.jsonl")):
+        with open(f_out, "w") as f:
             for r in problem_splits[split]:
                 f.write(json.dumps(r) + "\n")
     monkeypatch.chdir(tmp_path)

@@ -12,15 +12,16 @@ import pytest
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.evaluate import stage
-from stages.params import EvaluateParams
+from stages import testsets
+from stages.params import EvaluateParams, TestsetsParams
 
 
 def _params(model_dir: Path, **over: Any) -> EvaluateParams:
     common = {
         "backend": "hf", "dtype": "float32", "num_threads": 1, "batch_size": 4, "max_new_tokens": 12, "temperature": 0.7,
         "top_p": 1.0, "seed": 0, "tir_max_rounds": 2, "exec_timeout_s": 5.0, "exec_workers": 2,
-        "maj_subsets": 64, "n_shots": 3, "generated": True, "limit": 6, "sample_limit": 4,
-        "gsm8k_test": None, "math_test": None,
+        "maj_subsets": 64, "n_shots": 3, "limit": 6, "sample_limit": 4, "testsets": "data/testsets",
+        "benchmarks": ["generated"],
     }
     common.update(over.pop("common", {}))
     models = {
@@ -106,9 +107,8 @@ def test_unknown_model_and_bad_combination(project: Path, tiny_model_dir: Path) 
         stage.run(p, "nope")
     bad = EvaluateParams.model_validate({**p.model_dump(), "models": {"x": {
         "path": str(tiny_model_dir), "prompting": "few_shot", "greedy_modes": ["pot"], "sample_modes": [],
-        "n_samples": 1, "limit": None}}, "common": {**p.common.model_dump(), "generated": False, "gsm8k_test": None,
-                                     "math_test": None}})
-    with pytest.raises(PipelineError, match="no benchmark selected"):
+        "n_samples": 1, "limit": None}}, "common": {**p.common.model_dump(), "benchmarks": ["absent"]}})
+    with pytest.raises(PipelineError, match="test set 'absent' not found"):
         stage.run(bad, "x")
     missing = EvaluateParams.model_validate({**p.model_dump(), "models": {"y": {
         "path": "data/models/absent", "prompting": "zero_shot", "greedy_modes": ["cot"], "sample_modes": [],
@@ -119,7 +119,11 @@ def test_unknown_model_and_bad_combination(project: Path, tiny_model_dir: Path) 
 
 def test_gsm8k_real_mode_few_and_zero_shot(project: Path, tiny_model_dir: Path, shared_data: Path) -> None:
     gsm = str(shared_data / "gsm8k" / "test.jsonl")
-    p = _params(tiny_model_dir, common={"generated": False, "gsm8k_test": gsm, "limit": 3, "sample_limit": 2})
+    testsets.run(TestsetsParams.model_validate({
+        "common": {"exec_timeout_s": 5.0, "exec_workers": 1, "samples": 1},
+        "datasets": {"gsm8k": {"path": gsm, "hub": None, "adapter": "gsm8k", "fields": {}, "match": {}, "limit": 3}}}),
+        "gsm8k")
+    p = _params(tiny_model_dir, common={"benchmarks": ["gsm8k"], "limit": 3, "sample_limit": 2})
     zs = stage.run(p, "tiny_zs")
     fs = stage.run(p, "tiny_fs")
     for name, m in (("tiny_zs", zs), ("tiny_fs", fs)):

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 def tiny_params(**over) -> GrpoParams:
     raw = dict(
-        algorithm="grpo", seed=0, prompts_file=None, steps=2, questions_per_step=3, group_size=4, temperature=1.0, top_p=1.0,
+        algorithm="grpo", seed=0, prompts_file="data/corpus/problems/rl.jsonl", steps=2, questions_per_step=3, group_size=4, temperature=1.0, top_p=1.0,
         max_new_tokens=12, backend="hf", lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, mu=1, minibatches=1,
         micro_batch_size=5, clip_eps=0.2, clip_eps_high=None, beta=0.04, aggregation="seq-mean-token-mean",
         scale_rewards="group", adv_eps=1e-4, mask_truncated=False, skip_zero_std_groups=True,
@@ -32,7 +32,7 @@ def tiny_params(**over) -> GrpoParams:
         iterative=dict(iterations=1, rm_replay_fraction=0.1, rm_questions=4, rm_samples_per_question=2,
                        rm_labels="values", rm_rollouts_per_step=2, rm_train_on="process", rm_heldout_fraction=0.25,
                        rm_epochs=1, rm_lr=1e-3, rm_batch_size=4),
-        heldout=dict(every=0, problems_file=None, limit=4, max_new_tokens=12), offload_idle_models=True, share_prompt_prefix=True,
+        heldout=dict(every=0, problems_file="data/generated/problems/test.jsonl", limit=4, max_new_tokens=12), offload_idle_models=True, share_prompt_prefix=True,
         vllm_gpu_memory_utilization=0.1, vllm_enable_sleep_mode=False, precision="fp32",
         deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
     )

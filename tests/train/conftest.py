@@ -44,7 +44,7 @@ def build_tiny_world(root: Path) -> dict[str, Path]:
     texts = [r["text"] for r in math_rows + gen_rows] + [
         "\n".join([r["question"], r["cot"], r["pot"], r["tir"]]) for r in splits["sft"]]
     tok = train_tokenizer(texts, 400)
-    bp = BaseModelParams(checkpoint=None, seed=0, vocab_size=400, tokenizer_texts=1000, hidden_size=64,
+    bp = BaseModelParams(checkpoint=None, prompt_format="deepseekmath", seed=0, vocab_size=400, tokenizer_texts=1000, hidden_size=64,
                          intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=2,
                          max_position_embeddings=256, rope_theta=10000.0)
     model = init_model(bp, tok)
@@ -71,7 +71,7 @@ def loop_params(**kw: Any) -> TrainLoopParams:
 
 def pretrain_params(world: dict[str, Path], **kw: Any) -> PretrainParams:
     train = kw.pop("train", {})
-    raw: dict[str, Any] = dict(mixture=[{"path": str(world["math"]), "ratio": 0.75}, {"path": str(world["general"]), "ratio": 0.25}],
+    raw: dict[str, Any] = dict(enabled=True, mixture=[{"path": str(world["math"]), "ratio": 0.75}, {"path": str(world["general"]), "ratio": 0.25}],
                                eval_docs=10, eval_tokens=512, train=loop_params(**train).model_dump())
     raw.update(kw)
     return PretrainParams.model_validate(raw)
@@ -79,7 +79,7 @@ def pretrain_params(world: dict[str, Path], **kw: Any) -> PretrainParams:
 
 def sft_params(world: dict[str, Path], **kw: Any) -> SftParams:
     train = kw.pop("train", {})
-    raw: dict[str, Any] = dict(problems=str(world["problems"]), formats={"cot": 0.6, "pot": 0.2, "tir": 0.2},
+    raw: dict[str, Any] = dict(enabled=True, problems=str(world["problems"]), formats={"cot": 0.6, "pot": 0.2, "tir": 0.2},
                                verify_programs=False, val_problems=16, pack=True,
                                train=loop_params(**{"seq_len": 256, "eval_every": 2, **train}).model_dump())
     raw.update(kw)
