@@ -135,8 +135,14 @@ def main(argv: Iterable[str] | None = None) -> int:
         unknown = [n for n in args.names if n not in specs]
         if unknown:
             raise PipelineError(f"no hub data set named {unknown} in {args.params} (hub data sets: {sorted(specs)})")
+        done: dict[tuple[str, str], str] = {}  # one fetch per snapshot directory and pin (sft and rl share one)
         for n in args.names or sorted(specs):
+            key = (specs[n].path, json.dumps(specs[n].hub.model_dump() if specs[n].hub else None, sort_keys=True))
+            if key in done:
+                print(f"{n}: same snapshot as {done[key]} ({specs[n].path})")
+                continue
             pin = fetch(specs[n], n)
+            done[key] = n
             print(f"{n}: {pin['rows']} rows of {pin['id']} ({pin['split']}, revision {pin['revision']}) -> {specs[n].path}")
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)

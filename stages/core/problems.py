@@ -248,6 +248,7 @@ PIPELINE_FIELDS = ("id", "question", "answer", "cot", "pot", "tir", "format", "b
 ``level`` and ``type`` (MATH), ``calculator_last`` (GSM8K), ``n_steps`` / ``values`` (pipeline rows)."""
 
 _CALC = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
+_BOXED = re.compile(r"\\boxed\s*(\{\s*[^}\s]|[^\s{}$])")  # a \boxed{x} or \boxed x with something in it
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,7 @@ def _adapt_math(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str, 
     sol = _str_or_none(_field(row, fields, "solution"))
     gold = number_text(_field(row, fields, "answer"))
     note = None
-    if gold is None and sol is not None and "boxed" in sol:
+    if gold is None and sol is not None and _BOXED.search(sol):
         gold, note = extract_answer(sol, "math"), "gold_from_solution"
     if gold is None:
         return _skip("no_gold", f"no answer and no \\boxed{{}} in the solution: {q[:120]!r}")

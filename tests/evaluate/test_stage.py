@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from stages import testsets
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.evaluate import stage
-from stages import testsets
 from stages.params import EvaluateParams, TestsetsParams
 
 
