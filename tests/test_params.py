@@ -196,3 +196,49 @@ def test_stages_import_only_their_own_schema() -> None:
         if re.search(r"^\s*(from stages\.params import|import stages\.params\b)", path.read_text(), re.M):
             offenders.append(rel)
     assert not offenders, f"import the section's own schema (stages.schema.<section>) instead: {offenders}"
+
+
+def test_one_gpu_recipe_validates_and_is_what_it_says(shared_data: Path) -> None:
+    """params/qwen2.5-0.5b-gsm8k.yaml: GRPO on GSM8K train from an instruct model with its chat template (no
+    pretraining, SFT or reward model), rule reward, evaluated on GSM8K test and MATH-500."""
+    path = ROOT / "params" / "qwen2.5-0.5b-gsm8k.yaml"
+    assert set(yaml.safe_load(path.read_text())) - {"runtime"} == set(Params.model_fields)
+    p = load_params(path)
+    assert p.base_model.checkpoint == "Qwen/Qwen2.5-0.5B-Instruct" and p.base_model.prompt_format == "chat_template"
+    assert not (p.pretrain.enabled or p.sft.enabled or p.reward_model.enabled)
+    assert p.grpo.algorithm == "grpo" and p.grpo.reward_source == "rule" and p.grpo.prompts_file == "data/ingest/rl"
+    assert {(n, d.adapter, d.role) for n, d in p.ingest.datasets.items()} == {("gsm8k_rl", "gsm8k", "rl")}
+    assert Path(p.ingest.datasets["gsm8k_rl"].path).name == "train.jsonl"
+    assert p.evaluate.common.benchmarks == ["gsm8k", "math500"]
+    assert {n: Path(d.path).name for n, d in p.testsets.datasets.items()} == {
+        "gsm8k": "test.jsonl", "math500": "math500_test.jsonl"}
+    assert all(m.prompting == "zero_shot" for m in p.evaluate.models.values())
+
+
+def test_paper_file_trains_on_real_sets_with_a_model_reward(shared_data: Path) -> None:
+    p = load_params(ROOT / "params" / "deepseekmath-7b.yaml")
+    roles = {d.role for d in p.ingest.datasets.values()}
+    assert roles == {"sft", "rl"} and p.sft.problems == "data/ingest/sft" and p.grpo.prompts_file == "data/ingest/rl"
+    assert p.reward_model.prompts_file == "data/ingest/rl" and p.reward_model.enabled
+    assert p.grpo.reward_source == "process_rm" and p.grpo.iterative.iterations == 2  # paper 4.1.3-4.1.4, Figure 6
+    assert {"gsm8k", "math"} <= set(p.evaluate.common.benchmarks) and p.base_model.prompt_format == "deepseekmath"
+    assert p.corpus.decontam.ngram == p.ingest.common.decontam.ngram == 10
+
+
+@pytest.mark.parametrize("key, value, expect", [
+    ("evaluate.common.benchmarks", ["absent"], "evaluate.common.benchmarks: ['absent'] are not test sets"),
+    ("grpo.heldout.problems_file", "data/testsets/absent.jsonl", "is not a test set"),
+    ("grpo.reward_source", "process_rm", "needs a reward model; set reward_model.enabled: true"),
+    ("sft.problems", "data/ingest/sft", "no ingest data set has role sft"),
+])
+def test_sections_that_name_each_others_outputs_agree(key: str, value: Any, expect: str) -> None:
+    raw = _raw()
+    if key == "grpo.reward_source":
+        raw["reward_model"]["enabled"] = False
+    node = raw
+    *parents, leaf = key.split(".")
+    for k in parents:
+        node = node[k]
+    node[leaf] = value
+    with pytest.raises(PipelineError, match=re.escape(expect)):
+        parse_params(raw)

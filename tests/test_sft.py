@@ -64,3 +64,43 @@ def test_verified_run_writes_metrics(tiny_world, tmp_path, monkeypatch) -> None:
     assert saved["wall_s"] == m["wall_s"] > 0
     assert sum(m["dropped_unverified"].values()) == 0  # generated programs are all correct
     assert (tmp_path / paths.SFT_MODEL / "model.safetensors").is_file()
+
+
+def test_formats_are_drawn_among_those_each_row_has(tiny_world: dict, tmp_path, monkeypatch) -> None:
+    """A real SFT set mixes rows with one format (GSM8K / MATH: cot; PAL: pot) and generated rows with three: every
+    row trains on a format it has, with the shares renormalised over its formats."""
+    rows = [json.loads(x) for x in tiny_world["problems"].read_text().splitlines()[:60]]
+    mixed = [{k: v for k, v in r.items() if k not in ("pot", "tir")} if i % 3 == 0 else
+             {k: v for k, v in r.items() if k not in ("cot", "tir")} if i % 3 == 1 else r for i, r in enumerate(rows)]
+    have = [stage.row_formats(r) for r in mixed]
+    modes = stage.assign_formats(len(mixed), {"cot": 0.5, "pot": 0.3, "tir": 0.2}, 0, have)
+    assert all(m in h for m, h in zip(modes, have, strict=True))
+    assert modes[0::3] == ["cot"] * 20 and modes[1::3] == ["pot"] * 20 and len(set(modes[2::3])) > 1
+    assert stage.assign_formats(3, {"cot": 0.0, "pot": 1.0, "tir": 0.0}, 0, [["cot"], ["pot"], ["cot", "pot"]]) == \
+        [None, "pot", "pot"]  # a row whose formats all have share 0 is not trained on
+    f = tmp_path / "mixed.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in mixed))
+    from stages.core.modeling import load_tokenizer
+
+    p = sft_params(tiny_world, problems=str(f), val_problems=6)
+    train, val, counts = stage.build_examples(p, stage.load_problems(f), load_tokenizer(tiny_world["model"]))
+    assert counts["rows_with_format"] == {"cot": 36, "pot": 36, "tir": 18}  # the 54 training rows
+    assert sum(counts["kept"].values()) == len(train) and len(val) == 6
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
+    with pytest.raises(Exception, match="has no solution"):
+        stage.load_problems(bad)
+
+
+def test_disabled_stage_passes_its_input_model_through(tiny_world: dict, tmp_path, monkeypatch) -> None:
+    """sft.enabled false (GRPO from an instruct model): data/models/sft is a model_ref.json to the pretrained model,
+    which every loader follows; the plots exist (dvc outputs)."""
+    from stages.core.modeling import load_model, resolve_model
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_world["model"], tmp_path / paths.PRETRAIN_MODEL)
+    m = stage.run(sft_params(tiny_world, enabled=False))
+    assert m["enabled"] is False and json.loads(paths.metrics_file("sft").read_text())["enabled"] is False
+    assert resolve_model(paths.SFT_MODEL) == str(paths.PRETRAIN_MODEL)
+    assert load_model(paths.SFT_MODEL).config.hidden_size == 64
+    assert {f.name for f in paths.plots_dir("sft").iterdir()} == {"train.tsv", "lr.tsv", "eval.tsv", "loss.png"}
