@@ -1,15 +1,13 @@
-"""Decontamination: the n-gram rules, GSM8K calculator stripping, and the planted test on real text
-(every GSM8K test question and the 500 MATH-500 problems planted into real pages). Reading the benchmark
-files (missing file, bad rows): tests/core/test_problems.py."""
+"""Decontamination: the n-gram rules (the paper's one-n-gram rule and the containment rule), GSM8K calculator
+stripping, and the real-text protocol (planted benchmark problems, clean real pages, GSM8K / MATH train). Reading
+the benchmark files (missing file, bad rows): tests/core/test_problems.py."""
 
 from __future__ import annotations
 
 import json
-import random
-import re
-from collections import Counter
 from pathlib import Path
 
+from stages.core.text import strip_calculator
 from stages.corpus.decontaminate import BenchmarkItem, ContaminationIndex, decontaminate, load_benchmarks
 
 BENCH = {"toy": [
@@ -51,45 +49,56 @@ def test_gsm8k_calculator_annotations_are_stripped(tmp_path: Path) -> None:
     assert res.removed
 
 
-def _vary(rng: random.Random, text: str) -> str:
-    """The planted copy: varied case, whitespace, `$` and quotes."""
-    r = rng.random()
-    text = text.upper() if r < 0.25 else text.lower() if r < 0.5 else text
-    text = re.sub(" ", lambda _: rng.choice([" ", "  ", "\n", "\t", " \n "]), text)
-    r = rng.random()
-    text = text.replace("$", "") if r < 0.3 else re.sub(r"\b(\d+)\b", r"$\1$", text) if r < 0.5 else text
-    text = text.replace("'", "\u2019") if rng.random() < 0.5 else text
-    return rng.choice(['"{}"', "\u201c{}\u201d", "'{}'", "{}", "Q: {}"]).format(text)
+def test_containment_spares_stock_phrases_and_catches_copies(tmp_path: Path) -> None:
+    q = ("Let $a,$ $b,$ $c$ be real numbers such that $a + b + c = 6$ and $ab + bc + ca = 9$. Express your answer in "
+         "simplest radical form: what is the largest possible value of $a$?")
+    bench = {"math": [BenchmarkItem("m1", q, "Since the numbers are real, we use Cauchy and find $\\boxed{4}$.")]}
+    stock = "A forum answer. Express your answer in simplest radical form: what is the largest value here? Thanks."
+    copy = f"Homework: {q.upper()} Any hints?"
+    assert [p for p, _, _ in decontaminate([stock, copy], bench, n=10, min_overlap=0.0).removed] == [stock, copy]
+    res = decontaminate([stock, copy], bench, n=10, min_overlap=0.7)
+    assert res.kept == [stock] and [p for p, _, _ in res.removed] == [copy]
+    index = ContaminationIndex(bench, 10, min_overlap=0.7)
+    assert index.overlap(copy) == ("math", "m1", 1.0) and index.overlap(stock) is None
+    # the testsets stage's files, each a benchmark named by its stem
+    (tmp_path / "sets").mkdir()
+    (tmp_path / "sets" / "gsm8k.jsonl").write_text(json.dumps({"id": "g0", "question": "Q one two three?",
+                                                               "answer": "3", "benchmark": "gsm8k", "cot": "x"}) + "\n")
+    (tmp_path / "sets" / "math500.jsonl").write_text(json.dumps({"id": "m0", "question": "P?", "answer": "1"}) + "\n")
+    loaded = load_benchmarks(testsets=tmp_path / "sets")
+    assert sorted(loaded) == ["gsm8k", "math500"] and loaded["gsm8k"][0] == BenchmarkItem("g0", "Q one two three?", "x")
 
 
 def test_planted_benchmark_problems_in_real_pages(shared_data: Path) -> None:
-    """Every GSM8K test question and the 500 MATH-500 problems, planted into real pages with varied
-    whitespace, case, `$` and quotes: >= 99% of planted pages removed. Clean pages removed: < 1% of the
-    web sample and GSM8K train text. MATH train text is reported, not held to 1%: it shares 10-grams
-    with MATH test problems (near-duplicate problems of the same competitions, and stock phrases such
-    as "express your answer as a decimal to the nearest tenth"), so the paper's rule removes ~10% of it."""
-    rng = random.Random(0)
-    bench = load_benchmarks(gsm8k=shared_data / "gsm8k" / "test.jsonl", math=shared_data / "math" / "math500_test.jsonl")
-    assert len(bench["gsm8k"]) == 1319 and len(bench["math"]) == 500
-    index = ContaminationIndex(bench, 10)
+    """The real-mode rule (10-grams, min_overlap 0.7; benchmarks/decontam.py chose it on half A of the web sample)
+    on the held-out half B: >= 99% of GSM8K test questions and MATH-500 problems planted into its pages (varied
+    whitespace, case, `$` and quotes; 30% with their solution) removed, <= 1% of its clean pages removed; of GSM8K
+    train <= 1%; of MATH train, the rows removed that are not near-duplicates of a MATH test problem (word-3-gram
+    Jaccard >= 0.5) <= 1%. The paper's literal rule (min_overlap 0) removes ~8% of the clean math pages."""
+    from benchmarks.decontam import half_of, near_duplicates, planted_pages
 
     def rows(path: Path) -> list[dict]:
         return [json.loads(line) for line in path.open()]
-    clean = [("web", r["text"]) for r in rows(shared_data / "web_corpus" / "math_vs_other.jsonl")]
-    clean += [("gsm8k_train", f"{r['question']}\n{r['answer']}") for r in rows(shared_data / "gsm8k" / "train.jsonl")]
-    clean += [("math_train", f"{r['problem']}\n{r['solution'] or ''}") for r in rows(shared_data / "math" / "train.jsonl")]
-    planted = []
-    for name, items in bench.items():
-        for item in items:
-            host = rng.choice(clean)[1].split("\n\n")
-            host.insert(rng.randint(0, len(host)), _vary(rng, item.question))
-            planted.append(("planted", "\n\n".join(host), name, item.id))
-    res = decontaminate([(s, t) for s, t in clean] + [(s, t) for s, t, _, _ in planted], index, text=lambda p: p[1])
-    removed = Counter(p[0] for p, _, _ in res.removed)
-    sizes = Counter(s for s, _ in clean)
-    recall = removed["planted"] / len(planted)
-    fp = {s: removed[s] / sizes[s] for s in sizes}
-    print(f"planted removed {recall:.4f} of {len(planted)}; clean removed {fp}")
-    assert recall >= 0.99
-    assert (removed["web"] + removed["gsm8k_train"]) / (sizes["web"] + sizes["gsm8k_train"]) < 0.01
-    assert fp["math_train"] < 0.15
+    bench = load_benchmarks(gsm8k=shared_data / "gsm8k" / "test.jsonl", math=shared_data / "math" / "test.jsonl")
+    assert len(bench["gsm8k"]) == 1319 and len(bench["math"]) == 5000
+    index = ContaminationIndex(bench, 10, min_overlap=0.7)
+    web_b = [r for r in rows(shared_data / "web_corpus" / "math_vs_other.jsonl") if half_of(r) == "B"]
+    math500 = {json.loads(x)["unique_id"] for x in (shared_data / "math" / "math500_test.jsonl").open()}
+    items = [("gsm8k", it) for it in bench["gsm8k"]] + [("math", it) for it in bench["math"] if it.id in math500]
+    planted = planted_pages([r["text"] for r in web_b], items, seed=1)
+    recall = sum(index.match(page) is not None for _, page in planted) / len(planted)
+    clean = sum(index.match(r["text"]) is not None for r in web_b) / len(web_b)
+    gsm_train = rows(shared_data / "gsm8k" / "train.jsonl")
+    gsm_fp = sum(index.match(f"{r['question']}\n{strip_calculator(r['answer'])}") is not None for r in gsm_train)
+    math_train = rows(shared_data / "math" / "train.jsonl")
+    near, _ = near_duplicates(math_train, rows(shared_data / "math" / "test.jsonl"))
+    removed = [i for i, r in enumerate(math_train) if index.match(f"{r['problem']}\n{r['solution'] or ''}")]
+    rest = [i for i in removed if i not in near]
+    print(f"planted recall {recall:.4f} of {len(planted)}; clean pages removed {clean:.4f} of {len(web_b)}; GSM8K train "
+          f"{gsm_fp}/{len(gsm_train)}; MATH train {len(removed)} removed, {len(removed) - len(rest)} near-duplicates, "
+          f"rest {len(rest)}")
+    assert recall >= 0.99 and clean <= 0.01
+    assert gsm_fp / len(gsm_train) <= 0.01 and len(rest) / len(math_train) <= 0.01
+    paper = ContaminationIndex(bench, 10)  # the literal rule, for contrast
+    assert sum(paper.match(r["text"]) is not None for r in web_b if r["label"] == "math") > 0.05 * sum(
+        r["label"] == "math" for r in web_b)
