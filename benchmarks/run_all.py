@@ -53,6 +53,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "orchestration": [],
     "sft_accuracy": ["--limit", "50"],
     "corpus": ["--quick"],
+    "decontam": ["--quick"],
     "iterative_rl": ["--steps", "2", "--seeds", "0", "--test", "50", "--iterations", "1"],
 }
 
