@@ -3,8 +3,9 @@
 :func:`convert` reads one data set (:func:`stages.core.problems.read_source`; a hub data set from the snapshot
 ``python -m stages.ingest fetch`` saved, checked against its pin), keeps the rows ``match`` selects, converts each
 with its adapter (:data:`stages.core.problems.ADAPTERS`: a row the adapter cannot convert is a counted skip),
-runs every program (PoT rows) in the sandbox (kept only when it returns the gold: ``program_failed`` /
-``program_wrong``; a row without a gold of its own gets the value its program returns), and checks the round trip:
+runs every program (PoT rows; not those of the pipeline's own rows, checked where they were made) in the sandbox
+(kept only when it returns the gold: ``program_failed`` / ``program_wrong``; a row without a gold of its own gets the
+value its program returns), and checks the round trip:
 the response text the adapter wrote must give the gold through the evaluator's own ``extract_answer`` +
 ``is_equivalent`` (stages/evaluate/loop.py's extraction per benchmark family and percent rule). The report counts
 rows in and out per format, skips by reason (with samples), the program checks, the round-trip rate, and for
@@ -121,7 +122,9 @@ def convert(spec: DatasetSpec, name: str, *, role: str | None, timeout_s: float,
         raise PipelineError(f"{name}: {spec.path} holds no rows; check the path")
 
     # 2. programs
-    prog = [k for k, r in enumerate(rows) if r.get("pot")]
+    # the pipeline's own rows were checked where they were made (the data stage writes programs that compute their
+    # answers; SFT runs them again with sft.verify_programs): only other data sets' programs run here
+    prog = [k for k, r in enumerate(rows) if r.get("pot") and spec.adapter != "pipeline"]
     results = sandbox.run_many_pot([rows[k]["pot"] for k in prog], workers=workers, timeout_s=timeout_s) if prog else []
     runs = dict(zip(prog, results, strict=True))
     values = {k: v for k, (_, v) in runs.items()}
