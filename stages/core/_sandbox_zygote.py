@@ -15,8 +15,8 @@ Process tree of one sandbox (``Z`` = this zygote, root, host namespaces)::
                    closes the "life" pipe (timeout, client gone), it SIGKILLs every other process of the
                    namespace (double-forked daemons included), reaps them all and reports ``D``.
       I --fork--> U  waits (pre-forked) for the request on a pipe, applies limits, drops to a fresh
-                     unprivileged uid, sets no_new_privs and a seccomp filter, clears the environment,
-                     then runs the program as ``__main__``.
+                     unprivileged uid, sets no_new_privs and the seccomp allow-list, clears the
+                     environment, then runs the program as ``__main__``.
 
 If I itself dies (the zygote died: PR_SET_PDEATHSIG), the kernel kills the whole namespace.
 
@@ -162,10 +162,11 @@ def prctl(mech: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
 _X86_64_ALLOW: dict[str, dict[str, int]] = {
     # the program's own files and pipes (the host is mounted read-only; the working directory is private)
     # not measured: pipe (glibc's pipe()), dup, dup3 (os.dup2(inheritable=False)), pwrite64, readv, writev
-    # (os.pwrite / readv / writev, C stdio), ftruncate (file.truncate()), copy_file_range (shutil, 3.14)
+    # (os.pwrite / readv / writev, C stdio), ftruncate (file.truncate()), copy_file_range (shutil, 3.14),
+    # fdatasync (sqlite, with no_file_locks disabled)
     "file descriptors": {
         "read": 0, "write": 1, "close": 3, "fstat": 5, "lseek": 8, "pread64": 17, "pwrite64": 18, "readv": 19,
-        "writev": 20, "pipe": 22, "dup": 32, "dup2": 33, "sendfile": 40, "fsync": 74, "ftruncate": 77,
+        "writev": 20, "pipe": 22, "dup": 32, "dup2": 33, "sendfile": 40, "fsync": 74, "fdatasync": 75, "ftruncate": 77,
         "getdents64": 217, "dup3": 292, "pipe2": 293, "copy_file_range": 326, "close_range": 436,
     },
     # file names (listxattr: shutil.copy2 gives up only on ENOTSUP/ENODATA/EINVAL; setting attributes is denied)
