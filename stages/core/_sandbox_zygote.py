@@ -537,7 +537,7 @@ class Zygote:
         else:
             self.warnings.append("mallopt(M_ARENA_MAX, 1) failed: each thread reserves a 64 MiB malloc arena")
         try:
-            attr = ctypes.create_string_buffer(128)  # pthread_attr_t is 56 bytes on x86_64 and aarch64
+            attr = ctypes.create_string_buffer(128)  # a pthread_attr_t (56 bytes on x86_64, 64 on aarch64)
             size = ctypes.c_size_t()
             if libc.pthread_getattr_default_np(attr) != 0 or libc.pthread_attr_getstacksize(attr, ctypes.byref(size)):
                 raise OSError("pthread_getattr_default_np failed")
