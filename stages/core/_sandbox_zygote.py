@@ -161,13 +161,13 @@ def prctl(mech: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
 # standard-library function makes.
 _X86_64_ALLOW: dict[str, dict[str, int]] = {
     # the program's own files and pipes (the host is mounted read-only; the working directory is private)
-    # not measured: pipe (glibc's pipe()), dup, dup3 (os.dup2(inheritable=False)), pwrite64, readv, writev
-    # (os.pwrite / readv / writev, C stdio), ftruncate (file.truncate()), copy_file_range (shutil, 3.14),
-    # fdatasync (sqlite, with no_file_locks disabled)
+    # (pwrite64, fdatasync: sqlite, measured with no_file_locks disabled)
+    # not measured: pipe (glibc's pipe()), dup, dup3 (os.dup2(inheritable=False)), readv, writev (os.readv /
+    # writev, C stdio), ftruncate (file.truncate()), copy_file_range (shutil, Python >= 3.14)
     "file descriptors": {
         "read": 0, "write": 1, "close": 3, "fstat": 5, "lseek": 8, "pread64": 17, "pwrite64": 18, "readv": 19,
-        "writev": 20, "pipe": 22, "dup": 32, "dup2": 33, "sendfile": 40, "fsync": 74, "fdatasync": 75, "ftruncate": 77,
-        "getdents64": 217, "dup3": 292, "pipe2": 293, "copy_file_range": 326, "close_range": 436,
+        "writev": 20, "pipe": 22, "dup": 32, "dup2": 33, "sendfile": 40, "fsync": 74, "fdatasync": 75,
+        "ftruncate": 77, "getdents64": 217, "dup3": 292, "pipe2": 293, "copy_file_range": 326, "close_range": 436,
     },
     # file names (listxattr: shutil.copy2 gives up only on ENOTSUP/ENODATA/EINVAL; setting attributes is denied)
     # not measured: stat, lstat (glibc < 2.33), access, faccessat2 (os.access), chdir, symlink, umask,
@@ -188,7 +188,7 @@ _X86_64_ALLOW: dict[str, dict[str, int]] = {
         "exit_group": 231, "set_robust_list": 273, "rseq": 334,
     },
     # identity, limits and machine facts (the program's own; setsid: daemonising code)
-    # not measured: geteuid, getegid
+    # not measured: getegid
     "identity and limits": {
         "getpid": 39, "uname": 63, "getrusage": 98, "sysinfo": 99, "times": 100, "getuid": 102, "getgid": 104,
         "geteuid": 107, "getegid": 108, "getppid": 110, "setsid": 112, "getgroups": 115, "gettid": 186,
@@ -216,7 +216,7 @@ _X86_64_ALLOW: dict[str, dict[str, int]] = {
 }
 # Checked arguments (the kernel reads these arguments as 32-bit ints: the filter compares the low half).
 _X86_64_CLONE, _X86_64_CLONE3, _X86_64_SOCKETPAIR, _X86_64_SENDTO = 56, 435, 53, 44
-_X86_64_FCNTL, _X86_64_IOCTL, _X86_64_PRCTL, _X86_64_MADVISE, _X86_64_FLOCK = 72, 16, 157, 28, 73
+_X86_64_FCNTL, _X86_64_IOCTL, _X86_64_PRCTL, _X86_64_MADVISE = 72, 16, 157, 28
 AF_UNIX, SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 1, 5, 0xF
 # fcntl: descriptor and status flags, duplication, pipe size. Not: record / OFD locks and leases (a lock
 # on a world-readable host file blocks host processes), F_NOTIFY (directory change signals), F_SETOWN.

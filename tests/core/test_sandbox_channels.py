@@ -11,11 +11,13 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import stat
 import struct
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +84,16 @@ def host_errno(nr: int, args: tuple[int, ...]) -> int:
     r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
     assert r < 0, f"syscall {nr}{args} succeeded on the host"
     return ctypes.get_errno()
+
+
+def test_the_lists_syscall_numbers_are_the_kernel_headers_ones():
+    headers = [p for p in ("/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "/usr/include/asm/unistd_64.h")
+               if Path(p).is_file()]
+    if not headers:
+        pytest.skip("no x86_64 kernel headers (linux-libc-dev) here")
+    table = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR_(\w+) (\d+)", Path(headers[0]).read_text())}
+    ours = {**zygote.allowed_syscalls(locks=True, notify=True), **zygote.checked_syscalls()}
+    assert {name: (nr, table.get(name)) for name, nr in ours.items() if table.get(name) != nr} == {}
 
 
 def test_calls_the_allow_list_lacks_fail_with_eperm_new_ones_included():
