@@ -1,0 +1,40 @@
+"""Prefect flow of the ``report`` stage (dvc.yaml: report, the last stage). Run: ``python -m flows.report``.
+
+Builds data/report/index.html, publishes its summary as the markdown artifact ``report-summary`` and prints the
+headline results (held-out accuracy per model) and the report's path: under ``dvc repro`` these are the run's
+last lines. :func:`print_headline` prints the same lines at the end of ``python -m flows.pipeline``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from flows._common import log_section, main, publish_metrics
+from stages import report
+from stages.core import paths
+from stages.schema.report import ReportParams
+
+
+@flow(name="report")
+def report_flow(params_path: str = "params.yaml") -> dict[str, Any]:
+    """Build the one-page report of the whole run; print its headline and path."""
+    p = ReportParams.from_file(params_path)
+    log_section("report", p)
+    metrics = report.run(p)
+    publish_metrics("report", metrics)
+    create_markdown_artifact(key="report-summary", markdown=paths.REPORT_SUMMARY.read_text(encoding="utf-8"),
+                             description="The run's headline, the paper beside ours, the stages")
+    print("\n".join(report.console_lines(p)), flush=True)
+    return metrics
+
+
+def print_headline(params_path: str = "params.yaml") -> None:
+    """Print the headline results and the report's path (the end of ``python -m flows.pipeline``)."""
+    print("\n".join(report.console_lines(ReportParams.from_file(params_path))), flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(report_flow, "report"))
