@@ -7,6 +7,7 @@ last lines. :func:`print_headline` prints the same lines at the end of ``python 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from prefect import flow
@@ -15,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows._common import log_section, main, publish_metrics
 from stages import report
 from stages.core import paths
+from stages.core.errors import PipelineError
 from stages.schema.report import ReportParams
 
 
@@ -32,8 +34,12 @@ def report_flow(params_path: str = "params.yaml") -> dict[str, Any]:
 
 
 def print_headline(params_path: str = "params.yaml") -> None:
-    """Print the headline results and the report's path (the end of ``python -m flows.pipeline``)."""
-    print("\n".join(report.console_lines(ReportParams.from_file(params_path))), flush=True)
+    """Print the headline results and the report's path (the end of ``python -m flows.pipeline``); a corrupt
+    metrics file is one ``error:`` line on stderr instead."""
+    try:
+        print("\n".join(report.console_lines(ReportParams.from_file(params_path))), flush=True)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":
