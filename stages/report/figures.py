@@ -14,7 +14,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from stages.report.inputs import Row, get, num
+from stages.report.inputs import Row, get, num, seq
 
 DPI = 100
 WIDTH_IN = 10.0
@@ -23,7 +23,7 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e3
 
 def _uri(fig: Figure) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})  # constrained layout: no "tight" pass
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -34,6 +34,11 @@ def _figure(ncols: int, height_in: float = 3.0) -> tuple[Figure, list[Any]]:
         ax.grid(True, alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
     return fig, list(axes)
+
+
+def _legend(ax: Any, **kw: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
 
 
 def _xy(rows: Sequence[Row], x: str, y: str) -> tuple[list[float], list[float]]:
@@ -66,7 +71,7 @@ def loss_curves(stage: str, train: Sequence[Row] | None, heldout: Sequence[Row] 
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.set_title(f"{stage}: loss")
-    ax.legend(frameon=False)
+    _legend(ax, frameon=False)
     return _uri(fig)
 
 
@@ -82,7 +87,7 @@ def grpo_curves(curves: dict[str, list[Row]]) -> str | None:
             axes[0].plot(x, y, color=COLORS[i], lw=0.8, alpha=0.35)
             axes[0].plot(x, _smooth(y, 5), color=COLORS[i], lw=2, label=label)
     axes[0].set_title("reward and accuracy of the sampled groups")
-    axes[0].legend(frameon=False, fontsize=8)
+    _legend(axes[0], frameon=False, fontsize=8)
     x, y = _xy(curves.get("kl", []), "step", "kl")
     if x:
         axes[1].plot(x, y, color=COLORS[4], lw=0.8, alpha=0.35)
@@ -141,7 +146,7 @@ def pass_maj(evals: dict[str, dict[str, Any] | None]) -> str | None:
         ax.set_ylabel("accuracy")
         t = get(next(iter(by_model.values())), "temperature")
         ax.set_title(f"pass@k and maj@k: {name}" + (f", T = {t}" if t is not None else ""))
-        ax.legend(frameon=False, fontsize=8)
+        _legend(ax, frameon=False, fontsize=8)
     return _uri(fig)
 
 
@@ -167,13 +172,13 @@ def accuracy_bars(evals: dict[str, dict[str, Any] | None], benchmark: str) -> st
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy")
     ax.set_title(f"held-out greedy accuracy per model ({benchmark})")
-    ax.legend(frameon=False, fontsize=8, ncols=len(modes), loc="upper left")
+    _legend(ax, frameon=False, fontsize=8, ncols=len(modes), loc="upper left")
     return _uri(fig)
 
 
 def corpus_rounds(rounds: Sequence[dict[str, Any]] | None) -> str | None:
     """fastText recall rounds (paper Figure 2): precision / recall / F1 against ground truth, and pages collected."""
-    rows = [r for r in rounds or [] if isinstance(r, dict) and num(r.get("round")) is not None]
+    rows = [r for r in seq(rounds) if isinstance(r, dict) and num(r.get("round")) is not None]
     if not rows:
         return None
     fig, axes = _figure(2, 2.8)
@@ -185,7 +190,7 @@ def corpus_rounds(rounds: Sequence[dict[str, Any]] | None) -> str | None:
             axes[0].plot([x for x, _ in pts], [v for _, v in pts], "o-", color=COLORS[i], lw=1.8, label=key)
     axes[0].set_ylim(0, 1.05)
     axes[0].set_title("math-page classifier per round (vs ground truth)")
-    axes[0].legend(frameon=False, fontsize=8)
+    _legend(axes[0], frameon=False, fontsize=8)
     collected = [num(r.get("collected")) or 0 for r in rows]
     new = [num(r.get("new")) or 0 for r in rows]
     axes[1].bar(xs, collected, color=COLORS[0], alpha=0.45, label="collected")
@@ -195,7 +200,7 @@ def corpus_rounds(rounds: Sequence[dict[str, Any]] | None) -> str | None:
         if ov is not None:
             axes[1].annotate(f"{ov:.1%} seen", (x, c), ha="center", va="bottom", fontsize=7)
     axes[1].set_title("pages collected per round")
-    axes[1].legend(frameon=False, fontsize=8)
+    _legend(axes[1], frameon=False, fontsize=8)
     for ax in axes:
         ax.set_xlabel("round")
         ax.set_xticks(xs)
@@ -229,10 +234,10 @@ def paradigm(summary: dict[str, Any] | None) -> str | None:
             if any(x is None for x in mean) or len(mean) != len(v["steps"]):
                 continue
             sd = [num(x) or 0.0 for x in v["sd"]] if isinstance(v.get("sd"), list) else None
-            _band(ax, [float(s) for s in v["steps"]], mean, sd, colors[k], f"{k} (n={len(v.get('seeds', []))})")
+            _band(ax, [float(s) for s in v["steps"]], mean, sd, colors[k], f"{k} (n={len(seq(v.get('seeds')))})")
         ax.set_title(f"held-out accuracy: {title}")
         ax.set_xlabel("step")
-        ax.legend(frameon=False, fontsize=8)
+        _legend(ax, frameon=False, fontsize=8)
     return _uri(fig)
 
 
@@ -252,5 +257,5 @@ def iterative(per_iteration: dict[str, list[list[float]]]) -> str | None:
     ax.set_ylabel("held-out accuracy")
     ax.set_xticks(range(max(len(s) for v in per_iteration.values() for s in v)))
     ax.set_title("iterative RL: held-out accuracy per iteration")
-    ax.legend(frameon=False, fontsize=8)
+    _legend(ax, frameon=False, fontsize=8)
     return _uri(fig)

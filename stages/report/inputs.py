@@ -147,3 +147,13 @@ def num(x: Any) -> float | None:
     if isinstance(x, bool) or not isinstance(x, int | float):
         return None
     return float(x) if math.isfinite(x) else None
+
+
+def seq(x: Any) -> list[Any]:
+    """``x`` if it is a list, else an empty list (never raises)."""
+    return x if isinstance(x, list) else []
+
+
+def mapping(x: Any) -> dict[str, Any]:
+    """``x`` if it is a dict, else an empty dict (never raises)."""
+    return x if isinstance(x, dict) else {}

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from stages.report import figures, paper
-from stages.report.inputs import STAGES, Inputs, get, num
+from stages.report.inputs import STAGES, Inputs, get, mapping, num, seq
 
 NOT_RUN = "not run"
 DASH = "—"
@@ -254,7 +254,7 @@ def paper_rows(inputs: Inputs) -> list[PaperRow]:
 
     # corpus rounds
     cm = inputs.metrics.get("corpus")
-    rounds = [r for r in get(cm, "rounds") or [] if isinstance(r, dict)]
+    rounds = [r for r in seq(get(cm, "rounds")) if isinstance(r, dict)]
     last_ov = num(rounds[-1].get("overlap_with_previous")) if rounds else None
     ours = None if cm is None else f"{fmt(get(cm, 'rounds_run'))} rounds" + (
         f"; last round {last_ov:.1%} already collected" if last_ov is not None else "")
@@ -614,7 +614,7 @@ def _evaluate_section(inputs: Inputs) -> str:
         body.append(f'<p class="na">{NOT_RUN}: ' + ", ".join(f"evaluate@{esc(k)}" for k in missing) + "</p>")
     # greedy CoT accuracy by difficulty
     for b in benches:
-        diffs = sorted({d for v in ev.values() for d in (get(v, f"{b}.cot.greedy.by_difficulty") or {})},
+        diffs = sorted({d for v in ev.values() for d in mapping(get(v, f"{b}.cot.greedy.by_difficulty"))},
                        key=lambda d: (len(d), d))
         if diffs:
             body.append(f"<h3>Greedy CoT accuracy by difficulty ({esc(b)})</h3>")
@@ -661,14 +661,14 @@ def _comparisons_section(inputs: Inputs, enabled: bool) -> str:
         rows = []
         for k, v in summary.items():
             if isinstance(v, dict):
-                rows.append([k, acc(get(v, "final_mean")), acc(get(v, "final_sd")), fmt(len(get(v, "seeds") or []))])
+                rows.append([k, acc(get(v, "final_mean")), acc(get(v, "final_sd")), fmt(len(seq(get(v, "seeds"))))])
         body.append(html_table(("method", "final held-out accuracy (mean)", "sd over seeds", "seeds"), rows,
                                numeric=(1, 2, 3)))
         for kind in ("exact", "reward_model"):
             comp = get(d, f"comparison.{kind}")
             if isinstance(comp, dict) and isinstance(comp.get("pairs"), list):
-                body.append(f"<p>Paper order ({esc(kind)}): {esc(' > '.join(map(str, comp.get('paper_order') or [])))}"
-                            f"; measured: {esc(' > '.join(map(str, comp.get('measured_order') or [])))}.</p>")
+                body.append(f"<p>Paper order ({esc(kind)}): {esc(' > '.join(map(str, seq(comp.get('paper_order')))))}"
+                            f"; measured: {esc(' > '.join(map(str, seq(comp.get('measured_order')))))}.</p>")
                 prows = [[str(get(p, "pair")), fmt(get(p, "diff")), str(get(p, "verdict")),
                           "yes" if get(p, "clear") else "no"] for p in comp["pairs"] if isinstance(p, dict)]
                 body.append(html_table(("pair (paper's order)", "difference", "verdict", "beyond seed spread"),

@@ -147,3 +147,36 @@ def test_report_models_must_be_evaluated_models() -> None:
     raw["report"]["models"] = ["sft", "sft"]
     with pytest.raises(PipelineError, match=r"report\.models: models listed twice: \['sft'\]"):
         parse_params(raw)
+
+
+def _mutate(node: object, value: object, depth: int) -> object:
+    """``node`` with every value at ``depth`` (0: the top-level values) replaced by ``value``, deeper values kept."""
+    if isinstance(node, dict):
+        return {k: value if depth == 0 else _mutate(v, value, depth - 1) for k, v in node.items()}
+    if isinstance(node, list):
+        return [value if depth == 0 else _mutate(v, value, depth - 1) for v in node]
+    return node
+
+
+@pytest.mark.parametrize("value", [None, 7, -1.5, "x", [], [3], {}, True])
+def test_unexpected_shapes_in_valid_json_never_raise(project: Path, params: ReportParams, value: object,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metrics file of the right kind (a JSON object) with values of other types or shapes than the stages write:
+    the page still builds (those values show as dashes or "not run"), at every depth of every input file. The
+    figures are built but not rasterised (the slow part, which sees only the numbers that were checked)."""
+    from stages.report import figures, page
+    from stages.report.inputs import load
+
+    monkeypatch.setattr(figures, "_uri", lambda fig: "data:image/png;base64,")
+
+    write_fake_run(project)
+    files = sorted((project / "data/metrics").glob("*.json")) + sorted((project / "benchmarks/results").glob("*.json"))
+    originals = {f: json.loads(f.read_text()) for f in files}
+    for depth in range(4):
+        for f, obj in originals.items():
+            f.write_text(json.dumps(_mutate(obj, value, depth)))
+        inputs = load(params)
+        html = page.html_page(params.title, inputs, True)
+        page.markdown_summary(params.title, inputs, "x")
+        page.headline_lines(inputs, None)
+        assert html.startswith("<!DOCTYPE html>")
