@@ -81,12 +81,13 @@ def grpo_curves(curves: dict[str, list[Row]]) -> str | None:
     if not any(k in curves for k in ("reward_mean", "accuracy", "kl")):
         return None
     fig, axes = _figure(3, 3.0)
-    for i, (name, label) in enumerate((("reward_mean", "reward (mean)"), ("accuracy", "accuracy (sampled)"))):
+    for i, (name, label, style) in enumerate((("reward_mean", "reward (mean)", "-"),
+                                              ("accuracy", "accuracy", "--"))):  # equal under the rule reward
         x, y = _xy(curves.get(name, []), "step", name)
         if x:
-            axes[0].plot(x, y, color=COLORS[i], lw=0.8, alpha=0.35)
-            axes[0].plot(x, _smooth(y, 5), color=COLORS[i], lw=2, label=label)
-    axes[0].set_title("reward and accuracy of the sampled groups")
+            axes[0].plot(x, y, color=COLORS[i], lw=0.8, alpha=0.3)
+            axes[0].plot(x, _smooth(y, 5), style, color=COLORS[i], lw=2, label=label)
+    axes[0].set_title("sampled groups: reward, accuracy")
     _legend(axes[0], frameon=False, fontsize=8)
     x, y = _xy(curves.get("kl", []), "step", "kl")
     if x:
@@ -158,7 +159,7 @@ def accuracy_bars(evals: dict[str, dict[str, Any] | None], benchmark: str) -> st
     if not models or not modes:
         return None
     fig, (ax,) = _figure(1, 2.8)
-    width = 0.8 / len(modes)
+    width = min(0.8 / len(modes), 0.3)
     for j, mode in enumerate(modes):
         xs, ys = [], []
         for i, m in enumerate(models):

@@ -285,7 +285,9 @@ def paper_rows(inputs: Inputs) -> list[PaperRow]:
     if it:
         parts = [f"{k}: " + " → ".join(f"{sum(s[j] for s in v) / len(v):.3f}" for j in range(min(map(len, v))))
                  for k, v in it.items()]
-        ours, note = "; ".join(parts), "held-out accuracy per iteration (0 = SFT), mean over seeds"
+        ours = "; ".join(parts)
+        note = ("held-out accuracy per iteration (0 = SFT), mean over seeds; benchmarks/results/iterative_rl.json"
+                f" (measured {str(get(inputs.iterative, 'measured_at'))[:10]}; its setup in the Comparisons section)")
     else:
         ours, note = None, "benchmarks/iterative_rl.py result absent"
     out.append(PaperRow("iterative RL", c["iterative"].text, c["iterative"].source, ours, note))
