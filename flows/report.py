@@ -7,6 +7,7 @@ last lines. :func:`print_headline` prints the same lines at the end of ``python 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -22,14 +23,14 @@ from stages.schema.report import ReportParams
 
 @flow(name="report")
 def report_flow(params_path: str = "params.yaml") -> dict[str, Any]:
-    """Build the one-page report of the whole run; print its headline and path."""
+    """Build the one-page report of the whole run and publish its summary (``python -m flows.report`` then prints
+    the headline and the page's path)."""
     p = ReportParams.from_file(params_path)
     log_section("report", p)
     metrics = report.run(p)
     publish_metrics("report", metrics)
     create_markdown_artifact(key="report-summary", markdown=paths.REPORT_SUMMARY.read_text(encoding="utf-8"),
                              description="The run's headline, the paper beside ours, the stages")
-    print("\n".join(report.console_lines(p)), flush=True)
     return metrics
 
 
@@ -42,5 +43,17 @@ def print_headline(params_path: str = "params.yaml") -> None:
         print(f"error: {e}", file=sys.stderr)
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m flows.report``: the flow (:func:`flows._common.main`), then the headline and the page's path,
+    printed after the flow's own log lines so that they end ``dvc repro``'s output."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--params", default="params.yaml")
+    known, _ = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    status = main(report_flow, "report", argv)
+    if status == 0:
+        print_headline(known.params)
+    return status
+
+
 if __name__ == "__main__":
-    raise SystemExit(main(report_flow, "report"))
+    raise SystemExit(cli())

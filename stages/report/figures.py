@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from stages.report.inputs import Row, get, num, seq
 
@@ -68,6 +69,9 @@ def loss_curves(stage: str, train: Sequence[Row] | None, heldout: Sequence[Row] 
         ax.plot(ex, ey, "o-", color=COLORS[1], lw=1.5, label="held-out loss")
     if all(v > 0 for v in ty + ey):
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(  # label 2 and 5 of each decade
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.set_title(f"{stage}: loss")
@@ -143,6 +147,9 @@ def pass_maj(evals: dict[str, dict[str, Any] | None]) -> str | None:
                 if ks:
                     ax.plot(ks, vs, style, color=COLORS[i % len(COLORS)], lw=1.8, ms=4, label=f"{model} {prefix}@k")
         ax.set_xscale("log", base=2)
+        ks = sorted({k for s in by_model.values() for k in _at_k(s, "pass")[0] + _at_k(s, "maj")[0]})
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
         ax.set_xlabel("k (samples per problem)")
         ax.set_ylabel("accuracy")
         t = get(next(iter(by_model.values())), "temperature")

@@ -247,7 +247,7 @@ def paper_rows(inputs: Inputs) -> list[PaperRow]:
             if None not in dp + dm:
                 gp, gm = dp[0] - dp[1], dm[0] - dm[1]
                 ours = f"maj@{k} {gm:+.3f}, pass@{k} {gp:+.3f}"
-                note = f"grpo - sft on {b}, T = {fmt(get(s, 'temperature'))}; maj@k " + (
+                note = f"grpo - sft on {b}, T = {get(s, 'temperature')}; maj@k " + (
                     "gains more than pass@k" if gm > gp else "does not gain more than pass@k")
                 break
     out.append(PaperRow("pass@k vs maj@k", c["maj_not_pass"].text, c["maj_not_pass"].source, ours, note))
@@ -374,11 +374,15 @@ KEYS: dict[str, tuple[Key, ...]] = {
              K("continued-SFT baseline loss: first → last", "baseline.sft_loss_first", "baseline.sft_loss_last",
                sep=ARROW)),
 }
-TITLES = {"data": "Data: generated crawl, seed corpus, word problems", "corpus": "Corpus: math corpus (paper 2.1)",
-          "base_model": "Base model: tokenizer and initial model", "pretrain": "Pretrain: continual pretraining (2.3)",
-          "sft": "SFT: CoT / PoT / tool-integrated (3)", "reward_model": "Reward model: outcome / process (4.1.3-4.1.4)",
-          "grpo": "GRPO (4) and the continued-SFT baseline", "evaluate": "Evaluate: every model (Table 5, Figure 7)",
-          "comparisons": "Comparisons: unified paradigm (Figure 5), iterative RL (Figure 6)"}
+TITLES = {"data": "Data: generated crawl, seed corpus, word problems",
+          "corpus": "Corpus: the math corpus (paper §2.1)",
+          "base_model": "Base model: tokenizer and initial model",
+          "pretrain": "Pretrain: continual pretraining (paper §2.3)",
+          "sft": "SFT: CoT / PoT / tool-integrated solutions (paper §3)",
+          "reward_model": "Reward model: outcome / process (paper §4.1.3-4.1.4)",
+          "grpo": "GRPO (paper §4) and the continued-SFT baseline",
+          "evaluate": "Evaluate: every model (paper Table 5, Figure 7)",
+          "comparisons": "Comparisons: unified paradigm (paper Figure 5), iterative RL (Figure 6)"}
 
 
 def key_rows(stage: str, m: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -506,7 +510,7 @@ td.paper { color: var(--muted); }
 img { max-width: 100%; height: auto; display: block; margin: 8px 0; }
 details { margin: 8px 0; }
 summary { cursor: pointer; color: var(--accent); font-size: 14px; }
-details table { font-size: 12.5px; }
+details table, table.small { font-size: 12.5px; }
 code { background: var(--bg-alt); padding: 0 4px; border-radius: 3px; font-size: 13px; }
 """
 
@@ -609,8 +613,9 @@ def _evaluate_section(inputs: Inputs) -> str:
     body.append("<h3>pass@k and maj@k against k (paper Figure 7)</h3>")
     body.append(img(figures.pass_maj(ev), "pass@k and maj@k"))
     body.append("<h3>Every run</h3>")
-    body.append(html_table(("model", "benchmark", "mode", "decoding", "problems", "accuracy / pass@1", "pass@k",
-                            "maj@k", "no answer", "truncated", "tokens", "wall s"), run_rows(ev), numeric=range(4, 12)))
+    body.append(html_table(("model", "benchmark", "mode", "decoding", "problems", "acc. / pass@1", "pass@k",
+                            "maj@k", "k", "no answer", "truncated", "tokens", "wall s"), run_rows(ev),
+                           numeric=range(4, 13), cls="small"))
     missing = [k for k, v in inputs.evaluate.items() if v is None]
     if missing:
         body.append(f'<p class="na">{NOT_RUN}: ' + ", ".join(f"evaluate@{esc(k)}" for k in missing) + "</p>")
@@ -629,6 +634,11 @@ def _evaluate_section(inputs: Inputs) -> str:
     return _section("evaluate", TITLES["evaluate"], True, wall, "\n".join(body))
 
 
+def _one(v: Any) -> str:
+    x = num(v)
+    return DASH if x is None else f"{x:.1f}"
+
+
 def run_rows(ev: dict[str, dict[str, Any]]) -> list[list[str]]:
     """Every evaluation run: model, benchmark, mode, decoding, its accuracy (greedy) or pass@1 / pass@k / maj@k
     (sampled, k = samples per problem), the share with no extracted answer, truncated share, mean tokens."""
@@ -643,9 +653,9 @@ def run_rows(ev: dict[str, dict[str, Any]]) -> list[list[str]]:
                     k = int(r["n_samples"]) if num(r.get("n_samples")) else None
                     first = r.get("acc") if dec == "greedy" else r.get("pass@1")
                     out.append([model, b, mode, dec, fmt(r.get("n")), acc(first),
-                                acc(r.get(f"pass@{k}")) + f" (k={k})" if k else DASH,
-                                acc(r.get(f"maj@{k}")) + f" (k={k})" if k else DASH, acc(r.get("no_answer")),
-                                acc(r.get("truncated")), fmt(r.get("mean_tokens")), fmt(r.get("wall_s"))])
+                                acc(r.get(f"pass@{k}")) if k else DASH, acc(r.get(f"maj@{k}")) if k else DASH,
+                                fmt(k), acc(r.get("no_answer")), acc(r.get("truncated")),
+                                _one(r.get("mean_tokens")), _one(r.get("wall_s"))])
     return out
 
 
