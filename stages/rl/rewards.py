@@ -1,4 +1,11 @@
-"""Reward functions for GRPO rollouts (the paper's "rule" reward is answer correctness, section 5.2.1).
+"""Rewards of RL rollouts: the one reward interface, and the rule / custom reward functions.
+
+Every reward source (these rule and custom functions; the outcome and process reward models and the exact step
+labels of stages/rl/reward_model.py) implements :class:`RewardSource`: ``rewards(rollout) -> Rewards``, the rewards
+per output and, where the source has them, per reasoning step with the steps' end tokens. Sources return rewards,
+never advantages: the advantage estimator (stages/rl/advantages.py) turns them into advantages.
+
+The paper's "rule" reward is answer correctness (section 5.2.1).
 
 Every reward function is called with keyword arguments and returns a float::
 
@@ -21,11 +28,53 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
 
 from stages.core.errors import PipelineError
 
 RewardFn = Callable[..., float]
+
+
+@dataclass(frozen=True)
+class Rewards:
+    """What every reward source returns for a rollout of Q questions x G outputs (row n = q * G + g).
+
+    output: (Q, G) float64, the reward of each output; NaN where the source could not score it (the output is then
+        excluded from its group's statistics and from the loss). A per-step source gives the mean of the output's
+        step rewards here (for the metrics and for the outcome estimators).
+    steps: (Q, G, S) float64 per-step rewards (S = most steps of an output in the batch; NaN pads and marks failed
+        scores), or None for a source that scores whole outputs only.
+    step_ends: (Q, G, S) long, the completion-token index of each step's last token (with ``steps``).
+    parts: per reward function, its value for every output in row order (rule sources; {} otherwise). The
+        ``accuracy`` part is the answer-correctness metric.
+    metrics: the source's own per-step metrics (e.g. ``rm_steps_mean``, steps scored per output).
+    """
+
+    output: Tensor
+    steps: Tensor | None = None
+    step_ends: Tensor | None = None
+    parts: dict[str, list[float]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def per_step(self) -> bool:
+        """True when the source gives per-step rewards (process supervision)."""
+        return self.steps is not None
+
+    def with_parts(self, parts: dict[str, list[float]]) -> Rewards:
+        """The same rewards with ``parts`` (the rule functions' values, scored for the metrics)."""
+        return Rewards(self.output, self.steps, self.step_ends, parts, self.metrics)
+
+
+class RewardSource(Protocol):
+    """A source of rewards for rollouts (stages.rl.rollout.Rollout)."""
+
+    def rewards(self, ro: Any) -> Rewards:
+        """The rewards of every output of ``ro``."""
+        ...
 
 _BOXED = re.compile(r"\\boxed\{")
 
@@ -84,6 +133,19 @@ class RewardSet:
         if not fns:
             raise PipelineError("grpo.reward: every weight is 0 and no custom function is given; enable at least one reward")
         return cls(fns)
+
+    def rewards(self, ro: Any) -> Rewards:
+        """:class:`RewardSource`: the weighted sum of the functions for every output of rollout ``ro``."""
+        N, G = len(ro.texts), ro.group_size
+        totals, parts = [], {}
+        for n in range(N):
+            row = ro.rows[n]
+            tot, comp = self.score(question=row["question"], completion=ro.texts[n], answer=row["answer"],
+                                   finish_reason=ro.finish_reasons[n], row=row)
+            totals.append(tot)
+            for k, v in comp.items():
+                parts.setdefault(k, []).append(v)
+        return Rewards(torch.tensor(totals, dtype=torch.float64).view(N // G, G), parts=parts)
 
     def score(self, **sample: Any) -> tuple[float, dict[str, float]]:
         """(total reward, per-function values); total is NaN when any function failed on this sample."""
