@@ -42,7 +42,7 @@ from stages.corpus.dedup import Deduplicator
 from stages.corpus.recall import budget_for_round, overlap, sample_mask, select_threshold
 from stages.corpus.shards import iter_pages, plan_shards
 from stages.corpus.tasks import prepare_shard, score_shard, training_texts_shard, write_shard
-from stages.params import CorpusParams
+from stages.schema.corpus import CorpusParams
 
 MapFn = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
 """Runs ``fn(**kwargs)`` for each kwargs dict and returns the results in order (sequential, Prefect tasks, ...)."""

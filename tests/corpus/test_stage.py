@@ -23,7 +23,8 @@ SMALL_CRAWL = dict(n_pages=3000, n_seed_pages=300, n_math_domains=9, n_general_d
 
 
 def _params(**over: Any) -> CorpusParams:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())["corpus"]
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = {**doc["corpus"], **doc["runtime"]["corpus"]}  # the section with its runtime values (stages/schema/base.py)
     for key, value in over.items():
         node = raw
         *parents, leaf = key.split(".")
