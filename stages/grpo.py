@@ -75,7 +75,8 @@ log = logging.getLogger(__name__)
 
 PLOT_METRICS = (
     "reward_mean", "reward_std", "accuracy", "zero_std_frac", "kl", "clip_frac_low", "clip_frac_high", "entropy",
-    "completion_len", "grad_norm", "mismatch_abs_mean", "t_generation", "t_scoring", "t_logprobs", "t_update",
+    "completion_len", "grad_norm", "loss", "mismatch_abs_mean", "t_generation", "t_scoring", "t_logprobs", "t_update",
+    "value_loss", "vf_clip_frac", "value_mean", "value_grad_norm", "return_mean", "adv_abs_mean",
 )
 
 

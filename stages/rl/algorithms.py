@@ -103,6 +103,14 @@ class Algorithm:
     samples: ClassVar[bool] = True
     loss_metrics: ClassVar[tuple[str, ...]] = ()
 
+    def check(self, p: Any) -> str | None:
+        """A one-line problem with the params for this algorithm, or None (GrpoParams' validator calls it).
+        Default: the rule reward only (the paradigm's sft / rft / online_rft, paper section 5.2.1)."""
+        if p.reward_source != "rule":
+            return (f"algorithm {self.name} uses the rule reward (paper section 5.2.1); set reward_source: rule, or "
+                    "algorithm: grpo for a reward model")
+        return None
+
     def reward_functions(self, p: Any) -> RewardSet:
         """The rule / custom reward functions of the run (the rewards of ``reward_source: rule``, and the accuracy
         metric with every source)."""
@@ -252,6 +260,11 @@ class Grpo(Algorithm):
 
     loss_metrics = ("ratio_mean",)
 
+    def check(self, p: Any) -> str | None:
+        if p.advantage_estimator == "gae":
+            return "advantage_estimator gae needs a value model: use algorithm ppo, or another estimator with grpo"
+        return None
+
     def uses_reference(self, p: Any) -> bool:
         return p.beta > 0
 
@@ -289,6 +302,11 @@ class Ppo(Algorithm):
     sampled as for GRPO, so the two see the same data."""
 
     loss_metrics = ("ratio_mean",)
+
+    def check(self, p: Any) -> str | None:
+        if p.advantage_estimator != "gae":
+            return "algorithm ppo estimates advantages with its value model: set advantage_estimator: gae"
+        return None
 
     def uses_reference(self, p: Any) -> bool:
         return p.beta > 0

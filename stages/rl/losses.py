@@ -240,7 +240,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
         m = mask.to(torch.bool)
         n_tok = int(m.sum())
         denom = max(n_tok, 1)
-        metrics = {"value_loss": float(loss), "vf_clip_frac": float((clipped_more & m).sum()) / denom,
+        metrics = {"value_loss": float(loss.detach()), "vf_clip_frac": float((clipped_more & m).sum()) / denom,
                    "value_mean": float((values.detach() * m).sum()) / denom, "n_tokens": n_tok}
     return loss, metrics
 

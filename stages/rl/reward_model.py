@@ -57,6 +57,7 @@ from stages.core.modeling import resolve_model
 from stages.core.prompts import chat_prompt
 from stages.rl.advantages import step_end_indices
 from stages.rl.rewards import Rewards, accuracy_reward
+from stages.train.update import Updater
 
 LabelMethod = Literal["values", "rollouts"]
 TrainOn = Literal["process", "outcome"]
@@ -263,11 +264,13 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
     """Train ``rm`` in place with binary cross-entropy on the labelled positions; return the mean loss per epoch.
 
     ``train_on="process"``: every step end with its step label; ``"outcome"``: the last token with the
-    outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``.
+    outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``, through the one update
+    path (stages.train.update.Updater: clipping, a non-finite batch skipped).
     """
     if not examples:
         raise PipelineError("reward model: no training examples (every sampled output was empty)")
-    opt = torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay)
+    upd = Updater(rm, max_grad_norm=max_grad_norm,
+                  optimizer=torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay))
     rng = random.Random(seed)
     cache: dict[str, list[int]] = {}
     order = list(range(len(examples)))
@@ -284,10 +287,9 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
             rows_, cols = zip(*pos, strict=True)
             logit = s[list(rows_), list(cols)]
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(rm.parameters(), max_grad_norm)
-            opt.step()
+            upd.zero_grad()
+            upd.backward(loss, last=True)
+            upd.step(bad=not bool(torch.isfinite(loss)))
             tot += loss.item() * len(lab)
             n += len(lab)
         losses.append(tot / max(n, 1))

@@ -26,7 +26,8 @@ def value_model_from(policy: Any) -> Any:
     torch's RNG, as transformers initialises it)."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
-    cfg = AutoConfig.for_model(**{**policy.config.to_dict(), "num_labels": 1, "classifier_dropout": 0.0})
+    raw = {k: v for k, v in policy.config.to_dict().items() if k not in ("id2label", "label2id")}
+    cfg = AutoConfig.for_model(**{**raw, "num_labels": 1, "classifier_dropout": 0.0})
     vm = AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)
     missing, unexpected = vm.base_model.load_state_dict(policy.base_model.state_dict(), strict=False)
     if unexpected or missing:

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import functools
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -115,7 +116,10 @@ def run_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     from stages import grpo
     from stages.core import paths
     from stages.core.modeling import load_model, load_tokenizer
-    from stages.params import GrpoParams
+    try:
+        from stages.schema.grpo import GrpoParams
+    except ImportError:  # the code before the params split (the record's commit)
+        from stages.params import GrpoParams  # type: ignore[no-redef]
     from stages.rl.data import load_prompts
     from stages.rl.iterative import run_iterations
 
@@ -160,7 +164,8 @@ def run_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
                 r["loss"] = r["sft_loss"]
         else:
             rm_dir = paths.REWARD_MODEL if p.reward_source in ("outcome_rm", "process_rm") else None
-            train_fn = functools.partial(grpo.train_grpo, rft_cache={}, rft_steps=p.steps)
+            kw = "cache" if "cache" in inspect.signature(grpo.train_grpo).parameters else "rft_cache"  # renamed
+            train_fn = functools.partial(grpo.train_grpo, rft_steps=p.steps, **{kw: {}})
             with tempfile.TemporaryDirectory() as out:
                 hist, _, _ = run_iterations(model, tok, rows, p, train_fn=train_fn, ckpt_dir=None, rm_dir=rm_dir,
                                             out_dir=Path(out) / "iters")
