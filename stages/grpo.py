@@ -54,7 +54,7 @@ from stages.core.generation import SamplingParams, make_generator, model_max_len
 from stages.core.io import atomic_path, write_json
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
-from stages.core.prompts import chat_prompt
+from stages.core.prompts import rl_prompt
 from stages.rl.algorithms import get_algorithm, rule_reward_set
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, run_dir, save_checkpoint
@@ -72,6 +72,9 @@ from stages.train.loop import use_bf16
 __all__ = ["accuracy_reward", "grpo_loss", "rule_reward_set", "step_questions"]  # also read from here by tests
 
 log = logging.getLogger(__name__)
+
+START_MODELS = {"sft": paths.SFT_MODEL, "pretrain": paths.PRETRAIN_MODEL}
+"""``grpo.start`` -> the model RL starts from (and the baseline and the reference model)."""
 
 PLOT_METRICS = (
     "reward_mean", "reward_std", "accuracy", "zero_std_frac", "kl", "clip_frac_low", "clip_frac_high", "entropy",
@@ -140,20 +143,22 @@ class HeldoutEval:
     (synced to the policy): before the first step, every ``every`` steps and after the last. Records
     ``{"step": steps done, "heldout_accuracy": share correct}`` (the rule reward: extracted answer == gold)."""
 
-    def __init__(self, rows: list[dict[str, Any]], every: int, max_new_tokens: int) -> None:
+    def __init__(self, rows: list[dict[str, Any]], every: int, max_new_tokens: int,
+                 template: str = "deepseekmath") -> None:
         self.rows = rows
         self.every = every
         self.max_new_tokens = max_new_tokens
+        self.template = template
         self.records: list[dict[str, Any]] = []
 
     @classmethod
-    def from_params(cls, h: Any) -> HeldoutEval | None:
-        """None when ``h.every`` is 0 (off)."""
+    def from_params(cls, h: Any, template: str = "deepseekmath") -> HeldoutEval | None:
+        """None when ``h.every`` is 0 (off); prompts in the RL ``template`` (the one the policy is trained with)."""
         if not h.every:
             return None
         problems = load_problem_file(h.problems_file or paths.problems_file("test"), h.limit)
         rows = [{"id": q.id, "question": q.question, "answer": q.gold} for q in problems]
-        return cls(rows, h.every, h.max_new_tokens)
+        return cls(rows, h.every, h.max_new_tokens, template)
 
     def due(self, done: int, total: int) -> bool:
         """Whether the policy after ``done`` of ``total`` steps is evaluated (and was not yet)."""
@@ -162,7 +167,7 @@ class HeldoutEval:
 
     def evaluate(self, done: int, generator: Any) -> float:
         """Evaluate now (``generator`` holds the current weights); record and return the accuracy."""
-        outs = generator.generate([chat_prompt(r["question"], "cot") for r in self.rows],
+        outs = generator.generate([rl_prompt(r["question"], self.template) for r in self.rows],
                                   SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens))
         ok = sum(accuracy_reward(completion=o[0].text, answer=r["answer"]) for o, r in zip(outs, self.rows, strict=True))
         acc = ok / len(self.rows)
@@ -179,10 +184,11 @@ class HeldoutEval:
                 "accuracy_at_step": {str(r["step"]): a for r, a in zip(self.records, acc, strict=True)}}
 
 
-def max_model_len(tokenizer: Any, model: Any, questions: list[str], max_new_tokens: int) -> int:
-    """Longest prompt (CoT chat prompt of ``questions``) plus ``max_new_tokens``, capped by the model's context:
+def max_model_len(tokenizer: Any, model: Any, questions: list[str], max_new_tokens: int,
+                  template: str = "deepseekmath") -> int:
+    """Longest prompt (``questions`` in the RL ``template``) plus ``max_new_tokens``, capped by the model's context:
     the vLLM engine's ``max_model_len`` (its KV-cache reservation follows it)."""
-    longest = max((len(ids) for ids in tokenizer([chat_prompt(q, "cot") for q in questions])["input_ids"]), default=1)
+    longest = max((len(ids) for ids in tokenizer([rl_prompt(q, template) for q in questions])["input_ids"]), default=1)
     cap = model_max_length(model.config) or (longest + max_new_tokens)
     return int(min(cap, longest + max_new_tokens))
 
@@ -195,7 +201,7 @@ def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list
     if resolve_backend(p.backend) == "hf":
         return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size)
     kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed,
-                          "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens)}
+                          "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens, p.template)}
     if p.vllm_enable_sleep_mode:
         if torch.cuda.is_available():
             kw["enable_sleep_mode"] = True
@@ -221,7 +227,7 @@ def build_pool(model: Any, generator: Any, rows: list[dict[str, Any]], p: GrpoPa
     sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size, max_new_tokens=p.max_new_tokens,
                         seed=p.seed * 1_000_003 - 1)
     model.eval()
-    return build_rft_pool(generator, rows, qidx, [chat_prompt(rows[q]["question"], "cot") for q in qidx], sp,
+    return build_rft_pool(generator, rows, qidx, [rl_prompt(rows[q]["question"], p.template) for q in qidx], sp,
                           lambda row, c: accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
 
 
@@ -280,6 +286,7 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
         upd.optimizer.load_state_dict(state["optimizer"])
     info["deepspeed_zero_stage"] = upd.zero_stage if upd.distributed else None
     info["world_size"] = upd.world
+    info["trained_parameters"] = {"policy": _n_trainable(model)}
     offload = p.offload_idle_models
     if ref_model is not None:
         if upd.bf16:
@@ -291,6 +298,8 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     ctx = StepContext(p=p, model=model, tokenizer=tokenizer, generator=generator, updater=upd, rows=rows,
                       reward_set=reward_set, source=scorer, ref_model=ref_model, pool=pool, offload=offload)
     ctx.critic = algo.make_critic(ctx, cache)
+    if ctx.critic is not None:
+        info["trained_parameters"]["value_model"] = _n_trainable(ctx.critic.model)
     if ctx.critic is not None and state is not None and state["extra"].get("critic") is not None:
         ctx.critic.model.load_state_dict(state["extra"]["critic"]["model"])
         if state["extra"]["critic"].get("optimizer") is not None and not ctx.critic.updater.distributed:
@@ -331,6 +340,22 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
         close()
     info["reward_failures_by_fn"] = dict(reward_set.failures)
     return history, samples, info
+
+
+def _n_trainable(model: Any) -> int:
+    return sum(q.numel() for q in model.parameters() if q.requires_grad)
+
+
+def peak_memory() -> dict[str, float]:
+    """This process's peak resident memory (MiB, ``ru_maxrss``) and, on a GPU, torch's peak allocated memory."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
+    out = {"peak_rss_mib": round(rss, 1)}
+    if torch.cuda.is_available():
+        out["peak_cuda_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
 
 
 def _wake(generator: Any) -> None:
@@ -413,17 +438,17 @@ def run(p: GrpoParams) -> dict[str, Any]:
         torch.set_num_threads(p.num_threads)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
-    RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom, p.reward.custom_weights)
+    get_algorithm(p.algorithm).reward_functions(p)  # a bad custom reward path fails here, before any work
     if p.baseline.enabled and any("cot" not in r for r in rows):
         raise PipelineError("grpo.baseline.enabled: the prompt rows have no 'cot' solutions; set it to false or add them")
     if p.algorithm == "sft" and any("cot" not in r for r in rows):
         raise PipelineError("grpo.algorithm sft trains on the prompt rows' 'cot' solutions, and some rows have none")
-    init = paths.SFT_MODEL
+    init = START_MODELS[p.start]
     tokenizer = load_tokenizer(init)
     model = load_model(init)
     check_compatible(model, tokenizer, str(init))
     torch.manual_seed(p.seed)
-    heldout = HeldoutEval.from_params(p.heldout)
+    heldout = HeldoutEval.from_params(p.heldout, p.template)
     rm_dir = paths.REWARD_MODEL if p.reward_source in ("outcome_rm", "process_rm") else None
     ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), [init, prompts_path] + ([rm_dir] if rm_dir else []))
     if p.algorithm == "sft":
@@ -437,21 +462,25 @@ def run(p: GrpoParams) -> dict[str, Any]:
     if not is_main_process():
         return {}
     t_grpo = time.perf_counter() - t_start
+    info["memory"] = peak_memory()  # of the RL part (before the baseline)
+    summary = summarize(history)
     with atomic_path(paths.GRPO_MODEL) as tmp:
         model.to("cpu").save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         # the held-out curve also travels with the (DVC-cached) model: benchmarks/paradigm.py reads it from there
         # when the git-ignored metrics file is not part of an experiment's commit
-        (tmp / "pipeline.json").write_text(json.dumps({"stage": "grpo", "algorithm": p.algorithm, "init": str(init),
-                                                       "params": p.tracked_dump(),
-                                                       "heldout": heldout.metrics() if heldout else None},
-                                                      indent=2) + "\n")
+        (tmp / "pipeline.json").write_text(json.dumps({
+            "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
+            "heldout": heldout.metrics() if heldout else None,
+            "run": {"step_s_mean": summary.get("step_s_mean"), "grpo_wall_s": round(t_grpo, 2),
+                    "memory": info["memory"], "trained_parameters": info.get("trained_parameters")}},
+            indent=2) + "\n")
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
             for s in samples:
                 f.write(json.dumps(s, ensure_ascii=False) + "\n")
     plot_dir = paths.plots_dir("grpo")
     write_plots(plot_dir, history, PLOT_METRICS + ("sft_loss", "nll"))
-    metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summarize(history), "grpo_wall_s": round(t_grpo, 2),
+    metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summary, "grpo_wall_s": round(t_grpo, 2),
                                **info}
     if heldout is not None:
         write_plots(plot_dir, heldout.records, ("heldout_accuracy",))

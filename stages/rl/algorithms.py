@@ -115,7 +115,7 @@ class Algorithm:
         """The rule / custom reward functions of the run (the rewards of ``reward_source: rule``, and the accuracy
         metric with every source)."""
         return RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom,
-                                     p.reward.custom_weights)
+                                     p.reward.custom_weights, template=p.template)
 
     def uses_reference(self, p: Any) -> bool:
         """Whether the step needs the frozen reference model pi_ref."""
@@ -206,14 +206,14 @@ class Rft(Algorithm):
         return rule_reward_set()
 
     def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
-        from stages.core.prompts import chat_prompt
+        from stages.core.prompts import rl_prompt
         from stages.rl.rollout import build_rollout
 
         if ctx.pool is None:
             raise ValueError("grpo_step: algorithm rft needs the RFT pool")
         kept = ctx.pool.step_samples(questions)
         rows = [ctx.rows[q] for q, _ in kept]
-        return build_rollout(rows, [chat_prompt(r["question"], "cot") for r in rows], [[c] for _, c in kept],
+        return build_rollout(rows, [rl_prompt(r["question"], ctx.p.template) for r in rows], [[c] for _, c in kept],
                              ctx.tokenizer, mask_truncated=ctx.p.mask_truncated) if kept else None
 
     def score(self, ctx: StepContext, batch: Batch) -> Rewards:
