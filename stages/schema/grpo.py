@@ -130,8 +130,9 @@ class GrpoParams(Section):
     (answer correctness) and no KL term. ppo = PPO with a value model (section 4.1.1; grpo.ppo)."""
     advantage_estimator: str
     """A registered advantage estimator (stages/rl/advantages.py) for grpo / ppo: grpo = group-relative (outcome or
-    process supervision by reward_source; paper 4.1.2-4.1.3), gae = PPO's generalised advantage estimation (ppo
-    needs it, grpo cannot use it: it has no value model). Unused by sft / rft / online_rft."""
+    process supervision by reward_source; paper 4.1.2-4.1.3), rloo = leave-one-out baseline (not in the paper),
+    gae = PPO's generalised advantage estimation (ppo needs it, grpo cannot use it: it has no value model). Unused by
+    sft / rft / online_rft."""
     policy_loss: str
     """A registered policy loss (stages/rl/losses.py) for grpo / ppo: clipped = the clipped surrogate (eq. 1 / 3;
     grpo adds beta x k3 KL to it). sft / rft / online_rft always use the SFT loss (nll; their gradient coefficient
