@@ -33,7 +33,7 @@ def chat_prompt(question: str, mode: Mode = "cot") -> str:
 
 # ---------------------------------------------------------------------------------------------
 # RL prompt templates (``grpo.template``): the DeepSeekMath chat prompt above, or DeepSeek-R1-Zero's template
-# (../shared/docs/deepseekmath.md section 8) with two departures: the answer goes in \boxed{} rather than
+# (DeepSeek-R1, Guo et al. 2025, Table 1) with two departures: the answer goes in \boxed{} rather than
 # <answer> tags (the rule reward and the evaluation read boxed answers; R1 asks for "a specified format (e.g. a
 # box)"), and the prompt ends with the opening <think> so that the model continues inside the reasoning block (as
 # open R1-Zero reproductions do); the completion is then "reasoning </think> answer".
