@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from stages.core import paths
-from stages.core.dist import is_main_process, rank, train_device, world_size
+from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
 from stages.core.io import atomic_path, write_json
@@ -61,7 +61,7 @@ from stages.rl.checkpoint import load_latest, run_dir, save_checkpoint
 from stages.rl.data import load_prompts, step_questions
 from stages.rl.iterative import mean_finite, run_iterations
 from stages.rl.losses import grpo_loss
-from stages.rl.paradigm import RftPool, build_rft_pool, run_questions
+from stages.rl.paradigm import RftPool
 from stages.rl.rewards import RewardSet, accuracy_reward
 from stages.rl.rollout import Rollout
 from stages.rl.step import StepContext, run_step
@@ -220,17 +220,6 @@ def frozen_copy(model: Any) -> Any:
     return ref
 
 
-def build_pool(model: Any, generator: Any, rows: list[dict[str, Any]], p: GrpoParams, total_steps: int) -> RftPool:
-    """rft's offline samples: ``group_size`` outputs of ``model`` (the SFT model) for every question of steps
-    0 .. total_steps - 1 (this rank's share), the correct ones kept once each (stages.rl.paradigm)."""
-    qidx = run_questions(len(rows), total_steps, p.questions_per_step, p.seed, rank=rank(), world=world_size())
-    sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size, max_new_tokens=p.max_new_tokens,
-                        seed=p.seed * 1_000_003 - 1)
-    model.eval()
-    return build_rft_pool(generator, rows, qidx, [rl_prompt(rows[q]["question"], p.template) for q in qidx], sp,
-                          lambda row, c: accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
-
-
 def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoParams, *, ckpt_dir: Path | None,
                on_step: Callable[[dict[str, Any]], None] | None = None, first_step: int = 0, scorer: Any = None,
                heldout: HeldoutEval | None = None, cache: dict[str, Any] | None = None,
@@ -263,12 +252,13 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     generator = rollout_generator(p, model, tokenizer, questions, gen_len, bf16=bf16)
     info: dict[str, Any] = {"resumed_from_step": None, "generation_backend": resolve_backend(p.backend)}
     pool: RftPool | None = None
-    if algo.name == "rft":  # the offline pool, before any checkpoint is loaded
-        if cache.get("pool") is None:
-            t0 = time.perf_counter()
-            cache["pool"] = build_pool(model, generator, rows, p, rft_steps or p.steps)
+    if cache.get("pool") is None:  # rft's offline samples, drawn before any checkpoint is loaded
+        t0 = time.perf_counter()
+        cache["pool"] = algo.offline_pool(model, generator, rows, p, rft_steps or p.steps)
+        if cache["pool"] is not None:
             info["rft_pool_s"] = round(time.perf_counter() - t0, 2)
-        pool = cache["pool"]
+    pool = cache["pool"]
+    if pool is not None:
         info["rft_pool"] = pool.summary()
     history: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
@@ -438,11 +428,13 @@ def run(p: GrpoParams) -> dict[str, Any]:
         torch.set_num_threads(p.num_threads)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
-    get_algorithm(p.algorithm).reward_functions(p)  # a bad custom reward path fails here, before any work
+    algo = get_algorithm(p.algorithm)
+    algo.reward_functions(p)  # a bad custom reward path fails here, before any work
     if p.baseline.enabled and any("cot" not in r for r in rows):
         raise PipelineError("grpo.baseline.enabled: the prompt rows have no 'cot' solutions; set it to false or add them")
-    if p.algorithm == "sft" and any("cot" not in r for r in rows):
-        raise PipelineError("grpo.algorithm sft trains on the prompt rows' 'cot' solutions, and some rows have none")
+    if not algo.samples and any("cot" not in r for r in rows):  # sft: continued SFT on the gold solutions
+        raise PipelineError(f"grpo.algorithm {p.algorithm} trains on the prompt rows' 'cot' solutions, and some rows "
+                            "have none")
     init = START_MODELS[p.start]
     tokenizer = load_tokenizer(init)
     model = load_model(init)
@@ -451,7 +443,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     heldout = HeldoutEval.from_params(p.heldout, p.template)
     rm_dir = paths.REWARD_MODEL if p.reward_source in ("outcome_rm", "process_rm") else None
     ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), [init, prompts_path] + ([rm_dir] if rm_dir else []))
-    if p.algorithm == "sft":
+    if not algo.samples:
         history, samples, info = train_sft(model, tokenizer, rows, p, heldout=heldout)
     else:
         # Algorithm 1 (stages.rl.iterative): iterative.iterations x steps steps; iterations = 1 is plain GRPO
