@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -40,10 +41,11 @@ OUT = ROOT / "benchmarks" / "results" / "grpo_vs_ppo_step.json"
 
 
 def tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
-    """Bytes of a model's weights, gradients and optimizer state (tied weights counted once)."""
-    params = {id(p): p for p in model.parameters()}.values()
+    """Bytes of a model's weights, gradients and optimizer state (tied weights counted once). The gradients are
+    counted at the update's peak (one per trained weight, its dtype: the updater frees them after each step)."""
+    params = list({id(p): p for p in model.parameters()}.values())
     out = {"weights": sum(p.numel() * p.element_size() for p in params),
-           "gradients": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+           "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad) if optimizer else 0,
            "optimizer": 0}
     if optimizer is not None:
         for st in optimizer.state.values():
@@ -85,6 +87,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     p = GrpoParams.from_file(args.params).model_copy(update={"steps": args.steps})
     rows = load_prompts(args.prompts)
+    load_before = os.getloadavg()
     ctxs = {a: setup(a, p, args.model, rows) for a in ("grpo", "ppo")}
     hist: dict[str, list[dict[str, Any]]] = {a: [] for a in ctxs}
     for step in range(args.steps):
@@ -96,7 +99,9 @@ def main() -> int:
     result: dict[str, Any] = {"model": args.model, "threads": args.threads, "steps": args.steps,
                               "questions_per_step": p.questions_per_step, "group_size": p.group_size,
                               "max_new_tokens": p.max_new_tokens, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                              "note": "interleaved in one process; shared machine, load average in the report"}
+                              "load_average_before": [round(x, 2) for x in load_before],
+                              "load_average_after": [round(x, 2) for x in os.getloadavg()],
+                              "note": "interleaved in one process; on a loaded machine the CPU seconds are the steadier"}
     for a, ctx in ctxs.items():
         h = hist[a]
         result[a] = {"median_s": {k: round(statistics.median(r[k] for r in h), 3) for k in PARTS},
