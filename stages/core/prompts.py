@@ -1,9 +1,26 @@
-"""Prompt formats, written once: the DeepSeekMath chat format with its instructions (zero-shot, for
-SFT and RL models) and few-shot formats for base / pretrained models.
+"""Prompt formats, written once: the zero-shot prompt of SFT and RL models in one of two styles, the RL templates,
+and few-shot formats for base / pretrained models.
 
-Chat format (DeepSeekMath's evaluation: deepseek-ai/DeepSeek-Math, evaluation/run_subset_parallel.py,
-``markup_question``; SFT uses the same):
-``User: {question}\\n{instruction}\\n\\nAssistant:`` followed directly by the response.
+Zero-shot prompt (:class:`PromptFormat`, one per model: SFT, GRPO, the reward model and evaluation build every
+prompt through the format of the tokenizer they load, so a question's prompt tokens are the same in every stage):
+
+- ``deepseekmath`` (default; DeepSeekMath's evaluation: deepseek-ai/DeepSeek-Math, evaluation/run_subset_parallel.py,
+  ``markup_question``; SFT uses the same): ``User: {question}\\n{instruction}\\n\\nAssistant:`` followed directly by
+  the response (`` {solution}``);
+- ``chat_template``: the tokenizer's own chat template (``apply_chat_template``) on one user message
+  ``{question}\\n{instruction}``, with the generation prompt; the response is the solution as is. A template that
+  writes the BOS token itself gets it removed from the text when the tokenizer adds BOS on its own, so the token
+  ids of ``tokenizer(prompt)`` (how every stage tokenises prompts) hold one BOS, as ``apply_chat_template``'s own.
+
+The style is a param (``base_model.prompt_format``) recorded with the model: the base_model stage writes it into
+the tokenizer's config (``tokenizer_config.json``, key ``pipeline_prompt_format``; ``model_ref.json`` for a
+checkpoint used in place), every later stage saves the tokenizer it loaded, so the format travels with the model.
+A model without the key uses ``deepseekmath``. The training target of a response is ``response(solution)``
+followed by the tokenizer's EOS token (for a chat model this is its end-of-turn token, e.g. Qwen's ``<|im_end|>``).
+
+RL templates (``grpo.template``, :func:`rl_prompt`): ``deepseekmath`` = the model's zero-shot CoT prompt above (in
+its recorded style), ``r1`` = DeepSeek-R1-Zero's plain-text template (for RL from a base model).
+
 The CoT and TIR instructions are DeepSeekMath's English ones. The PoT instruction is ours: the paper
 trains on PoT data but its evaluation code has no zero-shot PoT instruction.
 """
@@ -36,6 +53,39 @@ INSTRUCTIONS: dict[str, str] = {
 def chat_prompt(question: str, mode: Mode = "cot") -> str:
     """The zero-shot prompt in the ``deepseekmath`` style: ``User: {q}\\n{instruction}\\n\\nAssistant:``."""
     return f"User: {question}\n{INSTRUCTIONS[mode]}\n\nAssistant:"
+
+
+# ---------------------------------------------------------------------------------------------
+# RL prompt templates (``grpo.template``): the DeepSeekMath chat prompt above, or DeepSeek-R1-Zero's template
+# (DeepSeek-R1, Guo et al. 2025, Table 1) with two departures: the answer goes in \boxed{} rather than
+# <answer> tags (the rule reward and the evaluation read boxed answers; R1 asks for "a specified format (e.g. a
+# box)"), and the prompt ends with the opening <think> so that the model continues inside the reasoning block (as
+# open R1-Zero reproductions do); the completion is then "reasoning </think> answer".
+
+R1_TEMPLATE = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant "
+    "first thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning "
+    "process is enclosed within <think> </think> tags and the final answer follows within \\boxed{}, i.e., <think> "
+    "reasoning process here </think> The answer is \\boxed{answer here}. User: {question} Assistant: <think>"
+)
+
+
+def r1_prompt(question: str) -> str:
+    """DeepSeek-R1-Zero's template around ``question`` (see :data:`R1_TEMPLATE`)."""
+    return R1_TEMPLATE.replace("{question}", question.strip())
+
+
+RL_TEMPLATES = {"deepseekmath": lambda q: chat_prompt(q, "cot"), "r1": r1_prompt}
+"""``grpo.template`` -> prompt builder of the RL rollouts and the held-out curve (without a tokenizer)."""
+
+
+def rl_prompt(question: str, template: str = "deepseekmath", tokenizer: Any = None) -> str:
+    """The RL prompt of ``question`` in ``template`` (:data:`RL_TEMPLATES`); ``deepseekmath`` with the model's
+    ``tokenizer``: the model's own zero-shot CoT prompt (:func:`prompt_format`: DeepSeekMath's or its chat template),
+    the prompt its SFT trained on and its evaluation uses."""
+    if template == "deepseekmath" and tokenizer is not None:
+        return prompt_format(tokenizer).prompt(question, "cot")
+    return RL_TEMPLATES[template](question)
 
 
 def response_text(solution: str) -> str:

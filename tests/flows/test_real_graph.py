@@ -85,11 +85,11 @@ def _params(real: Path, model: Path) -> dict[str, Any]:
     raw["grpo"]["heldout"].update(every=0, limit=N_TEST, max_new_tokens=12)
     raw["evaluate"]["common"].update(backend="hf", dtype="float32", num_threads=1, batch_size=8, max_new_tokens=12,
                                      limit=N_TEST, sample_limit=2)
-    raw["evaluate"]["models"] = {
-        "sft": {"path": "data/models/sft", "prompting": "zero_shot", "greedy_modes": ["cot"], "sample_modes": [],
-                "n_samples": 1, "limit": None},
-        "grpo": {"path": "data/models/grpo", "prompting": "zero_shot", "greedy_modes": ["cot"], "sample_modes": ["cot"],
-                 "n_samples": 2, "limit": None}}
+    greedy = {"prompting": "zero_shot", "greedy_modes": ["cot"], "sample_modes": [], "n_samples": 1, "limit": None}
+    raw["evaluate"]["models"] = {  # every model the report stage reads
+        **{m: {"path": f"data/models/{m}", **greedy} for m in ("base", "pretrain", "sft", "sft_continued")},
+        "grpo": {**greedy, "path": "data/models/grpo", "sample_modes": ["cot"], "n_samples": 2}}
+    raw["report"].update(models=["base", "pretrain", "sft", "sft_continued", "grpo"])
     raw["runtime"]["grpo"]["checkpoint_every"] = 0
     for s in ("pretrain", "sft"):
         raw["runtime"][s]["train"]["checkpoint_every"] = 0
@@ -129,7 +129,7 @@ def test_repro_runs_ingestion_sft_grpo_evaluate_on_real_rows(graph: dict[str, An
     proj = graph["proj"]
     ran = _ran(graph["first"])
     assert {"testsets@gsm8k", "testsets@math500", "ingest@gsm8k_sft", "ingest@math_sft", "ingest@gsm8k_rl",
-            "ingest@math_rl", "base_model", "sft", "grpo", "evaluate@sft", "evaluate@grpo"} <= ran
+            "ingest@math_rl", "base_model", "sft", "grpo", "evaluate@sft", "evaluate@grpo", "report"} <= ran
     sft_rows = [json.loads(x) for f in sorted((proj / "data/ingest/sft").glob("*.jsonl")) for x in f.open()]
     assert len(sft_rows) >= 2 * N_TRAIN - 10 and {r["benchmark"] for r in sft_rows} == {"gsm8k", "math"}
     sft = json.loads((proj / "data/metrics/sft.json").read_text())
@@ -166,8 +166,9 @@ def test_editing_one_row_reruns_exactly_the_stages_that_read_it(graph: dict[str,
     # test sets, the other data sets, data, corpus, base_model or pretrain
     assert {"ingest@math_sft", "ingest@math_rl", "sft", "evaluate@sft"} <= ran, ran
     assert not ran & {"data", "corpus", "base_model", "pretrain", "testsets@gsm8k", "testsets@math500",
-                      "ingest@gsm8k_sft", "ingest@gsm8k_rl"}, ran
-    assert ran <= {"ingest@math_sft", "ingest@math_rl", "sft", "reward_model", "grpo", "evaluate@sft", "evaluate@grpo"}
+                      "ingest@gsm8k_sft", "ingest@gsm8k_rl", "evaluate@base", "evaluate@pretrain"}, ran
+    assert ran <= {"ingest@math_sft", "ingest@math_rl", "sft", "reward_model", "grpo", "evaluate@sft", "evaluate@grpo",
+                   "evaluate@sft_continued", "report"}, ran
     assert "up to date" in _run(["dvc", "status"], proj)
     # a test set's file: only its own stage is stale
     lines = (real / "gsm8k_test.jsonl").read_text().splitlines()
