@@ -33,11 +33,11 @@ def _params(**over: Any) -> CorpusParams:
     return CorpusParams(**raw)
 
 
-def _generate(root: Path) -> None:
+def _generate(root: Path, **crawl_over: Any) -> None:
     splits = problems.generate_splits(0, n_sft=200, n_rl=100, n_test=150, min_steps=1, max_steps=3, max_value=20)
     for split, rows in splits.items():
         write_jsonl(root / paths.problems_file(split), rows)
-    crawl.generate(CrawlParams(**SMALL_CRAWL), seed=0, test_problems=splits["test"], crawl_path=root / paths.CRAWL,
+    crawl.generate(CrawlParams(**{**SMALL_CRAWL, **crawl_over}), seed=0, test_problems=splits["test"], crawl_path=root / paths.CRAWL,
                    seed_path=root / paths.SEED)
 
 
