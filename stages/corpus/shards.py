@@ -207,17 +207,11 @@ class _Skip:
     reason: str
 
 
-_LANGID: Any = None
-
-
 def language(text: str) -> str:
     """The language code py3langid assigns to ``text`` (its first 2,000 characters)."""
-    global _LANGID
-    if _LANGID is None:
-        from py3langid.langid import MODEL_FILE, LanguageIdentifier
+    import py3langid
 
-        _LANGID = LanguageIdentifier.from_pickled_model(MODEL_FILE)
-    return str(_LANGID.classify(text[:2000])[0])
+    return str(py3langid.classify(text[:2000])[0])
 
 
 def iter_pages(shard: Shard, skipped: Counter[str] | None = None, read: ReadOptions | None = None

@@ -40,6 +40,9 @@ def formulas(text: str) -> list[str]:
     return [next(g for g in m.groups() if g is not None).strip() for m in FORMULA.finditer(text)]
 
 
+_HELD = re.compile("\x00(\\d+)\x00")
+
+
 def _mathml_symbols(tex: str) -> str:
     toks = re.findall(r"\\[A-Za-z]+|[A-Za-z]|\d+(?:\.\d+)?|\S", tex)
     out = []
@@ -53,8 +56,8 @@ def _formula_html(tex: str, display: bool, style: str) -> str:
     esc = _html.escape(tex)
     if style == "tex":
         return esc.join(("$$", "$$") if display else ("$", "$"))
-    if style == "mathjax":
-        return f'<script type="math/tex{"; mode=display" if display else ""}">{esc}</script>'
+    if style == "mathjax":  # script content is raw text in HTML: not entity-escaped
+        return f'<script type="math/tex{"; mode=display" if display else ""}">{tex.replace("</", "<\\/")}</script>'
     disp = ' display="block"' if display else ""
     body = _mathml_symbols(tex)
     if style == "mathml_tex":
@@ -69,20 +72,30 @@ def _formula_html(tex: str, display: bool, style: str) -> str:
 
 def _paragraph(text: str, style: str) -> str:
     out, pos = [], 0
+
+    def plain(t: str) -> str:
+        return _html.escape(t).replace("\n", "<br>\n")
     for m in FORMULA.finditer(text):
-        out.append(_html.escape(text[pos:m.start()]))
+        out.append(plain(text[pos:m.start()]))
         display = m.group(1) is not None or m.group(2) is not None
         out.append(_formula_html(next(g for g in m.groups() if g is not None).strip(), display, style))
         pos = m.end()
-    out.append(_html.escape(text[pos:]))
-    return "".join(out).replace("\n", "<br>\n")
+    out.append(plain(text[pos:]))
+    return "".join(out)
 
 
 def render(text: str, *, title: str, rng: random.Random, math: str = "tex") -> str:
     """An HTML page holding ``text`` (paragraphs split on blank lines) amid boilerplate (see the module docstring)."""
     nav = "".join(f'<li><a href="/{i}">{_html.escape(b)}</a></li>' for i, b in enumerate(BOILERPLATE[:6]))
     side = "".join(f'<li><a href="/post/{rng.randint(1, 999)}">{_html.escape(b)}</a></li>' for b in BOILERPLATE[9:11])
-    paras = "\n".join(f"<p>{_paragraph(p.strip(), math)}</p>" for p in re.split(r"\n\s*\n", text) if p.strip())
+    held: list[str] = []
+
+    def hold(m: re.Match[str]) -> str:  # formulas never split across paragraphs
+        held.append(m.group(0))
+        return f"\x00{len(held) - 1}\x00"
+    chunks = [c for c in re.split(r"\n\s*\n", FORMULA.sub(hold, text)) if c.strip()]
+    restored = [_HELD.sub(lambda m: held[int(m.group(1))], c).strip() for c in chunks]
+    paras = "\n".join(f"<p>{_paragraph(c, math)}</p>" for c in restored)
     foot = "".join(f"<p>{_html.escape(b)}</p>" for b in BOILERPLATE[11:])
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
