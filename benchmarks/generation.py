@@ -6,7 +6,7 @@ synthetic problems. Every engine gets the same prompts and the same sampling set
 (after a short untimed warm-up). Random weights rarely produce EOS, so nearly every sequence runs to
 ``max_new_tokens``: the token counts of the engines are comparable; they are reported, not assumed.
 
-vllm runs in the vllm environment (.venv-vllm, see README "Generation backends"): when ``vllm`` cannot be
+vllm runs in the vllm environment (.venv-vllm, see docs/generation.md): when ``vllm`` cannot be
 imported here, the script re-runs itself there (``--only vllm``) on the same saved model and merges the row.
 
     python benchmarks/generation.py                  # all engines; JSON to benchmarks/results/generation.json
@@ -179,7 +179,7 @@ def main() -> None:
                 else:
                     vllm_note = "vllm run failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1]
             else:
-                vllm_note = f"vllm not importable here and {VLLM_PYTHON} missing (see README: Generation backends)"
+                vllm_note = f"vllm not importable here and {VLLM_PYTHON} missing (see docs/generation.md)"
 
         from transformers import AutoConfig
 

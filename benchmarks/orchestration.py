@@ -54,14 +54,14 @@ REDUCED: dict[str, Any] = {
     "base_model": {"tokenizer_texts": 1000},
     "corpus": {"recall": {"rounds": 2}},
     "pretrain": {"eval_docs": 20, "eval_tokens": 4096,
-                 "train": {"steps": 10, "warmup_steps": 2, "checkpoint_every": 5, "eval_every": 5, "log_every": 1,
-                           "micro_batch_size": 4, "seq_len": 128}},
+                 "train": {"steps": 10, "warmup_steps": 2, "eval_every": 5, "micro_batch_size": 4, "seq_len": 128}},
     "sft": {"val_problems": 20,
-            "train": {"steps": 10, "warmup_steps": 2, "checkpoint_every": 5, "eval_every": 5, "log_every": 1,
-                      "micro_batch_size": 4, "seq_len": 256}},
+            "train": {"steps": 10, "warmup_steps": 2, "eval_every": 5, "micro_batch_size": 4, "seq_len": 256}},
     "grpo": {"steps": 2, "questions_per_step": 2, "group_size": 4, "max_new_tokens": 24, "micro_batch_size": 8,
-             "log_completions_every": 1, "checkpoint_every": 1},
+             "log_completions_every": 1},
     "evaluate": {"common": {"limit": 20, "sample_limit": 10, "max_new_tokens": 48, "maj_subsets": 16}},
+    "runtime": {"pretrain": {"train": {"checkpoint_every": 5, "log_every": 1}},
+                "sft": {"train": {"checkpoint_every": 5, "log_every": 1}}, "grpo": {"checkpoint_every": 1}},
 }
 
 

@@ -1,8 +1,9 @@
 """What every stage flow shares: the command line, params loading, logging and the summary artifact.
 
-A stage flow is ``@flow def <stage>_flow(params_path) -> dict``: it loads and validates the whole
-params file (so a bad value anywhere fails before any work), logs its own section, calls
-``stages.<stage>.run(section)``, and publishes the returned metrics as a Prefect table artifact.
+A stage flow is ``@flow def <stage>_flow(params_path) -> dict``: it loads its own section
+(``<Section>.from_file``, runtime values merged in), logs it, calls ``stages.<stage>.run(section)``, and
+publishes the returned metrics as a Prefect table artifact. Before the flow starts, :func:`main` validates the
+whole params file (stages/params.py), so a bad value anywhere fails before any work.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from stages.core.errors import PipelineError
-from stages.params import Params, load_params
+from stages.params import load_params  # validation only: the whole file, before any work
+from stages.schema.base import Section
 
 
-def log_section(params: Params, section: str) -> None:
-    """Log one params section as YAML-ish ``key: value`` lines in the current run's logger."""
-    logger = get_run_logger()
-    body = getattr(params, section).model_dump()
-    logger.info("params.%s = %s", section, body)
+def log_section(section: str, p: Section) -> None:
+    """Log one params section (its runtime values included) in the current run's logger."""
+    get_run_logger().info("params.%s = %s", section, p.model_dump())
 
 
 def publish_metrics(stage: str, metrics: dict[str, Any]) -> None:

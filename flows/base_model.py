@@ -8,15 +8,15 @@ from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
 from stages import base_model
-from stages.params import load_params
+from stages.schema.base_model import BaseModelParams
 
 
 @flow(name="base_model")
 def base_model_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Train the tokenizer and initialise the tiny model, or record the real checkpoint."""
-    params = load_params(params_path)
-    log_section(params, "base_model")
-    metrics = base_model.run(params.base_model)
+    p = BaseModelParams.from_file(params_path)
+    log_section("base_model", p)
+    metrics = base_model.run(p)
     publish_metrics("base_model", metrics)
     return metrics
 

@@ -24,7 +24,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows._common import log_section, main, publish_metrics
 from stages import corpus
 from stages.core.errors import PipelineError
-from stages.params import CorpusParams, load_params
+from stages.schema.corpus import CorpusParams
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -70,9 +70,8 @@ def corpus_shards_flow(p: CorpusParams) -> dict[str, Any]:
 @flow(name="corpus")
 def corpus_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Build the math corpus: classifier, iterative recall, domain discovery, dedup, decontamination."""
-    params = load_params(params_path)
-    log_section(params, "corpus")
-    p = params.corpus
+    p = CorpusParams.from_file(params_path)
+    log_section("corpus", p)
     metrics = corpus_shards_flow.with_options(task_runner=make_task_runner(p))(p)
     publish_metrics("corpus", metrics)
     create_table_artifact(key="corpus-rounds", table=metrics["rounds"], description="corpus: one row per recall round")

@@ -8,15 +8,15 @@ from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
 from stages import data
-from stages.params import load_params
+from stages.schema.data import DataParams
 
 
 @flow(name="data")
 def data_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Generate the crawl, the seed corpus and the word problems."""
-    params = load_params(params_path)
-    log_section(params, "data")
-    metrics = data.run(params.data)
+    p = DataParams.from_file(params_path)
+    log_section("data", p)
+    metrics = data.run(p)
     publish_metrics("data", metrics)
     return metrics
 

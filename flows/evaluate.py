@@ -14,15 +14,15 @@ from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
 from stages import evaluate
-from stages.params import load_params
+from stages.schema.evaluate import EvaluateParams
 
 
 @flow(name="evaluate")
 def evaluate_flow(params_path: str = "params.yaml", model: str = "sft") -> dict[str, Any]:
     """Evaluate one model: greedy / pass@k / maj@k, CoT / PoT / TIR, per benchmark and difficulty."""
-    params = load_params(params_path)
-    log_section(params, "evaluate")
-    metrics = evaluate.run(params.evaluate, model)
+    p = EvaluateParams.from_file(params_path)
+    log_section("evaluate", p)
+    metrics = evaluate.run(p, model)
     publish_metrics(f"evaluate_{model}", metrics)
     return metrics
 

@@ -8,15 +8,15 @@ from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
 from stages import grpo
-from stages.params import load_params
+from stages.schema.grpo import GrpoParams
 
 
 @flow(name="grpo")
 def grpo_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """GRPO from the SFT model, plus the continued-SFT baseline."""
-    params = load_params(params_path)
-    log_section(params, "grpo")
-    metrics = grpo.run(params.grpo)
+    p = GrpoParams.from_file(params_path)
+    log_section("grpo", p)
+    metrics = grpo.run(p)
     publish_metrics("grpo", metrics)
     return metrics
 

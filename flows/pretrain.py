@@ -8,15 +8,15 @@ from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
 from stages import pretrain
-from stages.params import load_params
+from stages.schema.pretrain import PretrainParams
 
 
 @flow(name="pretrain")
 def pretrain_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Continue pretraining the base model on the corpus mixture."""
-    params = load_params(params_path)
-    log_section(params, "pretrain")
-    metrics = pretrain.run(params.pretrain)
+    p = PretrainParams.from_file(params_path)
+    log_section("pretrain", p)
+    metrics = pretrain.run(p)
     publish_metrics("pretrain", metrics)
     return metrics
 

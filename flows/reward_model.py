@@ -8,15 +8,15 @@ from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
 from stages import reward_model
-from stages.params import load_params
+from stages.schema.reward_model import RewardModelParams
 
 
 @flow(name="reward_model")
 def reward_model_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Sample the SFT policy, label the samples, train and evaluate the reward model."""
-    params = load_params(params_path)
-    log_section(params, "reward_model")
-    metrics = reward_model.run(params.reward_model)
+    p = RewardModelParams.from_file(params_path)
+    log_section("reward_model", p)
+    metrics = reward_model.run(p)
     publish_metrics("reward_model", metrics)
     return metrics
 

@@ -8,15 +8,15 @@ from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
 from stages import sft
-from stages.params import load_params
+from stages.schema.sft import SftParams
 
 
 @flow(name="sft")
 def sft_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Fine-tune the pretrained model on CoT / PoT / tool-integrated solutions."""
-    params = load_params(params_path)
-    log_section(params, "sft")
-    metrics = sft.run(params.sft)
+    p = SftParams.from_file(params_path)
+    log_section("sft", p)
+    metrics = sft.run(p)
     publish_metrics("sft", metrics)
     return metrics
 

@@ -25,7 +25,7 @@ from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, iter_jsonl, write_json
 from stages.core.modeling import MODEL_REF, save_model
-from stages.params import BaseModelParams
+from stages.schema.base_model import BaseModelParams
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 
@@ -118,7 +118,7 @@ def run(p: BaseModelParams) -> dict[str, Any]:
         tokenizer = train_tokenizer(corpus_texts(paths.GENERATED, p.tokenizer_texts), p.vocab_size)
         model = init_model(p, tokenizer)
         n_params = sum(t.numel() for t in model.parameters())
-        save_model(model, tokenizer, paths.BASE_MODEL, extra={"stage": "base_model", "params": p.model_dump()})
+        save_model(model, tokenizer, paths.BASE_MODEL, extra={"stage": "base_model", "params": p.tracked_dump()})
         sample = "Tom has 17 apples. 17 + 25 = 42."
         metrics = {
             "mode": "tiny",

@@ -63,7 +63,6 @@ from stages.core.io import atomic_path, write_json
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
 from stages.core.prompts import chat_prompt
-from stages.params import GrpoParams
 from stages.rl.advantages import outcome_advantages
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, run_dir, save_checkpoint
@@ -74,6 +73,7 @@ from stages.rl.paradigm import RftPool, build_rft_pool, rft_coefficients, run_qu
 from stages.rl.rewards import RewardSet, accuracy_reward
 from stages.rl.rollout import Rollout, build_rollout, mismatch_metrics, token_logprobs
 from stages.rl.update import PolicyUpdater, all_reduce, on_device, train_device
+from stages.schema.grpo import GrpoParams
 from stages.train.loop import use_bf16
 
 log = logging.getLogger(__name__)
@@ -660,7 +660,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     torch.manual_seed(p.seed)
     heldout = HeldoutEval.from_params(p.heldout)
     rm_dir = paths.REWARD_MODEL if p.reward_source in ("outcome_rm", "process_rm") else None
-    ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.model_dump(), [init, prompts_path] + ([rm_dir] if rm_dir else []))
+    ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), [init, prompts_path] + ([rm_dir] if rm_dir else []))
     if p.algorithm == "sft":
         history, samples, info = train_sft(model, tokenizer, rows, p, heldout=heldout)
     else:
@@ -678,7 +678,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
         # the held-out curve also travels with the (DVC-cached) model: benchmarks/paradigm.py reads it from there
         # when the git-ignored metrics file is not part of an experiment's commit
         (tmp / "pipeline.json").write_text(json.dumps({"stage": "grpo", "algorithm": p.algorithm, "init": str(init),
-                                                       "params": p.model_dump(),
+                                                       "params": p.tracked_dump(),
                                                        "heldout": heldout.metrics() if heldout else None},
                                                       indent=2) + "\n")
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
@@ -701,7 +701,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
                            per_step=p.questions_per_step, seed=p.seed,
                            lr=p.baseline.lr, max_grad_norm=p.max_grad_norm, micro_batch_size=p.micro_batch_size)
         save_model(base_model, tokenizer, paths.SFT_CONTINUED,
-                   extra={"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.model_dump()})
+                   extra={"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.tracked_dump()})
         write_plots(plot_dir, bh, ("sft_loss",), prefix="baseline_")
         metrics["baseline"] = {"steps": len(bh), "sft_loss_first": round(bh[0]["sft_loss"], 4),
                                "sft_loss_last": round(bh[-1]["sft_loss"], 4)}
@@ -715,7 +715,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     return metrics
 
 
-if __name__ == "__main__":  # the DeepSpeed / torchrun entry (README, Real mode); dvc runs python -m flows.grpo
+if __name__ == "__main__":  # the DeepSpeed / torchrun entry (docs/real-mode.md); dvc runs python -m flows.grpo
     from stages.train.common import cli
 
-    raise SystemExit(cli("grpo", run))
+    raise SystemExit(cli(GrpoParams, run))

@@ -1,6 +1,6 @@
 """The ``pretrain`` stage: continual pretraining of the base model on a mixture of text sources.
 
-Paper ([P] section 2.3, ../shared/docs/deepseekmath.md section 2): 500B tokens, 56% math corpus, 4%
+Paper (arXiv 2402.03300 sections 2.2.1 and 2.3; docs/training.md): 500B tokens, 56% math corpus, 4%
 AlgebraicStack, 10% arXiv, 20% code, 10% general text; AdamW (0.9, 0.95, wd 0.1); multi-step LR (warm-up
 2000 steps, 31.6% of the peak after 80% of the steps, 10% after 90%); 4K context. The tiny default mixes
 the corpus stage's math corpus with its general crawl text. The first ``eval_docs`` rows of the first
@@ -16,7 +16,7 @@ from typing import Any
 
 from stages.core import paths
 from stages.core.io import write_json
-from stages.params import PretrainParams
+from stages.schema.pretrain import PretrainParams
 from stages.train.checkpoint import run_hash
 from stages.train.common import cli, export_model, is_main_process, load_start_model, loop_metrics, write_curves
 from stages.train.data import PackedMixture, read_heldout_texts, text_eval_batches
@@ -37,7 +37,7 @@ def pretrain(p: PretrainParams, *, base_dir: str | Path, out_dir: str | Path, ck
         return eval_loss(m, heldout)
 
     before = eval_fn(model) if heldout else float("nan")
-    rh = run_hash(p.model_dump(), [base_dir, *[s.path for s in p.mixture]])
+    rh = run_hash(p.tracked_dump(), [base_dir, *[s.path for s in p.mixture]])
     res = train(model, stream, t, Path(ckpt_root) / rh, eval_fn=eval_fn if heldout else None, desc="pretrain")
     after = res.evals[-1]["eval_loss"] if res.evals else float("nan")
     metrics: dict[str, Any] = {
@@ -51,7 +51,7 @@ def pretrain(p: PretrainParams, *, base_dir: str | Path, out_dir: str | Path, ck
         "mixture_tokens": {s.path: n for s, n in zip(p.mixture, stream.tokens_by_source, strict=True)},
         "source_epochs": {s.path: r.epoch for s, r in zip(p.mixture, stream.readers, strict=True)},
     }
-    export_model(model, tok, out_dir, res, extra={"stage": "pretrain", "params": p.model_dump(), "run_hash": rh})
+    export_model(model, tok, out_dir, res, extra={"stage": "pretrain", "params": p.tracked_dump(), "run_hash": rh})
     if is_main_process():
         metrics["plots"] = write_curves("pretrain", Path(plots_dir), res, "pretrain: loss on the mixture")
     return metrics
@@ -69,4 +69,4 @@ def run(p: PretrainParams) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli("pretrain", run))
+    raise SystemExit(cli(PretrainParams, run))

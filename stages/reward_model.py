@@ -26,7 +26,6 @@ from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import write_json
 from stages.core.modeling import check_compatible, load_model, load_tokenizer
-from stages.params import RewardModelParams
 from stages.rl.data import load_prompts
 from stages.rl.reward_model import (
     SampleConfig,
@@ -37,6 +36,7 @@ from stages.rl.reward_model import (
     split_by_question,
     train_reward_model,
 )
+from stages.schema.reward_model import RewardModelParams
 
 
 def run(p: RewardModelParams) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     t_train = time.perf_counter() - t0
     save_reward_model(rm, tokenizer, paths.REWARD_MODEL, train, held,
                       {"stage": "reward_model", "init": str(init), "labels": p.labels, "train_on": p.train_on,
-                       "params": p.model_dump()})
+                       "params": p.tracked_dump()})
     metrics: dict[str, Any] = {
         "heldout": after,
         "heldout_before_training": before,

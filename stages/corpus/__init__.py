@@ -51,7 +51,7 @@ from stages.corpus.decontaminate import Report
 from stages.corpus.dedup import lsh_params, partition_bounds
 from stages.corpus.recall import budget_for_round, overlap, select_threshold
 from stages.corpus.shards import ReadOptions, plan_shards
-from stages.params import CorpusParams
+from stages.schema.corpus import CorpusParams
 
 MapFn = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
 """Runs ``fn(**kwargs)`` for each kwargs dict and returns the results in order (sequential, Prefect tasks, ...)."""
@@ -89,7 +89,7 @@ def _sum(parts: list[tuple[int, ...]]) -> tuple[int, ...]:
 
 def work_root(p: CorpusParams) -> Path:
     """The absolute directory holding the stage's working files (every worker must be able to reach it)."""
-    return (Path(getattr(p, "work_dir", None) or paths.DATA)).resolve()
+    return Path(p.work_dir or paths.DATA).resolve()
 
 
 def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -145,11 +145,10 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
     shards = plan_shards(_abs(p.crawl_path), p.n_shards)
     dirs = [str(work / f"shard-{s.index:05d}") for s in shards]
     bands, rows = lsh_params(p.dedup.threshold, p.dedup.num_perm)
-    read = ReadOptions(extractor=getattr(p, "extract", None) and p.extract.html or "trafilatura",
-                       languages=tuple(p.languages) if getattr(p, "languages", None) else None)
+    read = ReadOptions(extractor=p.html_extractor, languages=tuple(p.languages) if p.languages is not None else None)
     prepared = mp(tasks.prepare_shard, [
         dict(shard=s, shard_dir=d, index_file=index_file, read=read, num_perm=p.dedup.num_perm, shingle=p.dedup.shingle,
-             url=getattr(p.dedup, "url", False), exact=p.dedup.exact, near=p.dedup.near, bands=bands, rows=rows,
+             url=p.dedup.url, exact=p.dedup.exact, near=p.dedup.near, bands=bands, rows=rows,
              prefix_depth=p.domains.prefix_depth, samples=p.decontam.samples)
         for s, d in zip(shards, dirs, strict=True)])
     skipped: Counter[str] = Counter()
@@ -171,7 +170,7 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
     # 2. dedup: bucket partitions -> edges -> clusters -------------------------------------------------
     t = time.perf_counter()
     entries = sum(r["entries"] for r in prepared)
-    n_parts = max(1, -(-entries // p.dedup.partition_size)) if hasattr(p.dedup, "partition_size") else max(1, -(-entries // 2_000_000))
+    n_parts = max(1, -(-entries // p.dedup.partition_size))
     (work / "dedup").mkdir()
     entry_files = [str(Path(d) / "entries.npy") for d in dirs]
     sig_files = [str(Path(d) / "sig.npy") for d in dirs]

@@ -15,7 +15,7 @@ from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, write_json, write_jsonl
 from stages.data import crawl, problems
-from stages.params import DataParams
+from stages.schema.data import DataParams
 
 
 def run(p: DataParams) -> dict[str, Any]:

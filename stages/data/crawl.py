@@ -656,7 +656,7 @@ def _contaminated_page(rng: random.Random, test: dict[str, Any], target: int, dr
 def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_path: Path, seed_path: Path) -> dict[str, Any]:
     """Write the crawl (``crawl_path``) and seed corpus (``seed_path``) as JSONL; return small metrics.
 
-    ``p`` is a :class:`stages.params.CrawlParams`. ``test_problems`` are the held-out problems: the
+    ``p`` is a :class:`stages.schema.data.CrawlParams`. ``test_problems`` are the held-out problems: the
     planted contaminated pages copy them, and every other page is checked not to share an
     ``p.avoid_ngram``-gram with any of their questions or solutions (nor contain a shorter
     question whole); a page that does is redrawn.

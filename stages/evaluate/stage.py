@@ -34,7 +34,7 @@ from stages.core.problems import Problem, load_generated, load_gsm8k, load_math
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
 from stages.evaluate.loop import LoopSettings, RunSpec, run_one
 from stages.evaluate.metrics import default_ks, sample_metrics
-from stages.params import EvalCommonParams, EvalModelParams, EvaluateParams
+from stages.schema.evaluate import EvalCommonParams, EvalModelParams, EvaluateParams
 
 _CODE_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "core")
 
@@ -84,7 +84,7 @@ def _file_digest(path: Path, h: Any) -> None:
 def fingerprint(model: str, m: EvalModelParams, c: EvalCommonParams, data_files: Sequence[str | Path]) -> str:
     """Hash of everything an evaluation's results depend on (the checkpoint directory name)."""
     h = hashlib.sha256()
-    h.update(json.dumps({"model": model, "m": m.model_dump(), "c": c.model_dump()}, sort_keys=True).encode())
+    h.update(json.dumps({"model": model, "m": m.tracked_dump(), "c": c.tracked_dump()}, sort_keys=True).encode())
     target = Path(resolve_model(m.path))
     files = sorted(p for p in target.iterdir() if p.is_file()) if target.is_dir() else []
     h.update(str(target if not files else "").encode())

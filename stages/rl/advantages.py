@@ -12,7 +12,7 @@ and a token's advantage is the sum of the normalised rewards of the steps ending
     A_{i,t} = sum_{j : index(j) >= t} r~_i^{index(j)}
 
 Departures from the paper, each shared with TRL so that benchmarks compare like with like
-(../shared/docs/peers.md section 4):
+(TRL's trl/trainer/grpo_trainer.py, ``_generate_and_score_completions``):
 - ``eps`` (default 1e-4) is added to the std; the paper divides by std alone (undefined when all
   rewards are equal; with eps the advantages are then exactly 0).
 - The std is the unbiased one (Bessel, divisor n - 1); the paper does not say which.

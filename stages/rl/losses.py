@@ -8,9 +8,10 @@ Per token t of output i (all tensors (B, T), B outputs in the (micro-)batch, T c
     l_{i,t}    = pg_{i,t} + beta * kl_{i,t}                               KL in the loss, not the reward
 
 and the loss aggregates m * l (m = mask: completion tokens that are neither padding nor tool output)
-with one of three modes (../shared/docs/peers.md section 4 maps them onto TRL/verl):
+with one of three modes (the matching TRL ``loss_type`` and verl ``loss_agg_mode`` in parentheses):
 
-- "seq-mean-token-mean" (paper eq. 3, default): (1/N_seq) sum_i (1/|o_i|) sum_t m l;
+- "seq-mean-token-mean" (paper eq. 3, default; TRL "grpo", verl "seq-mean-token-mean"):
+  (1/N_seq) sum_i (1/|o_i|) sum_t m l;
 - "token-mean" (DAPO; TRL "dapo"/"bnpo", verl "token-mean"): (1/N_tok) sum_{i,t} m l;
 - "seq-mean-token-sum-norm" (Dr. GRPO): (1/(N_seq * L_max)) sum_{i,t} m l, L_max the max completion
   length (the generation limit), so no length bias; = TRL "dr_grpo", = verl's mode divided by B.

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from stages.core.errors import PipelineError
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
+from stages.schema.base import Section
 from stages.train.loop import TrainResult, full_state_dict
 from stages.train.report import plot_curves, write_tsv
 
@@ -91,17 +92,21 @@ def _r(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 4)
 
 
-def cli(stage: str, run: Callable[[Any], dict[str, Any]]) -> int:
+def cli(section: type[Section], run: Callable[[Any], dict[str, Any]]) -> int:
     """``python -m stages.<stage> --params FILE``: the entry for ``deepspeed`` / ``torchrun`` launches (every
-    rank runs the stage; rank 0 writes the outputs). The single-process entry stays ``python -m flows.<stage>``."""
+    rank runs the stage; rank 0 writes the outputs). The single-process entry stays ``python -m flows.<stage>``.
+    The whole file is validated first (stages/params.py: validation only), then ``section`` is loaded."""
     from stages.params import load_params
 
+    stage = section.SECTION
+    assert stage is not None
     ap = argparse.ArgumentParser(prog=f"python -m stages.{stage}")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the deepspeed launcher
     args = ap.parse_args()
     try:
-        metrics = run(getattr(load_params(args.params), stage))
+        load_params(args.params)
+        metrics = run(section.from_file(args.params))
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

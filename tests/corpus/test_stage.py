@@ -15,6 +15,7 @@ from stages.core.errors import PipelineError
 from stages.core.io import write_jsonl
 from stages.data import crawl, problems
 from stages.params import CorpusParams, CrawlParams
+from stages.schema.base import merge_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CRAWL = dict(n_pages=3000, n_seed_pages=300, n_math_domains=9, n_general_domains=36, math_domain_share=0.35,
@@ -23,7 +24,9 @@ SMALL_CRAWL = dict(n_pages=3000, n_seed_pages=300, n_math_domains=9, n_general_d
 
 
 def _params(**over: Any) -> CorpusParams:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())["corpus"]
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    # the section with its runtime values merged in (stages/schema/base.py)
+    raw = merge_runtime(CorpusParams, doc["corpus"], doc["runtime"]["corpus"], "corpus", "params.yaml")
     for key, value in over.items():
         node = raw
         *parents, leaf = key.split(".")

@@ -92,6 +92,21 @@ def test_repro_then_noop_then_partial_rerun(project: Path) -> None:
     assert _tree_hash(project / "data" / "generated") == before
 
 
+def test_runtime_values_and_other_schemas_rerun_nothing(project: Path) -> None:
+    """Values under runtime: (checkpoint / logging intervals, workers) and another section's schema module are not
+    deps of these stages: editing them leaves data and base_model up to date."""
+    _run(["dvc", "repro", *TARGETS], project)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["runtime"]["corpus"]["workers"] += 1
+    params["runtime"]["grpo"]["checkpoint_every"] += 1
+    params["runtime"]["pretrain"]["train"]["log_every"] += 1
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    schema = project / "stages" / "schema" / "grpo.py"
+    schema.write_text(schema.read_text().replace('"""Seed for question order', '"""(edited) Seed for question order'))
+    _, status = _run(["dvc", "status", *TARGETS], project)
+    assert "changed" not in status and "modified" not in status, status
+
+
 def test_pipeline_flow_reports_ran_and_skipped(project: Path) -> None:
     """`python -m flows.pipeline` runs each stage through DVC's bookkeeping: after the test above, data
     is up to date and base_model's params changed, so only base_model runs; a second run skips both."""

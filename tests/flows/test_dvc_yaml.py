@@ -22,6 +22,9 @@ RUNS_AS_SCRIPT = {
 # How a stage is launched, not what it computes (like DVC itself): flows/__init__.py hands the command to the
 # pipeline's fork server when one runs; editing it must not re-run every stage.
 LAUNCHER_ONLY = {"flows/_stage_server.py"}
+# Validates the whole params file before a stage runs (it can refuse to run, never change what a stage computes):
+# each stage depends on its own section's schema module, not on every section's (stages/params.py docstring).
+VALIDATION_ONLY = {"stages/params.py"}
 
 
 def _module_file(module: str) -> Path | None:
@@ -46,7 +49,7 @@ def import_closure(module: str) -> set[str]:
         mod = todo.pop()
         for m in _with_parents(mod):
             f = _module_file(m)
-            if f is None or str(f.relative_to(ROOT)) in seen or str(f.relative_to(ROOT)) in LAUNCHER_ONLY:
+            if f is None or str(f.relative_to(ROOT)) in seen or str(f.relative_to(ROOT)) in LAUNCHER_ONLY | VALIDATION_ONLY:
                 continue
             seen.add(str(f.relative_to(ROOT)))
             todo.extend(RUNS_AS_SCRIPT.get(str(f.relative_to(ROOT)), []))

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-pytest.importorskip("vllm", reason="vllm not installed in this environment (.venv-vllm has it; README)")
+pytest.importorskip("vllm", reason="vllm not installed in this environment (.venv-vllm has it; docs/generation.md)")
 pytest.importorskip("deepspeed", reason="deepspeed not installed in this environment")
 
 pytestmark = pytest.mark.vllm
@@ -69,8 +69,7 @@ def smoke_params(shared: Path) -> dict[str, Any]:
         "corpus": {"decontam": {"gsm8k_test": gsm_test, "math_test": str(shared / "math" / "test.jsonl")}},
         "sft": {"problems": "data/sft.jsonl", "formats": {"cot": 1.0, "pot": 0.0, "tir": 0.0}, "verify_programs": False,
                 "val_problems": 4, "train": {"steps": 3, "micro_batch_size": 2, "grad_accum": 2, "seq_len": 384,
-                                             "lr": 1e-3, "precision": "fp32", "num_threads": 1, "checkpoint_every": 0,
-                                             "eval_every": 0, "log_every": 1,
+                                             "lr": 1e-3, "precision": "fp32", "num_threads": 1, "eval_every": 0,
                                              "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}}},
         "grpo": {"prompts_file": "data/rl.jsonl", "steps": 2, "questions_per_step": 2, "group_size": 4,
                  "max_new_tokens": 24, "backend": "vllm", "lr": 1e-3, "micro_batch_size": 4,
@@ -79,7 +78,7 @@ def smoke_params(shared: Path) -> dict[str, Any]:
                  "reward": {"accuracy_weight": 1.0, "format_weight": 0.0,
                             "custom": ["tests.rl.custom_rewards:length_reward"], "custom_weights": [1.0]},
                  "reward_source": "rule", "iterative": {"iterations": 1},
-                 "baseline": {"enabled": True, "lr": 1e-3}, "checkpoint_every": 0, "num_threads": 1,
+                 "baseline": {"enabled": True, "lr": 1e-3}, "num_threads": 1,
                  "heldout": {"every": 1, "problems_file": gsm_test, "limit": N_TEST, "max_new_tokens": 24},
                  "vllm_gpu_memory_utilization": 0.05, "vllm_enable_sleep_mode": True, "precision": "fp32",
                  "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}},
@@ -88,6 +87,7 @@ def smoke_params(shared: Path) -> dict[str, Any]:
                                 "gsm8k_test": gsm_test, "math_test": None, "n_shots": 0},
                      "models": {"grpo": {"path": "data/models/grpo", "prompting": "zero_shot", "greedy_modes": ["cot"],
                                          "sample_modes": ["cot"], "n_samples": 2, "limit": None}}},
+        "runtime": {"sft": {"train": {"checkpoint_every": 0, "log_every": 1}}, "grpo": {"checkpoint_every": 0}},
     })
 
 

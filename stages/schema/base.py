@@ -1,0 +1,222 @@
+"""What every params schema shares: the ``Section`` base, reusable field types, runtime fields, one-line errors
+and loading one section from a params file.
+
+Rules (tests/test_params.py checks them):
+- extra keys are forbidden and every field is required, so the committed params.yaml spells out every value
+  (DVC tracks params.yaml values, not schema defaults);
+- every field has a docstring (pydantic's ``use_attribute_docstrings``);
+- a bad value is reported as one line naming the key and what is expected, before any stage does work.
+
+Runtime fields. A field annotated with :data:`RUNTIME` does not change what a stage computes (checkpoint and
+logging intervals, worker counts, task-runner addresses). It is written under the top-level ``runtime:`` section
+of params.yaml, at the same path as it has in its stage's section (``runtime.grpo.checkpoint_every``,
+``runtime.pretrain.train.log_every``), and no dvc.yaml stage tracks ``runtime``: changing it re-runs nothing.
+The loader merges ``runtime.<section>`` into ``<section>`` before validation, so the stage code reads
+``p.checkpoint_every`` as usual; a runtime field written in the tracked section (or a tracked one under runtime)
+is a one-line error naming where it belongs. :meth:`Section.tracked_dump` is the section without its runtime
+fields: what stages record with their outputs and hash for resumable runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from stages.core.errors import PipelineError
+
+
+class _Runtime:
+    """Marker (in ``Annotated[...]``) of a field that does not change results: see the module docstring."""
+
+    def __repr__(self) -> str:
+        return "RUNTIME"
+
+
+RUNTIME = _Runtime()
+"""Annotate a field ``Annotated[T, RUNTIME]`` to move it to params.yaml's untracked ``runtime:`` section."""
+
+
+def _section_type(annotation: Any) -> type[Section] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
+
+
+class Section(BaseModel):
+    """Base for every params section: frozen, no unknown keys, docstrings as descriptions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    SECTION: ClassVar[str | None] = None
+    """The top-level params.yaml key of a stage's section class (None for nested models)."""
+
+    @classmethod
+    def runtime_fields(cls) -> set[str]:
+        """Names of this model's own fields marked :data:`RUNTIME` (not those of nested models)."""
+        return {n for n, f in cls.model_fields.items() if any(m is RUNTIME for m in f.metadata)}
+
+    @classmethod
+    def runtime_paths(cls, prefix: str = "") -> list[str]:
+        """Dotted paths of every runtime field below this model (nested models included)."""
+        out = [f"{prefix}{n}" for n in sorted(cls.runtime_fields())]
+        for n, f in cls.model_fields.items():
+            sub = _section_type(f.annotation)
+            if sub is not None:
+                out.extend(sub.runtime_paths(f"{prefix}{n}."))
+        return out
+
+    def tracked_dump(self) -> dict[str, Any]:
+        """``model_dump()`` without the runtime fields (recursively): the values DVC tracks for this section."""
+        out = {}
+        for n in type(self).model_fields:
+            if n in type(self).runtime_fields():
+                continue
+            v = getattr(self, n)
+            out[n] = v.tracked_dump() if isinstance(v, Section) else (
+                {k: x.tracked_dump() if isinstance(x, Section) else x for k, x in v.items()} if isinstance(v, dict)
+                else [x.tracked_dump() if isinstance(x, Section) else x for x in v] if isinstance(v, list)
+                else (v.model_dump() if isinstance(v, BaseModel) else v))
+        return out
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str] = "params.yaml") -> Any:
+        """Read ``path`` and validate this stage's section (``SECTION``) with its runtime values merged in.
+
+        Only this section is validated; ``python -m flows.<stage>`` validates the whole file first
+        (stages/params.py), so a bad value in another section still stops it before any work."""
+        if cls.SECTION is None:
+            raise TypeError(f"{cls.__name__} is not a top-level section")
+        raw = read_params_file(path)
+        return validate_section(cls, raw, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# reusable field types
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _check_model_ref(value: str | None) -> str | None:
+    """A local HF model directory (must hold config.json) or a hub id ``org/name``."""
+    if value is None:
+        return None
+    p = Path(os.path.expanduser(value))
+    if p.exists():
+        if not p.is_dir() or not (p / "config.json").is_file():
+            raise ValueError(f"{value!r} is not a Hugging Face model directory (no config.json in it)")
+        return value
+    if _HUB_ID.match(value) and not value.startswith((".", "/", "~")):
+        return value  # a hub id: resolved (downloaded) by transformers when the stage runs
+    raise ValueError(f"model path {value!r} does not exist; give a HF model directory or a hub id org/name")
+
+
+def _check_existing_file(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not Path(os.path.expanduser(value)).is_file():
+        raise ValueError(f"file {value!r} not found; give an existing file or null")
+    return value
+
+
+ModelRef = Annotated[str | None, AfterValidator(_check_model_ref)]
+"""null, a local Hugging Face model directory, or a hub id (``org/name``)."""
+
+ExistingFile = Annotated[str | None, AfterValidator(_check_existing_file)]
+"""null or the path of an existing file (relative to the project root)."""
+
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0.0)]
+
+
+# ---------------------------------------------------------------------------------------------
+# reading and validating
+
+
+def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The params file as a mapping; a missing file, bad YAML or a non-mapping is a one-line error."""
+    p = Path(path)
+    if not p.is_file():
+        raise PipelineError(f"{p}: params file not found; run from the project root or pass --params PATH")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" line {where.line + 1}" if where is not None else ""
+        raise PipelineError(f"{p}:{line} is not valid YAML; fix the syntax") from None
+    if not isinstance(raw, dict):
+        raise PipelineError(f"{p}: expected a mapping of sections (data:, base_model:, ...), got {type(raw).__name__}")
+    return raw
+
+
+def format_error(source: str, err: ValidationError, prefix: str = "") -> str:
+    """One line for a pydantic error: ``<source>: <key>: <what is wrong> (got <value>)`` per problem."""
+    parts = []
+    for e in err.errors():
+        key = prefix + ".".join(str(x) for x in e["loc"]) or "(top level)"
+        if e["type"] == "missing":
+            parts.append(f"{key}: missing; add it (the committed params.yaml lists every key)")
+        elif e["type"] == "extra_forbidden":
+            parts.append(f"{key}: unknown key; remove it or check its spelling")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            parts.append(f"{key}: {msg} (got {e.get('input')!r})")
+    return f"{source}: " + "; ".join(parts)
+
+
+def merge_runtime(cls: type[Section], tracked: Any, runtime: Any, where: str, source: str) -> Any:
+    """``tracked`` (a section's mapping) with the runtime values of ``runtime`` merged in, checked both ways.
+
+    ``where`` is the section's dotted key (``grpo``, ``pretrain.train``). Raises a one-line PipelineError when a
+    runtime field sits in the tracked section, a tracked field under runtime, or a runtime field is missing."""
+    if not isinstance(tracked, dict):
+        return tracked  # pydantic reports the wrong type
+    runtime = {} if runtime is None else runtime
+    if not isinstance(runtime, dict):
+        raise PipelineError(f"{source}: runtime.{where}: expected a mapping, got {type(runtime).__name__}")
+    own = cls.runtime_fields()
+    merged = dict(tracked)
+    for name in own & set(tracked):
+        raise PipelineError(f"{source}: {where}.{name}: a runtime value (it does not change results, so DVC does not "
+                            f"track it); move it to runtime.{where}.{name}")
+    for name, value in runtime.items():
+        field = cls.model_fields.get(name)
+        sub = _section_type(field.annotation) if field is not None else None
+        if name in own:
+            merged[name] = value
+        elif sub is not None and sub.runtime_paths():
+            if name in tracked:
+                merged[name] = merge_runtime(sub, tracked[name], value, f"{where}.{name}", source)
+        elif field is not None:
+            raise PipelineError(f"{source}: runtime.{where}.{name}: not a runtime value (it changes results); "
+                                f"move it to {where}.{name}")
+        else:
+            raise PipelineError(f"{source}: runtime.{where}.{name}: unknown key; remove it or check its spelling")
+    for name in sorted(own - set(runtime)):
+        raise PipelineError(f"{source}: runtime.{where}.{name}: missing; add it (the committed params.yaml lists "
+                            "every key)")
+    for name, field in cls.model_fields.items():
+        sub = _section_type(field.annotation)
+        if sub is not None and sub.runtime_paths() and name not in runtime and name in tracked:
+            merged[name] = merge_runtime(sub, tracked[name], None, f"{where}.{name}", source)
+    return merged
+
+
+def validate_section(cls: type[Section], raw: dict[str, Any], source: str) -> Any:
+    """Validate section ``cls.SECTION`` of a loaded params mapping, its runtime values merged in."""
+    name = cls.SECTION
+    assert name is not None
+    if name not in raw:
+        raise PipelineError(f"{source}: section {name}: missing; add it (the committed params.yaml has every section)")
+    runtime = raw.get("runtime") or {}
+    if not isinstance(runtime, dict):
+        raise PipelineError(f"{source}: runtime: expected a mapping of sections, got {type(runtime).__name__}")
+    merged = merge_runtime(cls, raw[name], runtime.get(name), name, source)
+    try:
+        return cls.model_validate(merged)
+    except ValidationError as e:
+        raise PipelineError(format_error(source, e, prefix=f"{name}.")) from None

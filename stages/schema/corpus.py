@@ -1,0 +1,143 @@
+"""Schema of params.yaml's ``corpus`` section: the math corpus (paper section 2.1)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from stages.schema.base import RUNTIME, Fraction, NonNegInt, PosFloat, PosInt, Section
+
+
+class ClassifierParams(Section):
+    """The fastText math classifier (paper: dim 256, lr 0.1, word n-grams 3, min count 3, 3 epochs)."""
+
+    dim: PosInt
+    """Word-vector dimension (paper: 256; the tiny default keeps the model small)."""
+    lr: PosFloat
+    """Learning rate (paper: 0.1)."""
+    word_ngrams: PosInt
+    """Longest word n-gram used as a feature (paper: 3)."""
+    min_count: PosInt
+    """Minimum word occurrences to enter the vocabulary (paper: 3)."""
+    epochs: PosInt
+    """Training epochs (paper: 3)."""
+    bucket: PosInt
+    """Hash buckets for n-gram features (fastText default 2M; the tiny default keeps <= 200k, the model small)."""
+    thread: PosInt
+    """fastText training threads (1 makes training deterministic)."""
+    max_positives: PosInt
+    """At most this many positive pages (seed + discovered) per round, sampled at random (paper: 500k)."""
+    negatives_per_positive: PosFloat
+    """Random crawl negatives per positive (paper: 500k negatives for 500k positives = 1.0)."""
+    negatives: Literal["random", "uncollected"]
+    """Negatives in rounds >= 2: random crawl pages, or random pages not collected in the previous round (the paper does not say)."""
+
+
+class RecallParams(Section):
+    """Scoring, ranking and selection, iterated over rounds."""
+
+    rounds: Annotated[int, Field(ge=1, le=20)]
+    """Rounds of train -> score -> discover domains -> extend the seed (paper: 4)."""
+    min_score: Fraction
+    """Keep only pages whose P(math) is at least this (0 = no threshold, rank by budget only)."""
+    max_pages: list[PosInt] | None
+    """Page budget per round (the last value repeats for later rounds); null = no page budget."""
+    max_tokens: list[PosInt] | None
+    """Token budget per round, tokens counted as ceil(chars / 4) (paper: 40B in round 1); null = no token budget."""
+    stop_overlap: Fraction | None
+    """Stop early once this fraction of a round's pages were already collected the round before (paper: ~0.98); null = run every round."""
+    bins: Annotated[int, Field(ge=10, le=1_000_000)]
+    """Score histogram bins used to turn a budget into a threshold across shards (a budget is met to within one bin)."""
+
+
+class DomainParams(Section):
+    """Domain discovery: math-related domains and the URL prefixes whose pages join the seed corpus."""
+
+    domain_fraction: Fraction
+    """A domain is math-related when more than this fraction of its pages were collected (paper: 0.10)."""
+    min_domain_pages: PosInt
+    """Domains with fewer crawl pages are never called math-related."""
+    prefix_depth: Annotated[int, Field(ge=1, le=5)]
+    """URL path segments forming a prefix (1: /questions/)."""
+    prefix_fraction: Fraction
+    """A prefix of a math-related domain is proposed when at least this fraction of its pages were collected."""
+    min_prefix_pages: PosInt
+    """Prefixes with fewer pages are never proposed."""
+    approve: str
+    """"auto": accept every proposed prefix; else a file listing approved "domain<TAB>/prefix/" lines (the human review step)."""
+
+
+class DedupParams(Section):
+    """URL, exact and MinHash-LSH near-duplicate removal, global across shards (stages/corpus/dedup.py)."""
+
+    url: bool
+    """Remove pages whose normalised URL (stages/core/text.py normalize_url) an earlier page has (the paper's first step)."""
+    exact: bool
+    """Remove pages whose normalised text is identical to an earlier page's."""
+    near: bool
+    """Remove near-duplicates found by MinHash LSH."""
+    threshold: Fraction
+    """Estimated Jaccard similarity of word shingles above which two pages are near-duplicates."""
+    num_perm: Annotated[int, Field(ge=16, le=1024)]
+    """MinHash permutations (more: finer similarity estimates, more memory)."""
+    shingle: Annotated[int, Field(ge=1, le=20)]
+    """Words per shingle."""
+    partition_size: Annotated[int, Field(ge=1000), RUNTIME]
+    """Bucket entries (24 bytes each; one per page per LSH band, plus its URL and text hash) per dedup partition task:
+    bounds each worker's memory; any value gives the same result."""
+
+
+class DecontamParams(Section):
+    """Benchmark decontamination of the crawl and of the SFT / RL problems (paper: 10-gram rule)."""
+
+    ngram: Annotated[int, Field(ge=3, le=256)]
+    """A page sharing an n-gram of this many grams with a benchmark question or solution is removed (paper: 10;
+    the tiny default uses 20 because template-generated problems share 10-grams by construction)."""
+    min_short: Annotated[int, Field(ge=1)]
+    """Benchmark questions with at least this many (and fewer than ngram) grams are matched whole (paper: 3)."""
+    gsm8k_test: str | None
+    """GSM8K test JSONL ({"question", "answer"}) to decontaminate against; null = not used."""
+    math_test: str | None
+    """MATH test JSONL ({"problem", "solution"}) to decontaminate against; null = not used."""
+    samples: NonNegInt
+    """Removed pages quoted per benchmark in the decontamination report."""
+
+
+class CorpusParams(Section):
+    """Section ``corpus``: the math corpus (paper section 2.1): classifier, iterative recall, domains, dedup, decontamination."""
+
+    SECTION = "corpus"
+
+    seed: NonNegInt
+    """Seed for negative sampling and fastText."""
+    crawl_path: str
+    """The crawl: a JSONL / Parquet file, a directory of them, or a datasets save_to_disk directory (rows: id?, url, text)."""
+    seed_path: str
+    """The seed math corpus (same formats; rows: url, text)."""
+    problems_dir: str
+    """Directory of the word-problem splits (sft.jsonl, rl.jsonl, test.jsonl); test.jsonl is always a benchmark."""
+    n_shards: PosInt
+    """Shards the crawl is split into (at least one per file; one per WARC / WET file); every per-page step runs shard by shard."""
+    html_extractor: Literal["trafilatura", "resiliparse", "none"]
+    """Main-text extractor for the HTML of WARC responses, after the math pass (stages/corpus/extract.py); none: all visible text."""
+    languages: list[str] | None
+    """Keep only crawl pages whose language (py3langid codes, e.g. [en, zh]) is listed; null: no language filter."""
+    work_dir: Annotated[str | None, RUNTIME]
+    """Directory for the stage's working files (every worker must reach it: a shared file system on a cluster); null: data/."""
+    task_runner: Annotated[Literal["local", "dask", "ray"], RUNTIME]
+    """Prefect task runner for the shard tasks: local threads, or a Dask / Ray cluster (prefect-dask / prefect-ray)."""
+    workers: Annotated[PosInt, RUNTIME]
+    """Local threads (task_runner local) or local Dask workers; ignored for Ray."""
+    address: Annotated[str | None, RUNTIME]
+    """Address of an existing Dask scheduler or Ray cluster; null = start a local one."""
+    classifier: ClassifierParams
+    """fastText settings."""
+    recall: RecallParams
+    """Selection and rounds."""
+    domains: DomainParams
+    """Domain discovery."""
+    dedup: DedupParams
+    """Deduplication."""
+    decontam: DecontamParams
+    """Decontamination."""

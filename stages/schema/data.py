@@ -1,0 +1,68 @@
+"""Schema of params.yaml's ``data`` section: the generated crawl, seed corpus and word problems."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from stages.schema.base import Fraction, NonNegInt, PosInt, Section
+
+
+class ProblemParams(Section):
+    """Generated GSM8K-style word problems (the SFT, RL and held-out test sets)."""
+
+    n_sft: PosInt
+    """Problems in the SFT training split."""
+    n_rl: PosInt
+    """Problems in the RL (GRPO) prompt split."""
+    n_test: PosInt
+    """Held-out test problems (evaluation only; 500+ keeps the standard error near 2 points)."""
+    min_steps: Annotated[int, Field(ge=1, le=4)]
+    """Fewest arithmetic steps in a problem."""
+    max_steps: Annotated[int, Field(ge=1, le=4)]
+    """Most arithmetic steps in a problem (the difficulty knob, with max_value)."""
+    max_value: Annotated[int, Field(ge=5, le=10_000)]
+    """Largest starting quantity and operand; every intermediate result also stays in [0, max_value * 10]."""
+
+
+class CrawlParams(Section):
+    """The generated web crawl and seed math corpus (stand-ins for Common Crawl and OpenWebMath)."""
+
+    n_pages: PosInt
+    """Pages in the crawl (math and non-math, before near-duplicates and contaminated pages are added)."""
+    n_seed_pages: PosInt
+    """Pages in the seed math corpus (formal definition / explanation pages only, unlike any crawl page)."""
+    n_math_domains: PosInt
+    """Math domains (formal, forum and practice sites; each also has non-math URL prefixes)."""
+    n_general_domains: PosInt
+    """General domains (food, sport, travel, shop, money, family sites; a few hold math pages)."""
+    math_domain_share: Fraction
+    """Fraction of the n_pages crawl pages that lie on math domains."""
+    min_words: PosInt
+    """Shortest page, in words (pages stop at the first section past a length drawn in [min_words, max_words])."""
+    max_words: PosInt
+    """Longest target page length, in words."""
+    max_steps: Annotated[int, Field(ge=1, le=4)]
+    """Most arithmetic steps of a worked word problem on a crawl page (keep equal to problems.max_steps)."""
+    max_value: Annotated[int, Field(ge=5, le=10_000)]
+    """Largest operand of worked problems and drills on crawl pages (keep equal to problems.max_value)."""
+    near_dup_frac: Fraction
+    """Near-duplicate copies added, as a fraction of the pages (half case/whitespace variants, half edited copies)."""
+    n_contaminated: NonNegInt
+    """Planted pages that copy a held-out test question (sometimes with its solution), for decontamination."""
+    avoid_ngram: Annotated[int, Field(ge=3)]
+    """No other page shares an n-gram of this length with a test question or solution (redrawn if so); keep <= corpus.decontam.ngram."""
+
+
+class DataParams(Section):
+    """Section ``data``: everything the pipeline generates itself, deterministically from ``seed``."""
+
+    SECTION = "data"
+
+    seed: NonNegInt
+    """Random seed; the same seed and params give byte-identical outputs."""
+    problems: ProblemParams
+    """Word problems and their CoT / PoT / tool-integrated solutions."""
+    crawl: CrawlParams
+    """The crawl and the seed corpus."""

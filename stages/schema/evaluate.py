@@ -1,0 +1,92 @@
+"""Schema of params.yaml's ``evaluate`` section: which models are evaluated how."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from stages.schema.base import RUNTIME, ExistingFile, NonNegInt, PosFloat, PosInt, Section
+
+EvalMode = Literal["cot", "pot", "tir"]
+"""cot: chain of thought; pot: program of thought (``solution()`` run in the sandbox); tir: tool-integrated."""
+
+_MODEL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class EvalModelParams(Section):
+    """One model to evaluate: one dvc stage ``evaluate@<name>`` (dvc.yaml ``foreach`` over ``evaluate.models``)."""
+
+    path: str
+    """The model's HF directory (a pipeline output such as data/models/sft; checked when its stage runs)."""
+    prompting: Literal["few_shot", "zero_shot"]
+    """few_shot: DeepSeekMath few-shot prompts (base / pretrained models); zero_shot: the chat prompt with the DeepSeekMath instruction (SFT / RL models)."""
+    greedy_modes: list[EvalMode]
+    """Modes scored with greedy decoding (top-1 accuracy), e.g. [cot, pot, tir]."""
+    sample_modes: list[EvalMode]
+    """Modes scored from n_samples samples at common.temperature (pass@k, maj@k); [] for none."""
+    n_samples: PosInt
+    """Samples per problem in sample_modes; k runs over 1, 2, 4, ... up to it."""
+    limit: PosInt | None
+    """At most this many problems of each benchmark for this model (the first ones; never above common.limit); null: common.limit."""
+
+
+class EvalCommonParams(Section):
+    """Settings every evaluated model shares."""
+
+    backend: Literal["auto", "hf", "vllm"]
+    """Generation backend (stages/core/generation.py): auto picks vllm on a GPU, hf otherwise."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"]
+    """Weights dtype for generation; auto: bfloat16 where it is fast (CUDA, CPUs with AMX), else float32."""
+    num_threads: NonNegInt
+    """torch CPU threads (0 = torch's default); on the shared 2-core machine 1 thread generated 6x faster than 2."""
+    batch_size: PosInt
+    """Prompts per generate call and per resumable checkpoint write; the hf backend decodes all their samples together."""
+    max_new_tokens: PosInt
+    """Most new tokens per generation (per round in tir mode; the reference uses 1024)."""
+    temperature: PosFloat
+    """Sampling temperature of sample_modes (the paper's pass@k / maj@k: 0.7)."""
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)]
+    """Nucleus sampling threshold of sample_modes (reference: 1.0)."""
+    seed: NonNegInt
+    """Sampling seed (each batch uses seed + its index, so a resumed run draws the same samples)."""
+    tir_max_rounds: PosInt
+    """Most generate/execute rounds in tir mode (reference: 2)."""
+    exec_timeout_s: PosFloat
+    """Wall-clock limit of one program run in the sandbox (reference: 10)."""
+    exec_workers: Annotated[PosInt, RUNTIME]
+    """Sandbox worker processes for pot / tir programs."""
+    maj_subsets: PosInt
+    """maj@k averages over every k-subset of the samples when there are at most this many, else over this many random ones."""
+    n_shots: NonNegInt
+    """Few-shot exemplars (from the SFT split, Q:/A: format) in few_shot prompts for the generated problems."""
+    generated: bool
+    """Evaluate the held-out generated test problems (data/generated/problems/test.jsonl)."""
+    limit: PosInt | None
+    """Evaluate at most this many problems of each benchmark (the first ones); null: all."""
+    sample_limit: PosInt | None
+    """At most this many problems of each benchmark in sample_modes (a subset of limit); null: all."""
+    gsm8k_test: ExistingFile
+    """GSM8K test JSONL (question, answer with '#### gold'), e.g. ../shared/data/gsm8k/test.jsonl; null: skip."""
+    math_test: ExistingFile
+    """MATH test JSONL (problem, answer, level), e.g. ../shared/data/math/test.jsonl; null: skip."""
+
+
+class EvaluateParams(Section):
+    """Section ``evaluate``: which models are evaluated how (one dvc stage per model)."""
+
+    SECTION = "evaluate"
+
+    common: EvalCommonParams
+    """Settings shared by every model (dvc tracks them for every evaluate@ stage)."""
+    models: dict[str, EvalModelParams]
+    """Models by name (lowercase, digits, underscores); adding one adds a dvc stage and re-runs no other."""
+
+    @field_validator("models")
+    @classmethod
+    def _check_names(cls, v: dict[str, EvalModelParams]) -> dict[str, EvalModelParams]:
+        bad = [k for k in v if not _MODEL_NAME.match(k)]
+        if bad:
+            raise ValueError(f"model names must match [a-z][a-z0-9_]* (used in file and stage names): {bad}")
+        return v

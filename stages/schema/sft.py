@@ -1,0 +1,46 @@
+"""Schema of params.yaml's ``sft`` section: supervised fine-tuning on CoT / PoT / TIR solutions (paper 3)."""
+
+from __future__ import annotations
+
+from pydantic import field_validator
+
+from stages.schema.base import Fraction, PosInt, Section
+from stages.schema.train import TrainLoopParams
+
+
+class SftFormatMix(Section):
+    """Shares of the solution formats in the SFT data (must sum to 1)."""
+
+    cot: Fraction
+    """Chain-of-thought solutions."""
+    pot: Fraction
+    """Program-of-thought solutions (a def solution() program), kept only if the sandbox reproduces the answer."""
+    tir: Fraction
+    """Tool-integrated solutions (text, code, output, answer), kept only if the sandbox reproduces the answer."""
+
+
+class SftParams(Section):
+    """Section ``sft``: supervised fine-tuning of the pretrained model on CoT / PoT / tool-integrated solutions."""
+
+    SECTION = "sft"
+
+    problems: str
+    """SFT problems JSONL (schema of data/generated/problems; the corpus stage writes data/corpus/problems/sft.jsonl)."""
+    formats: SftFormatMix
+    """Which solution format each training problem gets (drawn per problem with these shares)."""
+    verify_programs: bool
+    """Execute PoT / TIR programs in the sandbox and drop those that do not reproduce the gold answer."""
+    val_problems: PosInt
+    """Problems held out from the SFT file for the validation loss (best-checkpoint selection)."""
+    pack: bool
+    """Pack several examples per sequence (attention never crosses examples); false = one example per row."""
+    train: TrainLoopParams
+    """The training loop (paper: constant LR 5e-5, 500 steps, batch 256, 4K packing)."""
+
+    @field_validator("formats")
+    @classmethod
+    def _check_formats(cls, v: SftFormatMix) -> SftFormatMix:
+        total = v.cot + v.pot + v.tir
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"format shares cot + pot + tir must sum to 1, they sum to {total:g}")
+        return v

@@ -1,0 +1,63 @@
+"""Schemas shared by every stage that trains: the training loop (stages/train/loop.py) and DeepSpeed."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from stages.schema.base import RUNTIME, NonNegInt, PosFloat, PosInt, Section
+
+
+class DeepSpeedParams(Section):
+    """DeepSpeed scale-out of the training loop (used when enabled, or when launched by deepspeed/torchrun)."""
+
+    enabled: bool
+    """Run the loop through a DeepSpeed engine (config generated from these params); false = plain PyTorch."""
+    zero_stage: Annotated[int, Field(ge=0, le=3)]
+    """ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters partitioned across ranks."""
+    offload_optimizer: bool
+    """Keep optimizer states in CPU memory (ZeRO-Offload; stages 1-3)."""
+
+
+class TrainLoopParams(Section):
+    """Settings of the shared training loop (stages/train/loop.py) used by pretrain and sft."""
+
+    seed: NonNegInt
+    """Seed of every random draw (data order, mixture sampling, dropout): same seed, same run."""
+    steps: PosInt
+    """Optimizer steps (the run's length; each step sees micro_batch_size * grad_accum sequences per rank)."""
+    micro_batch_size: PosInt
+    """Sequences per forward/backward pass."""
+    grad_accum: PosInt
+    """Micro-batches accumulated per optimizer step (losses are token-weighted over all of them)."""
+    seq_len: PosInt
+    """Tokens per packed sequence; must not exceed the model's max_position_embeddings."""
+    lr: PosFloat
+    """Peak learning rate."""
+    schedule: Literal["multistep", "constant"]
+    """multistep: the paper's (linear warm-up, then 31.6% of peak after 80% of steps, 10% after 90%); constant: warm-up then flat."""
+    warmup_steps: NonNegInt
+    """Linear warm-up steps from 0 to the peak (paper pretraining: 2000)."""
+    weight_decay: Annotated[float, Field(ge=0.0)]
+    """AdamW decoupled weight decay (paper: 0.1); not applied to norms and biases."""
+    adam_beta1: Annotated[float, Field(ge=0.0, lt=1.0)]
+    """AdamW beta1 (paper: 0.9)."""
+    adam_beta2: Annotated[float, Field(ge=0.0, lt=1.0)]
+    """AdamW beta2 (paper: 0.95)."""
+    adam_eps: PosFloat
+    """AdamW epsilon."""
+    grad_clip: Annotated[float, Field(ge=0.0)]
+    """Clip the global gradient norm to this value; 0 = no clipping (the norm is logged either way)."""
+    precision: Literal["auto", "bf16", "fp32"]
+    """bf16: bf16 autocast with fp32 weights and optimizer; fp32: plain; auto: bf16 where the hardware has fast bf16 (AMX, CUDA)."""
+    num_threads: NonNegInt
+    """torch CPU threads; 0 = torch's default."""
+    checkpoint_every: Annotated[NonNegInt, RUNTIME]
+    """Save a resumable checkpoint (model, optimizer, scheduler, data position, RNG) every N steps; 0 = only at the end."""
+    eval_every: NonNegInt
+    """Evaluate the held-out loss every N steps (and at the end); 0 = only at the end."""
+    log_every: Annotated[PosInt, RUNTIME]
+    """Record loss, LR, grad norm and tokens/s every N steps."""
+    deepspeed: DeepSpeedParams
+    """DeepSpeed settings (real mode on GPUs)."""
