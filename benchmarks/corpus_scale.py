@@ -5,9 +5,9 @@
     python benchmarks/corpus_scale.py run --code /tmp/maincode --label main ...
     python benchmarks/corpus_scale.py table        # benchmarks/results/corpus_scale.json -> markdown
 
-``generate`` writes one crawl with stages/data/crawl.py (the default's page mix, domains and contamination
-scaled with the page count; the default's test problems as benchmark) and cuts the smaller sizes from the
-front of it. ``run`` runs ``python -m flows.corpus`` of the checkout at ``--code`` in a subprocess, with the
+``generate`` writes one crawl per size with stages/data/crawl.py: the default's page mix, with domains,
+contamination and base pages scaled with the page count (so every size has the default's pages per domain
+and domain discovery has the same work to do), the default's seed corpus size and test problems. ``run`` runs ``python -m flows.corpus`` of the checkout at ``--code`` in a subprocess, with the
 default params except: the crawl, ``task_runner: dask`` with ``workers`` single-threaded worker processes (a
 ``distributed.LocalCluster`` started by prefect-dask's DaskTaskRunner), one shard per ``--shard-pages``
 pages. A sampler reads the RSS of the flow process (the driver: Prefect client, the stage's loop) and of
@@ -44,23 +44,21 @@ def generate(args: argparse.Namespace) -> None:
     from stages.params import CrawlParams
 
     base = yaml.safe_load((ROOT / "params.yaml").read_text())["data"]["crawl"]
-    scale = args.pages / base["n_pages"]
-    cp = {**base, "n_pages": args.pages, "n_math_domains": round(base["n_math_domains"] * scale),
-          "n_general_domains": round(base["n_general_domains"] * scale), "n_contaminated": round(base["n_contaminated"] * scale)}
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     test = read_jsonl(ROOT / "data" / "generated" / "problems" / "test.jsonl")
-    t = time.perf_counter()
-    m = crawl.generate(CrawlParams(**cp), seed=0, test_problems=test, crawl_path=out / "crawl-all.jsonl",
-                       seed_path=out / "seed.jsonl")
-    print(f"generated {m['pages']} pages in {time.perf_counter() - t:.0f} s")
-    for n in args.cut:
-        with open(out / "crawl-all.jsonl", "rb") as fi, open(out / f"crawl-{n}.jsonl", "wb") as fo:
-            for i, line in enumerate(fi):
-                if i >= n:
-                    break
-                fo.write(line)
-    (out / "generated.json").write_text(json.dumps({"params": cp, "metrics": m}, indent=1))
+    made = {}
+    for pages in args.pages:
+        scale = pages / base["n_pages"]
+        cp = {**base, "n_pages": pages, "n_math_domains": max(3, round(base["n_math_domains"] * scale)),
+              "n_general_domains": max(6, round(base["n_general_domains"] * scale)),
+              "n_contaminated": round(base["n_contaminated"] * scale)}
+        t = time.perf_counter()
+        m = crawl.generate(CrawlParams(**cp), seed=0, test_problems=test, crawl_path=out / f"crawl-{pages}.jsonl",
+                           seed_path=out / f"seed-{pages}.jsonl")
+        print(f"generated {m['pages']} pages in {time.perf_counter() - t:.0f} s", flush=True)
+        made[pages] = {"params": cp, "metrics": m}
+        (out / f"generated-{pages}.json").write_text(json.dumps(made[pages], indent=1))
 
 
 class Sampler(threading.Thread):
@@ -141,13 +139,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate")
-    g.add_argument("--pages", type=int, default=285_000, help="base pages (+5%% near-duplicates, + contaminated)")
-    g.add_argument("--cut", type=int, nargs="*", default=[10_000, 100_000])
+    g.add_argument("--pages", type=int, nargs="*", default=[9_500, 95_000, 285_000],
+                   help="base pages of each crawl (+5%% near-duplicates, + contaminated pages)")
     g.add_argument("--dir", default="/tmp/corpus-scale")
     r = sub.add_parser("run")
     r.add_argument("--code", required=True, help="checkout whose flows.corpus runs (its own params.yaml)")
     r.add_argument("--label", required=True)
-    r.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 0], help="0 = the whole generated crawl")
+    r.add_argument("--sizes", type=int, nargs="*", default=[9_500, 95_000, 285_000], help="generated crawls (base pages)")
     r.add_argument("--workers", type=int, nargs="*", default=[1, 2])
     r.add_argument("--shard-pages", type=int, default=10_000)
     r.add_argument("--dir", default="/tmp/corpus-scale")
@@ -167,10 +165,10 @@ def main() -> int:
     d = Path(args.dir)
     data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"runs": []}
     for size in args.sizes:
-        crawl = d / ("crawl-all.jsonl" if size == 0 else f"crawl-{size}.jsonl")
+        crawl = d / f"crawl-{size}.jsonl"
         pages = sum(1 for _ in open(crawl, "rb"))
         for w in args.workers:
-            row = run_one(Path(args.code).resolve(), args.label, crawl, d / "seed.jsonl", pages, w, args.shard_pages)
+            row = run_one(Path(args.code).resolve(), args.label, crawl, d / f"seed-{size}.jsonl", pages, w, args.shard_pages)
             print(json.dumps(row), flush=True)
             data["runs"].append(row)
             RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -99,18 +99,20 @@ def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], No
     say = log or (lambda msg: None)
     _check_inputs(p)
     timings: dict[str, float] = {}
+    work_split: dict[str, int] = {}
     root = work_root(p)
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".corpus-work-", dir=root))
     try:
         with atomic_path(paths.CORPUS) as out:
             (out / "reports").mkdir(parents=True)
-            metrics = _build(p, mp, say, work, out, timings)
+            metrics = _build(p, mp, say, work, out, timings, work_split)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     timings["total"] = round(time.perf_counter() - t0, 2)
     metrics["timings_s"] = timings
     metrics["wall_s"] = timings["total"]
+    metrics["work_split"] = work_split  # how the work was cut into tasks: depends on n_shards / partition_size, not the result
     write_json(paths.metrics_file("corpus"), metrics)
     return metrics
 
@@ -123,7 +125,7 @@ def _abs(path: str | None) -> str | None:
 
 
 def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, out: Path,
-           timings: dict[str, float]) -> dict[str, Any]:
+           timings: dict[str, float], work_split: dict[str, int]) -> dict[str, Any]:
     # 0. benchmark index, seed corpus (first: an empty one fails before any work) -------------
     t = time.perf_counter()
     index_file = str(work / "index.pkl")
@@ -143,6 +145,7 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
 
     # 1. shards: read, filter, decontaminate, bucket entries -----------------------------------------
     shards = plan_shards(_abs(p.crawl_path), p.n_shards)
+    work_split["shards"] = len(shards)
     dirs = [str(work / f"shard-{s.index:05d}") for s in shards]
     bands, rows = lsh_params(p.dedup.threshold, p.dedup.num_perm)
     read = ReadOptions(extractor=p.html_extractor, languages=tuple(p.languages) if p.languages is not None else None)
@@ -180,8 +183,8 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
         for (lo, hi), f in zip(partition_bounds(n_parts), edge_files, strict=True)])
     clusters = mp(tasks.dedup_clusters, [dict(edge_files=edge_files, shard_dirs=dirs, samples=20)])[0]
     dup_kind = clusters["removed"]
-    dedup_report: dict[str, Any] = {"removed": dup_kind, "samples": clusters["samples"], "partitions": n_parts,
-                                    "bucket_entries": entries, "edges": int(sum(n_edges)), "bands": bands, "rows": rows}
+    dedup_report: dict[str, Any] = {"removed": dup_kind, "samples": clusters["samples"], "bands": bands, "rows": rows}
+    work_split["dedup_partitions"], work_split["bucket_entries"], work_split["edges"] = n_parts, entries, int(sum(n_edges))
     truth_dir = work / "dedup-truth"
     truth_dir.mkdir()
     n_truth = len(dirs)

@@ -208,10 +208,11 @@ class _Skip:
 
 
 def language(text: str) -> str:
-    """The language code py3langid assigns to ``text`` (its first 2,000 characters)."""
+    """The language code py3langid assigns to ``text`` (its first 2,000 characters, lower-cased: the model's byte
+    n-grams are case-sensitive and call all-capitals English pages Nigerian Pidgin)."""
     import py3langid
 
-    return str(py3langid.classify(text[:2000])[0])
+    return str(py3langid.classify(text[:2000].lower())[0])
 
 
 def iter_pages(shard: Shard, skipped: Counter[str] | None = None, read: ReadOptions | None = None

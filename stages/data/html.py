@@ -57,7 +57,8 @@ def _formula_html(tex: str, display: bool, style: str) -> str:
     if style == "tex":
         return esc.join(("$$", "$$") if display else ("$", "$"))
     if style == "mathjax":  # script content is raw text in HTML: not entity-escaped
-        return f'<script type="math/tex{"; mode=display" if display else ""}">{tex.replace("</", "<\\/")}</script>'
+        raw = tex.replace("</", "<\\/")
+        return f'<script type="math/tex{"; mode=display" if display else ""}">{raw}</script>'
     disp = ' display="block"' if display else ""
     body = _mathml_symbols(tex)
     if style == "mathml_tex":
@@ -112,6 +113,13 @@ def render(text: str, *, title: str, rng: random.Random, math: str = "tex") -> s
     )
 
 
+def _record_id(path: str | Path, n: int) -> str:
+    """A record id fixed by the file name and position (warcio's default is a random UUID), so files are reproducible."""
+    import uuid
+
+    return f"<urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'{Path(path).name}#{n}')}>"
+
+
 def write_warc(path: str | Path, pages: Iterable[dict[str, Any]]) -> int:
     """Write pages (``url``, ``html`` str, optional ``content_type``) as gzipped WARC response records."""
     from warcio.statusandheaders import StatusAndHeaders
@@ -126,7 +134,8 @@ def write_warc(path: str | Path, pages: Iterable[dict[str, Any]]) -> int:
             ctype = page.get("content_type", "text/html; charset=utf-8")
             http = StatusAndHeaders("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))],
                                     protocol="HTTP/1.1")
-            w.write_record(w.create_warc_record(page["url"], "response", payload=io.BytesIO(body), http_headers=http))
+            w.write_record(w.create_warc_record(page["url"], "response", payload=io.BytesIO(body), http_headers=http,
+                                                warc_headers_dict={"WARC-Record-ID": _record_id(path, n)}))
             n += 1
     return n
 
@@ -141,6 +150,7 @@ def write_wet(path: str | Path, pages: Iterable[dict[str, Any]]) -> int:
         for page in pages:
             body = page["text"].encode("utf-8")
             w.write_record(w.create_warc_record(page["url"], "conversion", payload=io.BytesIO(body),
-                                                warc_headers_dict={"Content-Type": "text/plain"}))
+                                                warc_headers_dict={"Content-Type": "text/plain",
+                                                                   "WARC-Record-ID": _record_id(path, n)}))
             n += 1
     return n
