@@ -1,8 +1,8 @@
 """The corpus stage at 10k, 100k and 300k+ pages, on today's code and on another checkout, on 1 and 2 workers.
 
     python benchmarks/corpus_scale.py generate [--pages 300000] [--dir /tmp/corpus-scale]
-    python benchmarks/corpus_scale.py run --code . --label new [--sizes 10000 100000 300000] [--workers 1 2]
-    python benchmarks/corpus_scale.py run --code /tmp/maincode --label main ...
+    git archive main | tar -x -C /tmp/maincode        # today's code, for the comparison
+    python benchmarks/corpus_scale.py run --code main=/tmp/maincode new=. [--sizes 9500 95000 285000] [--workers 1 2]
     python benchmarks/corpus_scale.py table        # benchmarks/results/corpus_scale.json -> markdown
 
 ``generate`` writes one crawl per size with stages/data/crawl.py: the default's page mix, with domains,
@@ -143,8 +143,7 @@ def main() -> int:
                    help="base pages of each crawl (+5%% near-duplicates, + contaminated pages)")
     g.add_argument("--dir", default="/tmp/corpus-scale")
     r = sub.add_parser("run")
-    r.add_argument("--code", required=True, help="checkout whose flows.corpus runs (its own params.yaml)")
-    r.add_argument("--label", required=True)
+    r.add_argument("--code", nargs="+", required=True, help="label=checkout: whose flows.corpus runs (with its own params.yaml)")
     r.add_argument("--sizes", type=int, nargs="*", default=[9_500, 95_000, 285_000], help="generated crawls (base pages)")
     r.add_argument("--workers", type=int, nargs="*", default=[1, 2])
     r.add_argument("--shard-pages", type=int, default=10_000)
@@ -168,11 +167,13 @@ def main() -> int:
         crawl = d / f"crawl-{size}.jsonl"
         pages = sum(1 for _ in open(crawl, "rb"))
         for w in args.workers:
-            row = run_one(Path(args.code).resolve(), args.label, crawl, d / f"seed-{size}.jsonl", pages, w, args.shard_pages)
-            print(json.dumps(row), flush=True)
-            data["runs"].append(row)
-            RESULTS.parent.mkdir(parents=True, exist_ok=True)
-            RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+            for spec in args.code:
+                label, code = spec.split("=", 1)
+                row = run_one(Path(code).resolve(), label, crawl, d / f"seed-{size}.jsonl", pages, w, args.shard_pages)
+                print(json.dumps(row), flush=True)
+                data["runs"].append(row)
+                RESULTS.parent.mkdir(parents=True, exist_ok=True)
+                RESULTS.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 
