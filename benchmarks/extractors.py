@@ -4,10 +4,10 @@
 
 Texts: real web documents (../shared/data/web_corpus/math_vs_other.jsonl, math and other) and MATH train
 solutions (../shared/data/math/train.jsonl, LaTeX). Each is rendered by :func:`stages.data.html.render` amid
-navigation / cookie banner / sidebar / footer boilerplate, with its formulas in each of
+navigation / cookie banner / sidebar / footer boilerplate (HTML5 sections, or class-named divs), with its formulas in each of
 :data:`stages.data.html.MATH_STYLES` (raw TeX, MathJax ``<script type="math/tex">``, MathML with a TeX
 annotation, MathML with alttext, bare MathML). Each extractor runs with and without the math pass of
-:mod:`stages.corpus.extract`. Measures per (extractor, math pass, style):
+:mod:`stages.corpus.extract`. Measures per (layout, extractor, math pass, style):
 
 - text recall: share of the text's words (formulas removed) found in the output (multiset overlap);
 - boilerplate kept: share of the boilerplate sentences found in the output;
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stages.corpus.extract import html_to_text  # noqa: E402
-from stages.data.html import BOILERPLATE, FORMULA, MATH_STYLES, formulas, render  # noqa: E402
+from stages.data.html import BOILERPLATE, FORMULA, LAYOUTS, MATH_STYLES, formulas, render  # noqa: E402
 
 SHARED = Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
 EXTRACTORS = ["trafilatura", "resiliparse", "none"]
@@ -70,17 +70,19 @@ def measure(text: str, out: str) -> dict[str, float | None]:
     return {"text_recall": recall, "boilerplate_kept": boiler, "latex_survival": latex}
 
 
-def run(pages: list[dict[str, str]], extractor: str, math_pass: bool, style: str, seed: int = 0) -> dict[str, Any]:
+def run(pages: list[dict[str, str]], extractor: str, math_pass: bool, style: str, layout: str, seed: int = 0
+        ) -> dict[str, Any]:
     rng = random.Random(seed)
     rows: list[dict[str, float | None]] = []
     t = 0.0
     for i, p in enumerate(pages):
-        doc = render(p["text"], title=f"Page {i}", rng=rng, math=style)
+        doc = render(p["text"], title=p["text"].split("\n", 1)[0][:80], rng=rng, math=style, layout=layout)
         t0 = time.perf_counter()
         out = html_to_text(doc, extractor, math=math_pass)
         t += time.perf_counter() - t0
         rows.append(measure(p["text"], out))
-    agg: dict[str, Any] = {"extractor": extractor, "math_pass": math_pass, "style": style, "pages": len(pages)}
+    agg: dict[str, Any] = {"extractor": extractor, "math_pass": math_pass, "style": style, "layout": layout,
+                           "pages": len(pages)}
     for key in ("text_recall", "boilerplate_kept", "latex_survival"):
         vals = [r[key] for r in rows if r[key] is not None]
         agg[key] = round(sum(vals) / len(vals), 4) if vals else None
@@ -97,12 +99,13 @@ def main() -> int:
     pages = texts(SHARED, args.pages)
     load = os.getloadavg()
     results = []
-    for ex in EXTRACTORS:
-        for math_pass in (False, True):
-            for style in MATH_STYLES:
-                r = run(pages, ex, math_pass, style)
-                results.append(r)
-                print(json.dumps(r), flush=True)
+    for layout in LAYOUTS:
+        for ex in EXTRACTORS:
+            for math_pass in (False, True):
+                for style in MATH_STYLES:
+                    r = run(pages, ex, math_pass, style, layout)
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
     out = {"pages": args.pages, "sources": dict(Counter(p["source"] for p in pages)), "load_before": load,
            "load_after": os.getloadavg(), "results": results}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -58,7 +58,6 @@ def _env(project: Path) -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(project)
     env.setdefault("DVC_NO_ANALYTICS", "1")
-    env.pop("PREFECT_API_URL", None)
     return env
 
 

@@ -85,8 +85,13 @@ def _paragraph(text: str, style: str) -> str:
     return "".join(out)
 
 
-def render(text: str, *, title: str, rng: random.Random, math: str = "tex") -> str:
-    """An HTML page holding ``text`` (paragraphs split on blank lines) amid boilerplate (see the module docstring)."""
+LAYOUTS = ("semantic", "divs")
+"""Page structure: HTML5 sections (header, nav, main, article, aside, footer) or the same as class-named divs."""
+
+
+def render(text: str, *, title: str, rng: random.Random, math: str = "tex", layout: str = "semantic") -> str:
+    """An HTML page holding ``text`` (paragraphs split on blank lines) amid boilerplate (see the module docstring);
+    ``layout="divs"`` writes every section as a ``<div>`` with a class name, as older sites do."""
     nav = "".join(f'<li><a href="/{i}">{_html.escape(b)}</a></li>' for i, b in enumerate(BOILERPLATE[:6]))
     side = "".join(f'<li><a href="/post/{rng.randint(1, 999)}">{_html.escape(b)}</a></li>' for b in BOILERPLATE[9:11])
     held: list[str] = []
@@ -98,6 +103,18 @@ def render(text: str, *, title: str, rng: random.Random, math: str = "tex") -> s
     restored = [_HELD.sub(lambda m: held[int(m.group(1))], c).strip() for c in chunks]
     paras = "\n".join(f"<p>{_paragraph(c, math)}</p>" for c in restored)
     foot = "".join(f"<p>{_html.escape(b)}</p>" for b in BOILERPLATE[11:])
+    if layout == "divs":
+        return (
+            "<html><head>"
+            f"<title>{_html.escape(title)}</title><script>var _gaq=_gaq||[];</script></head><body>"
+            f'<div id="cookies"><span>{BOILERPLATE[7]}</span> <a href="#">{BOILERPLATE[8]}</a></div>'
+            f'<div id="top"><div class="menu"><ul>{nav}</ul></div></div>'
+            f'<div id="wrapper"><div class="content"><div class="post"><h2>{_html.escape(title)}</h2>\n{paras}\n</div></div>'
+            f'<div class="widget"><b>{BOILERPLATE[9]}</b><ul>{side}</ul></div></div>'
+            f'<div id="bottom">{foot}</div></body></html>'
+        )
+    if layout != "semantic":
+        raise ValueError(f"unknown layout {layout!r}; one of {LAYOUTS}")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{_html.escape(title)}</title>"
