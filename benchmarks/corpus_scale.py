@@ -11,7 +11,8 @@ and domain discovery has the same work to do), the default's seed corpus size an
 default params except: the crawl, ``task_runner: dask`` with ``workers`` single-threaded worker processes (a
 ``distributed.LocalCluster`` started by prefect-dask's DaskTaskRunner), one shard per ``--shard-pages``
 pages. A sampler reads the RSS of the flow process (the driver: Prefect client, the stage's loop) and of
-each Dask worker process every 0.2 s (the Prefect API server the flow starts is reported apart). Pages/s per
+each Dask worker process every 0.2 s (the Prefect API server the flow starts is reported apart; with
+``PREFECT_API_URL`` set, the flows report to that server instead and start none). Pages/s per
 worker = input pages / stage wall time (``metrics.wall_s``, Prefect and cluster start-up excluded) / workers.
 
 Results are appended to benchmarks/results/corpus_scale.json (one row per run, with the load average before
@@ -107,7 +108,8 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
     proj = Path(tempfile.mkdtemp(prefix=f"scale-{label}-", dir=os.environ.get("SCALE_TMP", "/tmp")))
     (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1", "PREFECT_HOME": str(proj / ".prefect")}
-    env.pop("PREFECT_API_URL", None)
+    # PREFECT_API_URL from the caller's environment (a running `prefect server start`) when set: under heavy load the
+    # temporary server a flow starts for itself timed out (measured here at load average 25)
     load0 = os.getloadavg()
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "flows.corpus", "--params", str(proj / "params.yaml")], cwd=proj, env=env,
