@@ -76,7 +76,9 @@ def run(pages: list[dict[str, str]], extractor: str, math_pass: bool, style: str
     rows: list[dict[str, float | None]] = []
     t = 0.0
     for i, p in enumerate(pages):
-        doc = render(p["text"], title=p["text"].split("\n", 1)[0][:80], rng=rng, math=style, layout=layout)
+        # the page title: the text's first line without its math (a "$" in it would shift the pairing of "$" signs)
+        title = FORMULA.sub("", p["text"].split("\n", 1)[0]).replace("$", "")[:80]
+        doc = render(p["text"], title=title, rng=rng, math=style, layout=layout)
         t0 = time.perf_counter()
         out = html_to_text(doc, extractor, math=math_pass)
         t += time.perf_counter() - t0
