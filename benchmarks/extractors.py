@@ -75,7 +75,7 @@ def run(pages: list[dict[str, str]], extractor: str, math_pass: bool, style: str
     rng = random.Random(seed)
     rows: list[dict[str, float | None]] = []
     t = 0.0
-    for i, p in enumerate(pages):
+    for p in pages:
         # the page title: the text's first line without its math (a "$" in it would shift the pairing of "$" signs)
         title = FORMULA.sub("", p["text"].split("\n", 1)[0]).replace("$", "")[:80]
         doc = render(p["text"], title=title, rng=rng, math=style, layout=layout)
