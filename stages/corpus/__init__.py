@@ -191,7 +191,7 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
     kept = mp(tasks.init_state, [dict(shard_dir=d, truth_dir=str(truth_dir) if has_truth else None, n_truth_parts=n_truth)
                                  for d in dirs])
     if has_truth:
-        tr = mp(tasks.dedup_truth_partition, [dict(files=sorted(str(f) for f in truth_dir.glob(f"part-{q:05d}-*.npy")))
+        tr = mp(tasks.dedup_truth_partition, [dict(files=[str(truth_dir / f"part-{q:05d}-{Path(d).name}.npy") for d in dirs])
                                                for q in range(n_truth)])
         pairs, found, false = _sum(tr)
         dedup_report["vs_truth"] = {"true_pairs": pairs, "pairs_found": found, "pair_recall": round(found / max(1, pairs), 4),
@@ -262,7 +262,8 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
                 and rec["overlap_with_previous"] >= p.recall.stop_overlap)
         if not last and not stop:
             parts = mp(tasks.domain_partition, [dict(
-                files=sorted(str(f) for f in domain_dir.glob(f"part-{q:05d}-*.json")), domain_fraction=p.domains.domain_fraction,
+                files=[str(domain_dir / f"part-{q:05d}-{Path(d).name}.json") for d in dirs],
+                domain_fraction=p.domains.domain_fraction,
                 min_domain_pages=p.domains.min_domain_pages, prefix_fraction=p.domains.prefix_fraction,
                 min_prefix_pages=p.domains.min_prefix_pages) for q in range(len(dirs))])
             mdoms = sorted(d_ for m, _ in parts for d_ in m)
