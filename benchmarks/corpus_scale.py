@@ -94,7 +94,29 @@ class Sampler(threading.Thread):
             time.sleep(0.2)
 
 
-def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers: int, shard_pages: int) -> dict[str, Any]:
+def _start_cluster(workers: int, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, subprocess.Popen, str]:
+    """A Dask scheduler and ``workers`` single-threaded workers as their own processes (as on a real cluster)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    addr = f"tcp://127.0.0.1:{port}"
+    dask = str(Path(sys.executable).parent / "dask")
+    sched = subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], env=env,
+                             stdout=open(log.with_name("scheduler.txt"), "w"), stderr=subprocess.STDOUT)
+    work = subprocess.Popen([dask, "worker", addr, "--nworkers", str(workers), "--nthreads", "1", "--no-dashboard",
+                             "--memory-limit", "0"], env=env, stdout=open(log.with_name("workers.txt"), "w"),
+                            stderr=subprocess.STDOUT)
+    from distributed import Client
+
+    with Client(addr, timeout=300) as client:
+        client.wait_for_workers(workers, timeout=600)
+    return sched, work, addr
+
+
+def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers: int, shard_pages: int,
+            external: bool = False) -> dict[str, Any]:
     import yaml
 
     params = yaml.safe_load((code / "params.yaml").read_text())
@@ -108,6 +130,11 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
     proj = Path(tempfile.mkdtemp(prefix=f"scale-{label}-", dir=os.environ.get("SCALE_TMP", "/tmp")))
     (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1", "PREFECT_HOME": str(proj / ".prefect")}
+    cluster = None
+    if external:
+        cluster = _start_cluster(workers, env, proj / "log.txt")
+        target["address"] = cluster[2]
+        (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     # PREFECT_API_URL from the caller's environment (a running `prefect server start`) when set: under heavy load the
     # temporary server a flow starts for itself timed out (measured here at load average 25)
     load0 = os.getloadavg()
@@ -116,15 +143,27 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
                             stdout=open(proj / "log.txt", "w"), stderr=subprocess.STDOUT)
     s = Sampler(proc.pid)
     s.start()
+    cs = [Sampler(c.pid) for c in cluster[:2]] if cluster else []
+    for x in cs:
+        x.start()
     rc = proc.wait()
     wall = time.perf_counter() - t
-    s.stop.set()
-    s.join()
+    for x in [s, *cs]:
+        x.stop.set()
+        x.join()
+    if cluster:
+        for c in cluster[:2]:
+            c.terminate()
+            c.wait(timeout=60)
     row: dict[str, Any] = {"code": label, "pages": pages, "workers": workers, "shards": n_shards, "rc": rc,
                            "process_wall_s": round(wall, 1), "load_before": [round(x, 2) for x in load0],
                            "load_after": [round(x, 2) for x in os.getloadavg()],
                            "driver_peak_mb": round(s.driver / 2**20), "worker_peak_mb": round(s.worker / 2**20),
-                           "prefect_server_peak_mb": round(s.server / 2**20), "worker_processes_seen": len(s.workers_seen)}
+                           "prefect_server_peak_mb": round(s.server / 2**20), "worker_processes_seen": len(s.workers_seen),
+                           "scheduler": "external" if cluster else "in the driver (LocalCluster)"}
+    if cluster:  # the scheduler process, and the largest worker process under the `dask worker` launcher
+        row["scheduler_peak_mb"] = round(cs[0].driver / 2**20)
+        row["worker_peak_mb"] = round(cs[1].worker / 2**20)
     mf = proj / "data" / "metrics" / "corpus.json"
     if rc == 0 and mf.is_file():
         m = json.loads(mf.read_text())
@@ -150,6 +189,9 @@ def main() -> int:
     r.add_argument("--workers", type=int, nargs="*", default=[1, 2])
     r.add_argument("--shard-pages", type=int, default=10_000)
     r.add_argument("--dir", default="/tmp/corpus-scale")
+    r.add_argument("--external-scheduler", action="store_true",
+                   help="a `dask scheduler` and `dask worker` processes of their own (LocalCluster runs the scheduler in "
+                        "the driver process, so the driver's memory then includes the scheduler's per-task state)")
     sub.add_parser("table")
     args = ap.parse_args()
     if args.cmd == "generate":
@@ -171,7 +213,8 @@ def main() -> int:
         for w in args.workers:
             for spec in args.code:
                 label, code = spec.split("=", 1)
-                row = run_one(Path(code).resolve(), label, crawl, d / f"seed-{size}.jsonl", pages, w, args.shard_pages)
+                row = run_one(Path(code).resolve(), label, crawl, d / f"seed-{size}.jsonl", pages, w, args.shard_pages,
+                              args.external_scheduler)
                 print(json.dumps(row), flush=True)
                 data["runs"].append(row)
                 RESULTS.parent.mkdir(parents=True, exist_ok=True)

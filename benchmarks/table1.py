@@ -125,11 +125,13 @@ def build_corpora(project: Path, heldout: int) -> dict[str, Any]:
 
 
 def run_one(project: Path, name: str, corpus: str, seed: int, steps: int, warmup: int | None, heldout: int,
-            limit: int | None) -> dict[str, Any]:
+            limit: int | None, threads: int | None = None) -> dict[str, Any]:
     sets = [f"pretrain.mixture=[{{path:data/table1/{corpus}.jsonl,ratio:1.0}}]", f"pretrain.train.seed={seed}",
             f"pretrain.train.steps={steps}", f"pretrain.eval_docs={heldout}", f"pretrain.train.eval_every={steps}"]
     if warmup is not None:
         sets.append(f"pretrain.train.warmup_steps={warmup}")
+    if threads is not None:
+        sets.append(f"pretrain.train.num_threads={threads}")
     if limit is not None:
         sets.append(f"evaluate.models.pretrain.limit={limit}")
     args = ["exp", "run", "-s", "-n", name]
@@ -213,6 +215,9 @@ def main() -> int:
     ap.add_argument("--project", default=None)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=None, help="pretrain.train.warmup_steps (default: params.yaml's)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="pretrain.train.num_threads (1 on a crowded machine: 2 OpenMP threads that wait for each other "
+                         "made a 40-step run take 10-20 min at load average ~18)")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--corpora", nargs="*", default=list(CORPORA))
     ap.add_argument("--heldout", type=int, default=100)
@@ -239,11 +244,12 @@ def main() -> int:
     load0 = os.getloadavg()
     runs = []
     for c, s, n in plan:
-        r = run_one(project, n, c, s, args.steps, args.warmup, args.heldout, args.limit)
+        r = run_one(project, n, c, s, args.steps, args.warmup, args.heldout, args.limit, args.threads)
         runs.append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "evaluate"} | {"accuracy": _accuracy(r["evaluate"])}), flush=True)
         summary = summarise(runs)
         RESULTS.write_text(json.dumps({"steps": args.steps, "warmup_steps": args.warmup, "eval_limit": args.limit,
+                                       "num_threads": args.threads,
                                        "seeds": args.seeds, "heldout_rows": args.heldout,
                                        "project": str(project), "load_before": load0, "load_after": os.getloadavg(),
                                        "corpora": sizes, "summary": summary, "paper_table1": PAPER, "runs": runs},
