@@ -185,12 +185,12 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(summary: dict[str, Any], sizes: dict[str, Any]) -> str:
-    lines = ["| corpus | pages | tokens (chars/4) | math share | epochs | few-shot greedy acc. (mean ± sd) | held-out loss (mean ± sd) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| corpus | pages | tokens (chars/4) | math share | seeds run | few-shot greedy acc. (mean ± sd) | "
+             "held-out loss (mean ± sd) |", "|---|---|---|---|---|---|---|"]
     for c, v in summary.items():
         a, l_ = v["accuracy_mean_sd"], v["heldout_loss_mean_sd"]
         lines.append(f"| {LABELS[c]} | {sizes[c]['pages']} | {sizes[c]['tokens_chars_div_4']} | {sizes[c]['math_share']} | "
-                     f"{v['epochs'][0]} | {a[0]:.3f} ± {a[1]:.3f} | {l_[0]:.3f} ± {l_[1]:.3f} |")
+                     f"{','.join(str(x) for x in v['seeds'])} | {a[0]:.3f} ± {a[1]:.3f} | {l_[0]:.3f} ± {l_[1]:.3f} |")
     return "\n".join(lines)
 
 
