@@ -212,7 +212,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         ax.set_xticks(range(len(names)), names)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    fig.suptitle("Table 1 at toy scale: same model, same tokens, four corpora (3 seeds)", fontsize=10)
+    fig.suptitle("Table 1 at toy scale: same model, same tokens, four corpora (one dot per seed run)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
