@@ -1,8 +1,14 @@
 """Prefect flow of the ``corpus`` stage (dvc.yaml: corpus). Run: ``python -m flows.corpus``.
 
-The shard work (prepare, training texts, scoring, writing) runs as one Prefect task per shard,
-submitted to the task runner named by ``corpus.task_runner``: local threads by default, or a Dask /
-Ray cluster (``pip install prefect-dask`` / ``prefect-ray``; ``corpus.address`` joins an existing one).
+Every step of the stage is a set of tasks (:mod:`stages.corpus.tasks`: per shard, per bucket partition, per
+domain partition, and single reductions such as training and cluster resolution), each submitted as a
+Prefect task to the task runner named by ``corpus.task_runner``: ``local`` (a thread pool of
+``corpus.workers`` threads in this process), ``dask`` (a ``distributed.LocalCluster`` of ``corpus.workers``
+single-threaded worker processes, or the scheduler at ``corpus.address``) or ``ray`` (a local Ray, or the
+cluster at ``corpus.address``). Install the engines with ``pip install -e .[distributed]`` (Dask) or
+``.[ray]``. The tasks are the same whatever the runner, so the outputs are too (tests/corpus/test_distributed.py).
+On a multi-machine cluster the crawl, seed and problem paths must be reachable from every worker (absolute
+paths on a shared file system, or fsspec URLs for the crawl and seed), and so must the working directory.
 """
 
 from __future__ import annotations
@@ -44,13 +50,15 @@ def make_task_runner(p: CorpusParams) -> Any:
 
             if p.address:
                 return DaskTaskRunner(address=p.address)
-            return DaskTaskRunner(cluster_kwargs={"n_workers": p.workers, "threads_per_worker": 1})
+            return DaskTaskRunner(cluster_kwargs={"n_workers": p.workers, "threads_per_worker": 1, "processes": True,
+                                                  "dashboard_address": None})
         from prefect_ray import RayTaskRunner
 
         return RayTaskRunner(address=p.address) if p.address else RayTaskRunner()
     except ImportError:
-        raise PipelineError(f"corpus.task_runner: {p.task_runner} needs the prefect-{p.task_runner} package "
-                            f"(pip install prefect-{p.task_runner}); or set task_runner: local") from None
+        extra = "distributed" if p.task_runner == "dask" else "ray"
+        raise PipelineError(f"corpus.task_runner: {p.task_runner} needs prefect-{p.task_runner} "
+                            f"(pip install -e '.[{extra}]'); or set task_runner: local") from None
 
 
 @flow(name="corpus-shards")

@@ -74,6 +74,36 @@ def url_domain(url: str) -> str:
     return host
 
 
+_TRACKING = re.compile(r"^(utm_[a-z]+|fbclid|gclid|dclid|msclkid|yclid|mc_cid|mc_eid|_ga|_gl|igshid|sessionid|phpsessid|sid|jsessionid)$", re.I)
+
+
+def normalize_url(url: str) -> str:
+    """The URL-dedup form of ``url``: the same page crawled under spellings that differ only in form.
+
+    Lower-case host without user info, default port (``:80`` / ``:443``) and trailing dot; the scheme dropped
+    (http and https copies are one page); fragment dropped; tracking and session parameters (``utm_*``,
+    ``fbclid``, ``gclid``, ``sessionid``, ...) dropped and the other query parameters sorted; duplicate
+    slashes collapsed and a trailing slash removed (except the root). Host prefixes such as ``www.`` and
+    ``m.`` are kept: they can serve different pages, and copies under them are left to content dedup.
+    """
+    from urllib.parse import parse_qsl, urlencode, urlsplit
+
+    u = url.strip()
+    try:
+        parts = urlsplit(u if "://" in u else "http://" + u)
+        host = (parts.hostname or "").rstrip(".")
+        port = parts.port
+    except ValueError:  # a malformed port or bracket: compare the raw string
+        return u
+    if port is not None and port not in (80, 443):
+        host = f"{host}:{port}"
+    path = re.sub(r"/{2,}", "/", parts.path or "/")
+    if len(path) > 1 and path.endswith("/"):
+        path = path[:-1]
+    query = sorted((k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not _TRACKING.match(k))
+    return host + path + ("?" + urlencode(query) if query else "")
+
+
 def url_prefix(url: str, depth: int = 1) -> str:
     """The first ``depth`` path segments of ``url`` as ``/a/b/`` (``/`` for pages at the top of the site)."""
     rest = url.split("://", 1)[-1]

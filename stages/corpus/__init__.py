@@ -1,31 +1,42 @@
 """The ``corpus`` stage: DeepSeekMath's math-corpus pipeline (paper section 2.1) on a crawl on disk.
 
-1. Read the crawl shard by shard (:mod:`.shards`), drop pages that copy a benchmark problem
-   (:mod:`.decontaminate`) and compute exact / MinHash dedup keys (:mod:`.dedup`); one task per shard.
-2. Remove exact and near duplicates in one global pass over the keys (pairs across shards included).
-3. For each round: train fastText on the seed corpus (+ pages discovered so far) against random
-   crawl pages (:mod:`.classifier`), score every page (one task per shard), keep the top pages by
-   budget / threshold (:mod:`.recall`), find math-related domains and their math URL prefixes,
-   and add those prefixes' uncollected pages to the seed corpus (:mod:`.domains`).
-4. Write the last round's pages as the math corpus, the rest as general text, the SFT / RL problems
-   decontaminated against the evaluation sets, the last classifier, and reports.
+Every step is a set of tasks (:mod:`.tasks`: one per shard, per bucket partition or per domain partition)
+mapped by a :data:`MapFn` (sequential by default; Prefect tasks on threads, Dask or Ray in flows/corpus.py);
+the driver only plans shards, adds up small per-task counts and picks thresholds. Page data and per-page
+state live in files under a working directory that every worker can reach.
+
+1. Build the benchmark n-gram index once (a task; pickled for the others); normalise the seed corpus
+   (one task per seed shard).
+2. Shards: read pages (JSONL / Parquet / datasets / WARC / WET, :mod:`.shards`; HTML through
+   :mod:`.extract`), apply the language filter, drop pages that copy a benchmark problem
+   (:mod:`.decontaminate`), compute URL / exact / MinHash-band bucket entries (:mod:`.dedup`).
+3. Dedup as distributed MinHash-LSH: one task per bucket partition (``dedup.partition_size`` entries)
+   turns equal keys into verified edges, one task resolves clusters and keeps the first page of each.
+4. For each round: each shard draws its negatives (hash of seed, round and page id) and writes them and
+   the pages added to the seed; one task trains fastText (:mod:`.classifier`); each shard is scored and
+   returns score histograms; the driver picks the threshold for the budgets (:mod:`.recall`); each shard
+   collects its pages and writes per-(domain, prefix) counts into domain partitions; one task per domain
+   partition finds math-related domains and proposes prefixes (:mod:`.domains`); the accepted prefixes go
+   back to the shards, which add their uncollected pages to the seed.
+5. Write the last round's pages as the math corpus, the rest as general text (one task per shard, then
+   the files are concatenated), the SFT / RL problems decontaminated (one task per split), the last
+   classifier, and reports.
 
 Outputs (``data/corpus/``, written atomically): math_corpus.jsonl (id, url, text, score, domain,
 round: the first round that collected the page), general.jsonl (id, url, text), problems/{sft,rl}.jsonl,
 classifier.bin, reports/ (rounds.json, domains-round<k>.tsv, dedup.json, decontamination.json).
 When the crawl carries ground truth (the generated crawl's ``label``, ``near_dup_of``,
-``contaminated_by``), the metrics also score every step against it.
+``contaminated_by``), the metrics also score every step against it (with tasks too).
 """
 
 from __future__ import annotations
 
-import json
-import random
+import os
 import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +44,13 @@ import numpy as np
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, write_text
-from stages.core.text import normalize_for_classifier
+from stages.core.io import atomic_path, write_json, write_text
 from stages.corpus import domains as dom
-from stages.corpus.classifier import train_file, write_training_file
-from stages.corpus.decontaminate import ContaminationIndex, Report, decontaminate, load_benchmarks
-from stages.corpus.dedup import Deduplicator
-from stages.corpus.recall import budget_for_round, overlap, sample_mask, select_threshold
-from stages.corpus.shards import iter_pages, plan_shards
-from stages.corpus.tasks import prepare_shard, score_shard, training_texts_shard, write_shard
+from stages.corpus import tasks
+from stages.corpus.decontaminate import Report
+from stages.corpus.dedup import lsh_params, partition_bounds
+from stages.corpus.recall import budget_for_round, overlap, select_threshold
+from stages.corpus.shards import ReadOptions, plan_shards
 from stages.schema.corpus import CorpusParams
 
 MapFn = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
@@ -55,7 +64,7 @@ def local_map(fn: Callable[..., Any], items: list[dict[str, Any]]) -> list[Any]:
 
 def _check_inputs(p: CorpusParams) -> None:
     for name, value in (("crawl_path", p.crawl_path), ("seed_path", p.seed_path)):
-        if not Path(value).exists():
+        if "://" not in value and not Path(value).exists():
             raise PipelineError(f"corpus.{name}: {value} not found; run the data stage (dvc repro data) or fix the path")
     for split in ("sft", "rl", "test"):
         f = Path(p.problems_dir) / f"{split}.jsonl"
@@ -68,21 +77,19 @@ def _check_inputs(p: CorpusParams) -> None:
         dom.read_approved(p.domains.approve)
 
 
-def _prf(pred: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    tp = float(np.sum(pred & truth))
-    prec = tp / max(1.0, float(pred.sum()))
-    rec = tp / max(1.0, float(truth.sum()))
+def _prf(tp: int, pred: int, true: int) -> dict[str, float]:
+    prec = tp / max(1, pred)
+    rec = tp / max(1, true)
     return {"precision": round(prec, 4), "recall": round(rec, 4), "f1": round(2 * prec * rec / max(1e-12, prec + rec), 4)}
 
 
-def _lines(files: list[Path], rate: float, seed: int) -> Iterator[str]:
-    """Lines of ``files`` (already normalised texts), each kept with probability ``rate``."""
-    rng = random.Random(seed)
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for line in fh:
-                if rate >= 1.0 or rng.random() < rate:
-                    yield line.rstrip("\n")
+def _sum(parts: list[tuple[int, ...]]) -> tuple[int, ...]:
+    return tuple(int(x) for x in np.sum(np.array(parts, dtype=np.int64).reshape(len(parts), -1), axis=0))
+
+
+def work_root(p: CorpusParams) -> Path:
+    """The absolute directory holding the stage's working files (every worker must be able to reach it)."""
+    return Path(p.work_dir or paths.DATA).resolve()
 
 
 def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -91,50 +98,62 @@ def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], No
     mp = map_fn or local_map
     say = log or (lambda msg: None)
     _check_inputs(p)
-    bench = {**load_benchmarks(testsets=p.decontam.testsets),
-             **load_benchmarks(generated_test=Path(p.problems_dir) / "test.jsonl")}
-    index = ContaminationIndex(bench, p.decontam.ngram, min_short=p.decontam.min_short,
-                               min_overlap=p.decontam.min_overlap)
     timings: dict[str, float] = {}
-    paths.DATA.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".corpus-work-", dir=paths.DATA))
+    work_split: dict[str, int] = {}
+    root = work_root(p)
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".corpus-work-", dir=root))
     try:
         with atomic_path(paths.CORPUS) as out:
             (out / "reports").mkdir(parents=True)
-            metrics = _build(p, mp, say, index, work, out, timings)
+            metrics = _build(p, mp, say, work, out, timings, work_split)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     timings["total"] = round(time.perf_counter() - t0, 2)
     metrics["timings_s"] = timings
     metrics["wall_s"] = timings["total"]
+    metrics["work_split"] = work_split  # how the work was cut into tasks: depends on n_shards / partition_size, not the result
     write_json(paths.metrics_file("corpus"), metrics)
     return metrics
 
 
-def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: ContaminationIndex, work: Path, out: Path,
-           timings: dict[str, float]) -> dict[str, Any]:
-    # 0. seed corpus (first: an empty one fails before any work) --------------------------
-    seed_file = work / "seed.txt"
-    n_seed = 0
-    seed_skipped: Counter[str] = Counter()
-    with open(seed_file, "w", encoding="utf-8") as f:
-        for sh in plan_shards(p.seed_path, 1):
-            for page in iter_pages(sh, seed_skipped):
-                line = normalize_for_classifier(page["text"])
-                if line:
-                    f.write(line + "\n")
-                    n_seed += 1
+def _abs(path: str | None) -> str | None:
+    """An input path as workers see it: URLs unchanged, local paths made absolute."""
+    if path is None or "://" in path:
+        return path
+    return str(Path(path).resolve())
+
+
+def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, out: Path,
+           timings: dict[str, float], work_split: dict[str, int]) -> dict[str, Any]:
+    # 0. benchmark index, seed corpus (first: an empty one fails before any work) -------------
+    t = time.perf_counter()
+    index_file = str(work / "index.pkl")
+    sizes = mp(tasks.build_index, [dict(index_file=index_file, generated_test=_abs(str(Path(p.problems_dir) / "test.jsonl")),
+                                        testsets=_abs(p.decontam.testsets), ngram=p.decontam.ngram,
+                                        min_short=p.decontam.min_short, min_overlap=p.decontam.min_overlap)])[0]
+    seed_shards = plan_shards(_abs(p.seed_path), p.n_shards)
+    seed_files = [str(work / f"seed-{s.index:05d}.txt") for s in seed_shards]
+    seeded = mp(tasks.seed_shard, [dict(shard=s, out_file=f) for s, f in zip(seed_shards, seed_files, strict=True)])
+    n_seed = sum(n for n, _ in seeded)
     if n_seed == 0:
+        seed_skipped: Counter[str] = Counter()
+        for _, sk in seeded:
+            seed_skipped.update(sk)
         raise PipelineError(f"corpus.seed_path: the seed corpus {p.seed_path} has no valid pages (skipped: {dict(seed_skipped)}); "
                             "the classifier needs positives")
 
-    # 1. shards: validate, decontaminate, dedup keys --------------------------------------------------
-    t = time.perf_counter()
-    shards = plan_shards(p.crawl_path, p.n_shards)
+    # 1. shards: read, filter, decontaminate, bucket entries -----------------------------------------
+    shards = plan_shards(_abs(p.crawl_path), p.n_shards)
+    work_split["shards"] = len(shards)
     dirs = [str(work / f"shard-{s.index:05d}") for s in shards]
-    prepared = mp(prepare_shard, [
-        dict(shard=s, shard_dir=d, index=index, num_perm=p.dedup.num_perm, shingle=p.dedup.shingle, near=p.dedup.near,
-             prefix_depth=p.domains.prefix_depth, samples=p.decontam.samples) for s, d in zip(shards, dirs, strict=True)])
+    bands, rows = lsh_params(p.dedup.threshold, p.dedup.num_perm)
+    read = ReadOptions(extractor=p.html_extractor, languages=tuple(p.languages) if p.languages is not None else None)
+    prepared = mp(tasks.prepare_shard, [
+        dict(shard=s, shard_dir=d, index_file=index_file, read=read, num_perm=p.dedup.num_perm, shingle=p.dedup.shingle,
+             url=p.dedup.url, exact=p.dedup.exact, near=p.dedup.near, bands=bands, rows=rows,
+             prefix_depth=p.domains.prefix_depth, samples=p.decontam.samples)
+        for s, d in zip(shards, dirs, strict=True)])
     skipped: Counter[str] = Counter()
     report = Report(p.decontam.samples)
     truth: Counter[str] = Counter()
@@ -146,133 +165,123 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: Contam
     if pages_in == 0:
         raise PipelineError(f"corpus.crawl_path: {p.crawl_path} has no valid pages (skipped: {dict(skipped)}); "
                             "rows need non-empty 'text' and 'url'")
-    meta = [json.loads((Path(d) / "meta.json").read_text(encoding="utf-8")) for d in dirs]
-    ids = [m["id"] for m in meta]
-    tokens = [np.array(m["tokens"], dtype=np.int64) for m in meta]
-    labels = [np.array(m["label"], dtype=np.int8) for m in meta]
-    has_truth = all((lab >= 0).all() for lab in labels) and sum(len(x) for x in labels) > 0
+    n_rows = sum(r["kept"] for r in prepared)
+    has_truth = n_rows > 0 and sum(r["labelled"] for r in prepared) == n_rows
     say(f"read {pages_in} pages in {len(shards)} shards; {sum(report.removed.values())} contaminated, skipped {dict(skipped)}")
     timings["prepare"] = round(time.perf_counter() - t, 2)
 
-    # 2. global dedup ------------------------------------------------------------------------------------
+    # 2. dedup: bucket partitions -> edges -> clusters -------------------------------------------------
     t = time.perf_counter()
-    dd = Deduplicator(exact=p.dedup.exact, near=p.dedup.near, threshold=p.dedup.threshold, num_perm=p.dedup.num_perm)
-    keep = []
-    dup_kind: Counter[str] = Counter()
-    dup_of: dict[str, str] = {}
-    for s, d in enumerate(dirs):
-        exact = np.load(Path(d) / "exact.npy")
-        sigs = np.load(Path(d) / "sig.npy")
-        k = np.ones(len(ids[s]), dtype=bool)
-        for r in range(len(k)):
-            hit = dd.check((s, r), bytes(exact[r]).ljust(16, b"\0"), sigs[r] if p.dedup.near else None)
-            if hit is not None:
-                k[r] = False
-                dup_kind[hit[0]] += 1
-                dup_of[ids[s][r]] = ids[hit[1][0]][hit[1][1]]
-        keep.append(k)
-    dedup_report: dict[str, Any] = {"removed": dict(dup_kind), "samples": dict(list(dup_of.items())[:20])}
+    entries = sum(r["entries"] for r in prepared)
+    n_parts = max(1, -(-entries // p.dedup.partition_size))
+    (work / "dedup").mkdir()
+    entry_files = [str(Path(d) / "entries.npy") for d in dirs]
+    sig_files = [str(Path(d) / "sig.npy") for d in dirs]
+    edge_files = [str(work / "dedup" / f"edges-{q:05d}.npy") for q in range(n_parts)]
+    n_edges = mp(tasks.dedup_partition, [
+        dict(entry_files=entry_files, sig_files=sig_files, lo=lo, hi=hi, threshold=p.dedup.threshold, out_file=f)
+        for (lo, hi), f in zip(partition_bounds(n_parts), edge_files, strict=True)])
+    clusters = mp(tasks.dedup_clusters, [dict(edge_files=edge_files, shard_dirs=dirs, samples=20)])[0]
+    dup_kind = clusters["removed"]
+    dedup_report: dict[str, Any] = {"removed": dup_kind, "samples": clusters["samples"], "bands": bands, "rows": rows}
+    work_split["dedup_partitions"], work_split["bucket_entries"], work_split["edges"] = n_parts, entries, int(sum(n_edges))
+    truth_dir = work / "dedup-truth"
+    truth_dir.mkdir()
+    n_truth = len(dirs)
+    kept = mp(tasks.init_state, [dict(shard_dir=d, truth_dir=str(truth_dir) if has_truth else None, n_truth_parts=n_truth)
+                                 for d in dirs])
     if has_truth:
-        dedup_report["vs_truth"] = _dedup_truth(meta, dup_of)
-    del dd
-    n_candidates = int(sum(k.sum() for k in keep))
-    say(f"dedup removed {dict(dup_kind)}; {n_candidates} candidate pages")
+        tr = mp(tasks.dedup_truth_partition, [dict(files=[str(truth_dir / f"part-{q:05d}-{Path(d).name}.npy") for d in dirs])
+                                               for q in range(n_truth)])
+        pairs, found, false = _sum(tr)
+        dedup_report["vs_truth"] = {"true_pairs": pairs, "pairs_found": found, "pair_recall": round(found / max(1, pairs), 4),
+                                    "removed_without_true_duplicate": false}
+    n_candidates = int(sum(kept))
+    say(f"dedup removed {dup_kind}; {n_candidates} candidate pages")
     timings["dedup"] = round(time.perf_counter() - t, 2)
     if n_candidates == 0:
         raise PipelineError("no crawl page is left after decontamination and deduplication; check corpus.decontam / dedup")
 
     # 3. rounds --------------------------------------------------------------------------------------------
-    added = [np.zeros(len(x), dtype=bool) for x in ids]
-    new_added = [np.zeros(len(x), dtype=bool) for x in ids]
-    first_round = [np.zeros(len(x), dtype=np.int16) for x in ids]
-    prev: list[np.ndarray] | None = None
-    collected: list[np.ndarray] = []
-    scores: list[np.ndarray] = []
-    add_files: list[Path] = []
-    rounds: list[dict[str, Any]] = []
-    model_path = work / "model.bin"
     cp = p.classifier
+    uncollected = cp.negatives == "uncollected"
+    n_eligible = n_candidates
+    n_discovered = 0
+    add_files: list[str] = []
+    rounds: list[dict[str, Any]] = []
+    model_path = ""
+    prev_collected: int | None = None
     for k in range(1, p.recall.rounds + 1):
-        tr = time.perf_counter()
-        n_pos_all = n_seed + sum(int(a.sum()) for a in added)
+        tr0 = time.perf_counter()
+        n_pos_all = n_seed + n_discovered
         n_pos = min(n_pos_all, cp.max_positives)
-        eligible = [kp & ~ad for kp, ad in zip(keep, added, strict=True)]
-        if cp.negatives == "uncollected" and prev is not None:
-            eligible = [e & ~c for e, c in zip(eligible, prev, strict=True)]
-        n_eligible = sum(int(e.sum()) for e in eligible)
         rate = min(1.0, cp.negatives_per_positive * n_pos / max(1, n_eligible))
-        negs = [sample_mask(i, e, rate, seed=p.seed, round_=k) for i, e in zip(ids, eligible, strict=True)]
-        neg_files = [work / f"neg-r{k}-{s}.txt" for s in range(len(dirs))]
-        round_add = [work / f"add-r{k}-{s}.txt" for s in range(len(dirs))]
-        mp(training_texts_shard, [
-            dict(shard_dir=d, negatives=negs[s], added=new_added[s], neg_file=str(neg_files[s]), add_file=str(round_add[s]))
-            for s, d in enumerate(dirs)])
+        neg_files = [str(work / f"neg-r{k}-{s}.txt") for s in range(len(dirs))]
+        round_add = [str(work / f"add-r{k}-{s}.txt") for s in range(len(dirs))]
+        mp(tasks.training_texts_shard, [
+            dict(shard_dir=d, round_=k, seed=p.seed, rate=rate, uncollected=uncollected, neg_file=neg_files[s],
+                 add_file=round_add[s]) for s, d in enumerate(dirs)])
         add_files += round_add
-        train_txt = work / f"train-r{k}.txt"
-        n_p, n_n = write_training_file(
-            train_txt, _lines([seed_file, *add_files], n_pos / max(1, n_pos_all), seed=p.seed + k),
-            _lines(neg_files, 1.0, 0), seed=p.seed + k, normalized=True)
+        model_path = str(work / f"model-r{k}.bin")
+        n_p, n_n = mp(tasks.train_round, [dict(
+            positive_files=seed_files + add_files, positive_rate=n_pos / max(1, n_pos_all), negative_files=neg_files,
+            seed=p.seed, shuffle_seed=p.seed + k, train_txt=str(work / f"train-r{k}.txt"), model_file=model_path,
+            dim=cp.dim, lr=cp.lr, word_ngrams=cp.word_ngrams, min_count=cp.min_count, epochs=cp.epochs, bucket=cp.bucket,
+            thread=cp.thread)])[0]
         if n_n == 0:
             raise PipelineError(f"round {k}: no crawl page left to sample negatives from; lower corpus.recall.rounds")
-        clf = train_file(train_txt, dim=cp.dim, lr=cp.lr, word_ngrams=cp.word_ngrams, min_count=cp.min_count,
-                         epochs=cp.epochs, bucket=cp.bucket, thread=cp.thread, seed=p.seed)
-        clf.save(model_path)
-        del clf
-        for f in [train_txt, *neg_files]:
-            f.unlink()
-        t_train = time.perf_counter() - tr
+        for f in neg_files:
+            os.unlink(f)
+        t_train = time.perf_counter() - tr0
 
         ts = time.perf_counter()
-        score_files = [work / f"scores-{s}.npy" for s in range(len(dirs))]
-        hists = mp(score_shard, [
-            dict(shard_dir=d, model_path=str(model_path), keep=keep[s], tokens=tokens[s], scores_file=str(score_files[s]),
-                 bins=p.recall.bins) for s, d in enumerate(dirs)])
+        hists = mp(tasks.score_shard, [dict(shard_dir=d, model_path=model_path, bins=p.recall.bins) for d in dirs])
         hp = np.sum([h[0] for h in hists], axis=0)
         ht = np.sum([h[1] for h in hists], axis=0)
         thr = select_threshold(hp, ht, min_score=p.recall.min_score, max_pages=budget_for_round(p.recall.max_pages, k),
                                max_tokens=budget_for_round(p.recall.max_tokens, k))
-        scores = [np.load(f) for f in score_files]
-        collected = [kp & (np.nan_to_num(sc, nan=-1.0) >= thr) for kp, sc in zip(keep, scores, strict=True)]
-        for fr, c in zip(first_round, collected, strict=True):
-            fr[c & (fr == 0)] = k
-        n_col = sum(int(c.sum()) for c in collected)
-        shared = sum(int((c & q).sum()) for c, q in zip(collected, prev, strict=True)) if prev is not None else 0
+        last = k == p.recall.rounds
+        domain_dir = work / f"domains-r{k}"
+        domain_dir.mkdir()
+        got = mp(tasks.collect_shard, [dict(shard_dir=d, threshold=thr, round_=k, domain_dir=None if last else str(domain_dir),
+                                            n_domain_parts=len(dirs)) for d in dirs])
+        n_col = sum(g["collected"] for g in got)
+        shared = sum(g["shared"] for g in got)
         rec: dict[str, Any] = {
             "round": k, "positives": n_p, "positives_discovered": n_pos_all - n_seed, "negatives": n_n,
-            "threshold": round(thr, 4), "collected": n_col,
-            "tokens": int(sum(int(t_[c].sum()) for t_, c in zip(tokens, collected, strict=True))),
-            "new": n_col - shared, "overlap_with_previous": round(overlap(n_col, shared), 4) if prev is not None else None,
+            "threshold": round(thr, 4), "collected": n_col, "tokens": sum(g["tokens"] for g in got),
+            "new": n_col - shared if prev_collected is not None else n_col,
+            "overlap_with_previous": round(overlap(n_col, shared), 4) if prev_collected is not None else None,
             "train_s": round(t_train, 2), "score_s": round(time.perf_counter() - ts, 2),
         }
         if has_truth:
-            kp_all = np.concatenate(keep)
-            truth_all = np.concatenate(labels)[kp_all] == 1
-            rec.update(_prf(np.concatenate(collected)[kp_all], truth_all))
-            held = np.concatenate([kp & ~n & ~a for kp, n, a in zip(keep, negs, added, strict=True)])
-            s_all = np.nan_to_num(np.concatenate(scores), nan=0.0)
-            rec["heldout_classifier"] = {**_prf(s_all[held] >= 0.5, np.concatenate(labels)[held] == 1), "pages": int(held.sum())}
-        stop = (p.recall.stop_overlap is not None and prev is not None and rec["overlap_with_previous"] >= p.recall.stop_overlap)
-        if k < p.recall.rounds and not stop:
-            stats = dom.DomainStats()
-            for m, c in zip(meta, collected, strict=True):
-                stats.add(m["domain"], m["prefix"], c.tolist())
-            mdoms = dom.math_domains(stats, domain_fraction=p.domains.domain_fraction,
-                                     min_domain_pages=p.domains.min_domain_pages)
-            props = dom.propose(stats, mdoms, prefix_fraction=p.domains.prefix_fraction,
-                                min_prefix_pages=p.domains.min_prefix_pages)
+            rec.update(_prf(*_sum([g["prf"] for g in got])))
+            tp, pred, true, held = _sum([g["heldout"] for g in got])
+            rec["heldout_classifier"] = {**_prf(tp, pred, true), "pages": held}
+        stop = (p.recall.stop_overlap is not None and prev_collected is not None
+                and rec["overlap_with_previous"] >= p.recall.stop_overlap)
+        if not last and not stop:
+            parts = mp(tasks.domain_partition, [dict(
+                files=[str(domain_dir / f"part-{q:05d}-{Path(d).name}.json") for d in dirs],
+                domain_fraction=p.domains.domain_fraction,
+                min_domain_pages=p.domains.min_domain_pages, prefix_fraction=p.domains.prefix_fraction,
+                min_prefix_pages=p.domains.min_prefix_pages) for q in range(len(dirs))])
+            mdoms = sorted(d_ for m, _ in parts for d_ in m)
+            props = sorted((x for _, pr in parts for x in pr), key=lambda x: (x.domain, x.prefix))
             acc = dom.accept(props, mdoms, p.domains.approve)
             dom.write_proposals(out / "reports" / f"domains-round{k}.tsv", props, acc)
-            for s, m in enumerate(meta):
-                in_acc = np.array([(d, pre) in acc for d, pre in zip(m["domain"], m["prefix"], strict=True)], dtype=bool)
-                new_added[s] = keep[s] & ~collected[s] & ~added[s] & in_acc if len(in_acc) else in_acc
-                added[s] |= new_added[s]
+            added = mp(tasks.add_shard, [dict(shard_dir=d, accepted=acc, uncollected=uncollected) for d in dirs])
+            n_new = sum(a for a, _ in added)
+            n_discovered += n_new
+            n_eligible = sum(e for _, e in added)
             rec.update({"math_domains": len(mdoms), "prefixes_proposed": len(props), "prefixes_accepted": len(acc),
-                        "pages_added_to_seed": int(sum(int(a.sum()) for a in new_added))})
+                        "pages_added_to_seed": n_new})
+        shutil.rmtree(domain_dir, ignore_errors=True)
         rounds.append(rec)
         say(f"round {k}: collected {n_col} (new {rec['new']}), threshold {thr:.3f}"
             + (f", precision {rec['precision']}, recall {rec['recall']}" if has_truth else "")
             + (f"; added {rec.get('pages_added_to_seed', 0)} pages to the seed" if k < p.recall.rounds else ""))
-        prev = collected
+        prev_collected = n_col
         if stop:
             say(f"stopping after round {k}: overlap with the previous round {rec['overlap_with_previous']}")
             break
@@ -280,27 +289,25 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: Contam
 
     # 4. outputs --------------------------------------------------------------------------------------------
     t = time.perf_counter()
-    n_math = sum(int(c.sum()) for c in collected)
+    n_math = rounds[-1]["collected"]
     if n_math == 0:
         raise PipelineError("the classifier collected no page in the last round; lower corpus.recall.min_score or raise the budgets")
-    parts = mp(write_shard, [
-        dict(shard_dir=d, keep=keep[s], collected=collected[s], scores=scores[s], first_round=first_round[s],
-             math_file=str(work / f"math-{s}.jsonl"), general_file=str(work / f"general-{s}.jsonl"))
-        for s, d in enumerate(dirs)])
+    parts = mp(tasks.write_shard, [dict(shard_dir=d, math_file=str(work / f"math-{s}.jsonl"),
+                                        general_file=str(work / f"general-{s}.jsonl")) for s, d in enumerate(dirs)])
     for name, prefix in (("math_corpus.jsonl", "math"), ("general.jsonl", "general")):
         with open(out / name, "wb") as fo:
             for s in range(len(dirs)):
                 with open(work / f"{prefix}-{s}.jsonl", "rb") as fi:
                     shutil.copyfileobj(fi, fo)
     shutil.copyfile(model_path, out / "classifier.bin")
-    problems_removed = {}
-    for split in ("sft", "rl"):
-        rows = read_jsonl(Path(p.problems_dir) / f"{split}.jsonl")
-        res = decontaminate(rows, index, text=lambda r: f"{r.get('question', '')}\n{r.get('cot', '')}")
-        write_jsonl(out / "problems" / f"{split}.jsonl", res.kept)
-        problems_removed[split] = {"in": len(rows), "removed": len(res.removed), "by_benchmark": res.counts(),
-                                   "samples": [{"id": r.get("id"), "benchmark": b, "item": i} for r, b, i in res.removed[:5]]}
-    decon = {"ngram": p.decontam.ngram, "min_overlap": p.decontam.min_overlap, "crawl": report.to_dict(index.sizes), "problems": problems_removed}
+    splits = ("sft", "rl")
+    (work / "problems").mkdir()
+    res = mp(tasks.decontaminate_problems, [dict(src=_abs(str(Path(p.problems_dir) / f"{split}.jsonl")), index_file=index_file,
+                                                 out_file=str(work / "problems" / f"{split}.jsonl")) for split in splits])
+    problems_removed = dict(zip(splits, res, strict=True))
+    shutil.copytree(work / "problems", out / "problems")
+    decon = {"ngram": p.decontam.ngram, "min_overlap": p.decontam.min_overlap, "crawl": report.to_dict(sizes),
+             "problems": problems_removed}
     if has_truth:
         decon["crawl_vs_truth"] = {
             "planted_pages": truth["planted"], "planted_removed": truth["planted_removed"],
@@ -332,14 +339,3 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: Contam
         metrics["decontam_vs_truth"] = decon["crawl_vs_truth"]
         metrics["dedup_vs_truth"] = dedup_report["vs_truth"]
     return metrics
-
-
-def _dedup_truth(meta: list[dict[str, list[Any]]], dup_of: dict[str, str]) -> dict[str, Any]:
-    """Score dedup against the generator's ``near_dup_of`` pairs (among pages that survived decontamination)."""
-    present = {i for m in meta for i in m["id"]}
-    pairs = [(i, o) for m in meta for i, o in zip(m["id"], m["near_dup_of"], strict=True) if o is not None and o in present]
-    in_pair = {x for pr in pairs for x in pr}
-    found = sum(1 for i, o in pairs if i in dup_of or o in dup_of)
-    false = sum(1 for i in dup_of if i not in in_pair)
-    return {"true_pairs": len(pairs), "pairs_found": found, "pair_recall": round(found / max(1, len(pairs)), 4),
-            "removed_without_true_duplicate": false}

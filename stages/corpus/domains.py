@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stages.core.errors import PipelineError
 from stages.core.io import write_text
@@ -55,6 +56,15 @@ class DomainStats:
             if c:
                 self.collected[d] += 1
                 self.prefix_collected[d, pre] += 1
+
+    def add_counts(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Add pre-aggregated ``(domain, prefix, pages, collected)`` rows (one shard's counts)."""
+        for d, pre, n, c in rows:
+            self.pages[d] += n
+            self.prefix_pages[d, pre] += n
+            if c:
+                self.collected[d] += c
+                self.prefix_collected[d, pre] += c
 
     def merge(self, other: DomainStats) -> None:
         self.pages.update(other.pages)

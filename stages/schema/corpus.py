@@ -69,8 +69,10 @@ class DomainParams(Section):
 
 
 class DedupParams(Section):
-    """Exact and MinHash-LSH near-duplicate removal, global across shards."""
+    """URL, exact and MinHash-LSH near-duplicate removal, global across shards (stages/corpus/dedup.py)."""
 
+    url: bool
+    """Remove pages whose normalised URL (stages/core/text.py normalize_url) an earlier page has (the paper's first step)."""
     exact: bool
     """Remove pages whose normalised text is identical to an earlier page's."""
     near: bool
@@ -81,6 +83,9 @@ class DedupParams(Section):
     """MinHash permutations (more: finer similarity estimates, more memory)."""
     shingle: Annotated[int, Field(ge=1, le=20)]
     """Words per shingle."""
+    partition_size: Annotated[int, Field(ge=1000), RUNTIME]
+    """Bucket entries (24 bytes each; one per page per LSH band, plus its URL and text hash) per dedup partition task:
+    bounds each worker's memory; any value gives the same result."""
 
 
 class DecontamParams(Section):
@@ -115,7 +120,13 @@ class CorpusParams(Section):
     problems_dir: str
     """Directory of the word-problem splits (sft.jsonl, rl.jsonl, test.jsonl); test.jsonl is always a benchmark."""
     n_shards: PosInt
-    """Shards the crawl is split into; scoring, dedup keys and decontamination run shard by shard."""
+    """Shards the crawl is split into (at least one per file; one per WARC / WET file); every per-page step runs shard by shard."""
+    html_extractor: Literal["trafilatura", "resiliparse", "none"]
+    """Main-text extractor for the HTML of WARC responses, after the math pass (stages/corpus/extract.py); none: all visible text."""
+    languages: list[str] | None
+    """Keep only crawl pages whose language (py3langid codes, e.g. [en, zh]) is listed; null: no language filter."""
+    work_dir: Annotated[str | None, RUNTIME]
+    """Directory for the stage's working files (every worker must reach it: a shared file system on a cluster); null: data/."""
     task_runner: Annotated[Literal["local", "dask", "ray"], RUNTIME]
     """Prefect task runner for the shard tasks: local threads, or a Dask / Ray cluster (prefect-dask / prefect-ray)."""
     workers: Annotated[PosInt, RUNTIME]

@@ -131,3 +131,15 @@ def test_containment_rules() -> None:
     assert NgramIndex(3, min_overlap=0.0).best("anything") is None
     with pytest.raises(ValueError):
         NgramIndex(3, min_overlap=1.5)
+
+
+def test_normalize_url_merges_spellings_of_one_page_only() -> None:
+    from stages.core.text import normalize_url
+
+    same = ["https://www.Example.com/a/b/?utm_source=x&b=2&a=1#top", "http://www.example.com:80/a//b?a=1&b=2",
+            "HTTPS://WWW.EXAMPLE.COM:443/a/b?b=2&fbclid=123&a=1"]
+    assert len({normalize_url(u) for u in same}) == 1
+    different = ["https://www.example.com/a/b?a=1&b=3", "https://m.example.com/a/b?a=1&b=2", "https://www.example.com/a/c?a=1&b=2",
+                 "https://www.example.com:8080/a/b?a=1&b=2", same[0]]
+    assert len({normalize_url(u) for u in different}) == len(different)
+    assert normalize_url("https://example.com") == normalize_url("https://example.com/") == "example.com/"

@@ -1,12 +1,31 @@
-"""Exact and MinHash near-duplicate removal."""
+"""Exact and MinHash near-duplicate removal: buckets, partitions, verified edges, clusters."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 
-from stages.corpus.dedup import Deduplicator, dedup, exact_key, signature
+from stages.corpus.dedup import (
+    EDGE,
+    EXACT,
+    KINDS,
+    NEAR,
+    URL,
+    bucket_entries,
+    dedup,
+    exact_key,
+    gid,
+    group_edges,
+    lsh_params,
+    partition_bounds,
+    partition_edges,
+    resolve_clusters,
+    signature,
+    split_gid,
+    verify_near,
+)
 
 WORDS = [f"word{i}" for i in range(500)]
 
@@ -37,12 +56,56 @@ def test_signature_estimates_jaccard() -> None:
     assert signature(a, 64, 5).dtype == np.uint32
 
 
-def test_global_pass_finds_pairs_across_shards() -> None:
-    # keys are (shard, row): the second shard's copy of a first-shard page is reported against it
+def _entries(shard_pages: list[list[str]], bands: int, rows: int) -> list[np.ndarray]:
+    return [bucket_entries(s, url=None, exact=[exact_key(t) for t in pages], sigs=np.stack([signature(t, 64, 5) for t in pages]),
+                           bands=bands, rows=rows) for s, pages in enumerate(shard_pages)]
+
+
+def test_partitions_find_pairs_across_shards_whatever_their_number(tmp_path: Path) -> None:
+    # the second shard's copy of a first-shard page is removed in favour of it, and an exact copy too
     rng = random.Random(2)
     shard0 = [_page(rng) for _ in range(5)]
-    shard1 = [_page(rng), shard0[2] + " extra words at the end"]
-    d = Deduplicator(exact=True, near=True, threshold=0.7, num_perm=64)
-    hits = [d.check((s, r), exact_key(t), signature(t, 64, 5)) for s, pages in enumerate([shard0, shard1])
-            for r, t in enumerate(pages)]
-    assert hits[:6] == [None] * 6 and hits[6] == ("near", (0, 2))
+    shard1 = [_page(rng), shard0[2] + " extra words at the end", shard0[4].upper()]
+    bands, rows = lsh_params(0.7, 64)
+    files = []
+    for s, e in enumerate(_entries([shard0, shard1], bands, rows)):
+        files.append(str(tmp_path / f"e{s}.npy"))
+        np.save(files[-1], e)
+    sigs = {s: np.stack([signature(t, 64, 5) for t in pages]) for s, pages in enumerate([shard0, shard1])}
+
+    def sig_of(g: np.ndarray) -> np.ndarray:
+        sh, r = split_gid(g)
+        return np.stack([sigs[int(a)][int(b)] for a, b in zip(sh, r, strict=True)])
+    results = []
+    for n in (1, 3, 16):
+        edges = np.concatenate([partition_edges(files, lo, hi, sig_of, 0.7) for lo, hi in partition_bounds(n)])
+        cl = resolve_clusters(edges)
+        results.append((cl.removed.tolist(), cl.kind.tolist(), cl.kept.tolist()))
+    assert results[0] == results[1] == results[2]
+    assert results[0] == ([int(gid(1, 1)), int(gid(1, 2))], [NEAR, EXACT], [int(gid(0, 2)), int(gid(0, 4))])
+
+
+def test_a_shared_band_alone_is_not_a_duplicate() -> None:
+    """LSH candidates are verified: two signatures equal on one band but nowhere else give no edge."""
+    bands, rows = lsh_params(0.7, 64)
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**32, size=64, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, size=64, dtype=np.uint64).astype(np.uint32)
+    b[:rows] = a[:rows]
+    sigs = np.stack([a, b])
+    entries = bucket_entries(0, url=None, exact=None, sigs=sigs, bands=bands, rows=rows)
+    entries.sort(order=["h", "k", "gid"])
+    cand = group_edges(entries)
+    assert len(cand) == 1 and cand["kind"][0] == NEAR  # a candidate ...
+    assert len(verify_near(cand, lambda g: sigs[split_gid(g)[1]], 0.7)) == 0  # ... rejected
+
+
+def test_clusters_keep_the_first_page_whatever_the_edge_order() -> None:
+    # a chain 5 - 9 - 2 (near) and 7 = 11 (exact) = 3 (url): one page kept per cluster, the smallest id
+    edges = np.array([(5, 9, NEAR), (2, 9, NEAR), (7, 11, EXACT), (3, 11, URL)], dtype=EDGE)
+    ref = resolve_clusters(edges)
+    for perm in ([3, 2, 1, 0], [1, 3, 0, 2]):
+        cl = resolve_clusters(edges[perm])
+        assert cl.removed.tolist() == ref.removed.tolist() and cl.kept.tolist() == ref.kept.tolist()
+    assert dict(zip(ref.removed.tolist(), zip(ref.kept.tolist(), [KINDS[k] for k in ref.kind], strict=True), strict=True)) == {
+        5: (2, "near"), 9: (2, "near"), 7: (3, "exact"), 11: (3, "url")}

@@ -59,3 +59,19 @@ def test_missing_input_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty_dir").mkdir()
     with pytest.raises(PipelineError, match="no \\*.jsonl"):
         plan_shards(tmp_path / "empty_dir", 2)
+
+
+def test_fsspec_urls_read_like_local_paths(tmp_path: Path) -> None:
+    """An fsspec URL (here file://) plans and reads the same shards as the path; shards carry the URL for workers."""
+    pytest.importorskip("warcio")
+    from stages.data.html import write_warc
+
+    rows = _write(tmp_path / "c.jsonl", 40)
+    write_warc(tmp_path / "w.warc.gz", [{"url": r["url"], "html": f"<html><body><p>{r['text']}</p></body></html>"} for r in rows[:5]])
+    for name in ("c.jsonl", "w.warc.gz"):
+        local = plan_shards(tmp_path / name, 3)
+        url = plan_shards(f"file://{tmp_path / name}", 3)
+        assert all(s.path.startswith("file://") for s in url)
+        assert [p["url"] for s in url for p in iter_pages(s)] == [p["url"] for s in local for p in iter_pages(s)]
+    directory = plan_shards(f"file://{tmp_path}", 4)
+    assert {s.fmt for s in directory} == {"jsonl", "warc"} and all(s.path.startswith("file://") for s in directory)

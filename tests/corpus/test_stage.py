@@ -15,6 +15,7 @@ from stages.core.errors import PipelineError
 from stages.core.io import write_jsonl
 from stages.data import crawl, problems
 from stages.params import CorpusParams, CrawlParams
+from stages.schema.base import merge_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CRAWL = dict(n_pages=3000, n_seed_pages=300, n_math_domains=9, n_general_domains=36, math_domain_share=0.35,
@@ -24,7 +25,8 @@ SMALL_CRAWL = dict(n_pages=3000, n_seed_pages=300, n_math_domains=9, n_general_d
 
 def _params(**over: Any) -> CorpusParams:
     doc = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw = {**doc["corpus"], **doc["runtime"]["corpus"]}  # the section with its runtime values (stages/schema/base.py)
+    # the section with its runtime values merged in (stages/schema/base.py)
+    raw = merge_runtime(CorpusParams, doc["corpus"], doc["runtime"]["corpus"], "corpus", "params.yaml")
     for key, value in over.items():
         node = raw
         *parents, leaf = key.split(".")
@@ -34,12 +36,12 @@ def _params(**over: Any) -> CorpusParams:
     return CorpusParams(**raw)
 
 
-def _generate(root: Path) -> None:
+def _generate(root: Path, **crawl_over: Any) -> None:
     splits = problems.generate_splits(0, n_sft=200, n_rl=100, n_test=150, min_steps=1, max_steps=3, max_value=20)
     for split, rows in splits.items():
         write_jsonl(root / paths.problems_file(split), rows)
     write_jsonl(root / paths.testset_file("generated"), splits["test"])  # as the testsets stage writes it
-    crawl.generate(CrawlParams(**SMALL_CRAWL), seed=0, test_problems=splits["test"], crawl_path=root / paths.CRAWL,
+    crawl.generate(CrawlParams(**{**SMALL_CRAWL, **crawl_over}), seed=0, test_problems=splits["test"], crawl_path=root / paths.CRAWL,
                    seed_path=root / paths.SEED)
 
 

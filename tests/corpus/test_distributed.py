@@ -1,0 +1,87 @@
+"""The corpus stage on a real local Dask cluster (2 worker processes, through prefect-dask's DaskTaskRunner)
+gives the same outputs as the local runner; so do other shard and partition counts."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stages import corpus
+from stages.core import paths
+from tests.corpus.test_stage import _generate, _params
+
+SMALL = dict(n_pages=1500, n_seed_pages=200)
+
+
+def _outputs(root: Path) -> dict[str, Any]:
+    """Everything the stage wrote that must not depend on the runner (timings aside)."""
+    out = root / paths.CORPUS
+    files = {f"{f.relative_to(out)}": f.read_bytes() for f in sorted(out.rglob("*")) if f.is_file() and f.name != "classifier.bin"}
+    metrics = json.loads((root / paths.metrics_file("corpus")).read_text())
+    for key in ("timings_s", "wall_s", "work_split"):
+        metrics.pop(key)
+    for r in metrics["rounds"]:
+        r.pop("train_s")
+        r.pop("score_s")
+    files["rounds.json"] = json.dumps([{k: v for k, v in r.items() if k not in ("train_s", "score_s")}
+                                       for r in json.loads(files.pop("reports/rounds.json"))]).encode()
+    return {"files": files, "metrics": metrics}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("project")
+    _generate(root, **SMALL)
+    return root
+
+
+@pytest.fixture(scope="module")
+def local(project: Path) -> dict[str, Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(project)
+        corpus.run(_params(n_shards=3, **{"recall.rounds": 2}))
+        return _outputs(project)
+
+
+def test_dask_cluster_equals_local_runner(project: Path, local: dict[str, Any], prefect_api: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("prefect_dask")
+    from distributed import Client, LocalCluster
+    from prefect_dask import DaskTaskRunner
+
+    from flows.corpus import corpus_shards_flow
+
+    monkeypatch.chdir(project)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        runner = DaskTaskRunner(address=cluster.scheduler_address)
+        p = _params(n_shards=3, task_runner="dask", address=cluster.scheduler_address, **{"recall.rounds": 2})
+        corpus_shards_flow.with_options(task_runner=runner)(p)
+        with Client(cluster) as client:  # both worker processes (not this one) ran tasks of the stage
+            ran = client.run(lambda dask_worker: (os.getpid(), dask_worker.state.transition_counter))
+    assert len(ran) == 2 and all(pid != os.getpid() and n > 0 for pid, n in ran.values()), ran
+    got = _outputs(project)
+    assert got["metrics"] == local["metrics"]
+    assert got["files"].keys() == local["files"].keys()
+    for name, data in local["files"].items():
+        assert got["files"][name] == data, name
+
+
+def test_shard_and_partition_counts_do_not_change_outputs(project: Path, local: dict[str, Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """5 shards and bucket partitions of 5,000 entries (many partitions) on a 4-thread local runner."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.chdir(project)
+    with ThreadPoolExecutor(4) as pool:
+        def threads(fn, items):  # noqa: ANN001, ANN202
+            return list(pool.map(lambda kw: fn(**kw), items))
+        m = corpus.run(_params(n_shards=5, **{"recall.rounds": 2, "dedup.partition_size": 5000}), map_fn=threads)
+    assert m["work_split"]["dedup_partitions"] > 3 and m["work_split"]["shards"] == 5
+    got = _outputs(project)
+    assert got["metrics"] == local["metrics"]
+    for name, data in local["files"].items():
+        assert got["files"][name] == data, name
