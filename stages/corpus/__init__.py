@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ import numpy as np
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, write_text
+from stages.core.io import atomic_path, read_jsonl, temporary_dir, write_json, write_jsonl, write_text
 from stages.core.text import normalize_for_classifier
 from stages.corpus import domains as dom
 from stages.corpus.classifier import train_file, write_training_file
@@ -95,14 +94,9 @@ def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], No
                             math=p.decontam.math_test)
     index = ContaminationIndex(bench, p.decontam.ngram, min_short=p.decontam.min_short)
     timings: dict[str, float] = {}
-    paths.DATA.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".corpus-work-", dir=paths.DATA))
-    try:
-        with atomic_path(paths.CORPUS) as out:
-            (out / "reports").mkdir(parents=True)
-            metrics = _build(p, mp, say, index, work, out, timings)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with temporary_dir(paths.DATA, "corpus-work") as work, atomic_path(paths.CORPUS) as out:
+        (out / "reports").mkdir(parents=True)
+        metrics = _build(p, mp, say, index, work, out, timings)
     timings["total"] = round(time.perf_counter() - t0, 2)
     metrics["timings_s"] = timings
     metrics["wall_s"] = timings["total"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from stages.schema.base import RUNTIME, ExistingFile, NonNegInt, PosFloat, PosInt, Section
 
@@ -89,4 +89,14 @@ class EvaluateParams(Section):
         bad = [k for k in v if not _MODEL_NAME.match(k)]
         if bad:
             raise ValueError(f"model names must match [a-z][a-z0-9_]* (used in file and stage names): {bad}")
+        idle = [k for k, m in v.items() if not m.greedy_modes and not m.sample_modes]
+        if idle:
+            raise ValueError(f"model(s) {idle} have no greedy_modes and no sample_modes (they would evaluate nothing)")
         return v
+
+    @model_validator(mode="after")
+    def _check_benchmarks(self) -> EvaluateParams:
+        c = self.common
+        if not c.generated and not c.gsm8k_test and not c.math_test:
+            raise ValueError("common: no benchmark selected; set generated: true or give gsm8k_test / math_test")
+        return self
