@@ -143,8 +143,6 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
             msg += f" [{restore_hint(where)}]"
         print(msg, file=sys.stderr)
         return 2
-    finally:
-        _servers.release_lease()
     return 0
 
 

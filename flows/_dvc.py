@@ -88,7 +88,7 @@ def stages(root: str | Path = ".", params_file: str = "params.yaml") -> list[Sta
             cmd = _subst(str(body.get("cmd", "")), ctx)
             m = re.search(r"-m\s+([\w.]+)", cmd)
             outs = _paths(body.get("outs"), ctx) + _paths(body.get("metrics"), ctx) + _paths(body.get("plots"), ctx)
-            out.append(StageInfo(name=name, group=group, desc=str(st.get("desc") or body.get("desc") or ""),
+            out.append(StageInfo(name=name, group=group, desc=_subst(str(body.get("desc") or st.get("desc") or ""), ctx),
                                  module=m.group(1) if m else None, outs=outs, deps=_paths(body.get("deps"), ctx)))
     return out
 

@@ -36,7 +36,7 @@ STOP_TIMEOUT_S = 4.0
 _TERM_GRACE_S = 2.0
 """How long terminated children get to exit (and clean up after themselves) before they are killed."""
 
-_state: dict[str, Any] = {"stopping": False, "what": "", "hint": None, "runs": [], "cleanups": []}
+_state: dict[str, Any] = {"stopping": False, "what": "", "hint": None, "runs": [], "cleanups": [], "servers": set()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,6 +152,12 @@ def install_interrupt_handler(what: str, hint: Callable[[], str] | None = None) 
         signal.signal(s, _on_signal)
 
 
+def server_started(pid: int) -> None:
+    """``pid`` is a server this process started (API server, stage server): on interrupt it is stopped after the
+    other processes, so that they can still report to it while they stop."""
+    _state["servers"].add(pid)
+
+
 def on_stop(fn: Callable[[], None]) -> None:
     """Run ``fn`` (quick, best effort) when the process is interrupted, before the children are terminated."""
     _state["cleanups"].append(fn)
@@ -180,6 +186,11 @@ def _on_signal(signum: int, _frame: Any) -> None:
         _stop(signum)
 
 
+def _trace(t0: float, what: str) -> None:
+    if os.environ.get("DSM_TRACE_STOP"):
+        _say(f"[stop {os.getpid()} +{time.monotonic() - t0:.2f}s] {what}")
+
+
 def _stop(signum: int) -> None:
     t0 = time.monotonic()
     name = signal.Signals(signum).name
@@ -187,14 +198,21 @@ def _stop(signum: int) -> None:
     for fn in _state["cleanups"]:
         with contextlib.suppress(Exception):
             fn()
-    # children first (they clean up after themselves within the grace period), then what is left of theirs
-    tree = descendants()
-    terminate(tree, grace_s=max(0.2, min(_TERM_GRACE_S, STOP_TIMEOUT_S - 1.5 - (time.monotonic() - t0))))
-    terminate(descendants(), grace_s=0.2)
+    _trace(t0, "cleanups done")
+    # the workers first (stage commands, ranks, sandboxes: they clean up after themselves and report to the API
+    # within the grace period), then the servers this process started and whatever is left
+    servers = {p for p in _state["servers"] if alive(p)}
+    tree = [p for p in descendants() if p not in servers]
+    _trace(t0, f"terminating {tree}, then the servers {sorted(servers)}")
+    killed = terminate(tree, grace_s=max(0.2, min(_TERM_GRACE_S, STOP_TIMEOUT_S - 2.0 - (time.monotonic() - t0))))
+    _trace(t0, f"killed {killed}")
+    terminate([*servers, *descendants()], grace_s=0.8)
     io.remove_live_temporaries()
     with contextlib.suppress(Exception):
         io.remove_stale_temporaries()
+    _trace(t0, "temporaries removed")
     _cancel_runs(f"interrupted by {name}", budget_s=max(0.1, STOP_TIMEOUT_S - (time.monotonic() - t0)))
+    _trace(t0, "runs cancelled")
     hint = _state["hint"]
     if hint is not None:
         with contextlib.suppress(Exception):

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from flows._process import alive, command_line, parent_of
+from flows._process import alive, command_line, parent_of, server_started
 
 GRACE_S = 3.0
 """A server outlives its last client and owner by this long (the gap between two stage commands of a run is
@@ -183,6 +183,9 @@ def _free_port() -> int:
 
 
 def _spawn(args: Sequence[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    # not DVC's variables: a server outlives the stage command that starts it (and flows/__init__.py must not take
+    # the server for a stage command)
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("DVC_")}
     log = open(state_dir() / log_name, "ab")  # noqa: SIM115 (handed to the child)
     try:
         return subprocess.Popen([sys.executable, *args], cwd=str(_ROOT), env=env, stdin=subprocess.DEVNULL,
@@ -220,6 +223,7 @@ def start_api(*, take: bool = True) -> tuple[str, Callable[[], None]]:
         port = _free_port()
         url = f"http://127.0.0.1:{port}/api"
         proc = _spawn(["-m", "flows._servers", "api", str(port)], "api.log")
+        server_started(proc.pid)
         _write("api.json", {"pid": proc.pid, "url": url, "started": time.time()})
     return url, lambda: _wait_healthy(url, proc.pid, proc)
 
@@ -305,6 +309,7 @@ def ensure_stage_server(modules: Sequence[str], env: dict[str, str]) -> bool:
         env = {k: v for k, v in env.items() if k != ENV_VAR}
         proc = _spawn(["-m", "flows._stage_server", sock, str(state_dir() / "stage-server.log"), "--leases", *modules],
                       "stage-server.out", env=env)
+        server_started(proc.pid)
         _write("stage.json", {"pid": proc.pid, "sock": sock, "started": time.time()})
         return True
 

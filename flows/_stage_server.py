@@ -219,6 +219,7 @@ def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any)
             os.environ.setdefault(k, v)
         os.environ["DSM_CLIENT_PID"] = str(req.get("pid", ""))  # the command's own process (leases, interrupts)
         sys.argv = [req["module"], *req["args"]]
+        sys.modules.pop(req["module"], None)  # imported by the server; runpy executes it afresh as __main__
         try:
             runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
             code = 0
@@ -258,7 +259,9 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None, *
     listener.bind(sock_path)
     listener.listen(16)
     t0 = time.perf_counter()
-    env = dict(os.environ)  # what a stage process starts with; the imports below may add variables
+    import flows
+
+    env = dict(flows.ORIGINAL_ENV)  # what a stage process starts with; importing flows and the stages adds variables
     for m in modules:
         importlib.import_module(m)
     added = {k: v for k, v in os.environ.items() if env.get(k) != v}

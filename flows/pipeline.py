@@ -268,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: dvc.yaml: {e.strerror}; run from the project root", file=sys.stderr)
         return 2
+    except ValueError as e:  # yaml.YAMLError
+        print(f"error: dvc.yaml is not valid YAML ({str(e).splitlines()[0]}); fix it (dvc stage list shows where)",
+              file=sys.stderr)
+        return 2
     args = build_parser(known).parse_args(argv)
     try:
         names = _dvc.resolve(args.stages, known)
@@ -303,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["DSM_NO_STAGE_SERVER"] = "1"  # nor an on-demand one started by a stage command
         elif hasattr(os, "fork"):  # it imports the stages while the API server starts
             stage_server = StageServer(modules, os.environ["PREFECT_HOME"]).start()
-            _process.on_stop(stage_server.stop)
+            if stage_server.proc is not None:
+                _process.server_started(stage_server.proc.pid)
         wait_api()
         from prefect.settings import PREFECT_API_URL, temporary_settings
 

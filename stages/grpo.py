@@ -59,7 +59,7 @@ import torch
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
-from stages.core.io import atomic_path, write_json
+from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
 from stages.core.prompts import chat_prompt
@@ -710,7 +710,8 @@ def run(p: GrpoParams) -> dict[str, Any]:
         metrics["baseline"] = {"steps": 0}
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
-    write_json(paths.metrics_file("grpo"), metrics)
+    write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
+                                     "grpo.step_s_mean", "baseline.sft_loss_last", "heldout"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

@@ -143,10 +143,10 @@ def _base_model(p: Params, produced: Collection[str]) -> None:
 
 
 def _pretrain(p: Params, produced: Collection[str]) -> None:
+    _need_model("pretrain (start model data/models/base)", "data/models/base", produced, writer="base_model")
     for i, src in enumerate(p.pretrain.mixture):
         _need_file(f"pretrain.mixture[{i}].path", src.path, produced,
                    "run the stage that writes it (dvc repro corpus) or fix the path")
-    _need_model("pretrain (start model data/models/base)", "data/models/base", produced, writer="base_model")
     _check_seq_len("pretrain", p.pretrain.train.seq_len, p, "data/models/base", produced)
     _check_launcher("pretrain", p.pretrain.launcher)
 

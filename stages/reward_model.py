@@ -24,7 +24,7 @@ import torch
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import write_json
+from stages.core.io import write_metrics
 from stages.core.modeling import check_compatible, load_model, load_tokenizer
 from stages.rl.data import load_prompts
 from stages.rl.reward_model import (
@@ -88,5 +88,5 @@ def run(p: RewardModelParams) -> dict[str, Any]:
         "training_s": round(t_train, 2),
         "wall_s": round(time.perf_counter() - t_start, 2),
     }
-    write_json(paths.metrics_file("reward_model"), metrics)
+    write_metrics("reward_model", metrics, ["outcome_auc", "step_auc", "n_train_examples"])
     return metrics

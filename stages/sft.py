@@ -27,7 +27,7 @@ from typing import Any
 from stages.core import paths, sandbox
 from stages.core.answers import extract_answer, is_equivalent
 from stages.core.errors import PipelineError
-from stages.core.io import read_jsonl, write_json
+from stages.core.io import read_jsonl, write_json, write_metrics
 from stages.core.prompts import chat_prompt, response_text
 from stages.schema.sft import SftParams
 from stages.train.checkpoint import run_hash
@@ -177,7 +177,8 @@ def run(p: SftParams) -> dict[str, Any]:
                   plots_dir=paths.plots_dir("sft"))
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
-        write_json(paths.metrics_file("sft"), metrics)
+        write_metrics("sft", metrics, ["steps", "world_size", "train_loss_last", "val_loss_before", "val_loss_best",
+                                        "best_step", "train_examples", "tokens_per_s"])
     return metrics
 
 

@@ -191,6 +191,38 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) ->
     return n
 
 
+def headline(metrics: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """The entries of ``metrics`` whose dotted key (``generated.cot.greedy.acc``) matches one of ``keys``
+    (fnmatch patterns: ``*.greedy.acc``), nested as in ``metrics`` and in its order."""
+    import fnmatch
+
+    pats = list(keys)
+    out: dict[str, Any] = {}
+
+    def walk(d: dict[str, Any], prefix: str, dst: dict[str, Any]) -> None:
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            if any(fnmatch.fnmatchcase(key, p) for p in pats):
+                dst[k] = v
+            elif isinstance(v, dict):
+                sub: dict[str, Any] = {}
+                walk(v, key + ".", sub)
+                if sub:
+                    dst[k] = sub
+
+    walk(metrics, "", out)
+    return out
+
+
+def write_metrics(stage: str, metrics: dict[str, Any], keys: Iterable[str]) -> None:
+    """Write a stage's metrics: every value to ``data/reports/<stage>.json`` and the headline values (``keys``, see
+    :func:`headline`; ``wall_s`` always) to ``data/metrics/<stage>.json``, the small file DVC shows as metrics."""
+    from stages.core import paths
+
+    write_json(paths.report_file(stage), metrics)
+    write_json(paths.metrics_file(stage), headline(metrics, [*keys, "wall_s"]))
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file; a missing or malformed file is a one-line :class:`PipelineError`."""
     p = Path(path)

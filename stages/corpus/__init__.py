@@ -32,7 +32,7 @@ import numpy as np
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, read_jsonl, temporary_dir, write_json, write_jsonl, write_text
+from stages.core.io import atomic_path, read_jsonl, temporary_dir, write_json, write_jsonl, write_metrics, write_text
 from stages.core.text import normalize_for_classifier
 from stages.corpus import domains as dom
 from stages.corpus.classifier import train_file, write_training_file
@@ -100,7 +100,8 @@ def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], No
     timings["total"] = round(time.perf_counter() - t0, 2)
     metrics["timings_s"] = timings
     metrics["wall_s"] = timings["total"]
-    write_json(paths.metrics_file("corpus"), metrics)
+    write_metrics("corpus", metrics, ["math_pages", "math_tokens", "general_pages", "rounds_run", "final.*",
+                                        "decontam_vs_truth.planted_recall", "dedup_vs_truth.pair_recall"])
     return metrics
 
 
@@ -302,7 +303,8 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], index: Contam
         }
     write_json(out / "reports" / "decontamination.json", decon)
     write_json(out / "reports" / "dedup.json", dedup_report)
-    write_json(out / "reports" / "rounds.json", rounds)
+    # the cached output holds no timings (same inputs, same bytes); they are in the metrics' rounds
+    write_json(out / "reports" / "rounds.json", [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rounds])
     tsv_cols = ["round", "collected", "new", "overlap_with_previous", "precision", "recall", "f1"]
     write_text(paths.plots_dir("corpus") / "rounds.tsv", "\t".join(tsv_cols) + "\n" + "".join(
         "\t".join("" if r.get(c) is None else str(r.get(c)) for c in tsv_cols) + "\n" for r in rounds))
