@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -56,6 +57,27 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = round(v, 4) if isinstance(v, float) else v
     return out
+
+
+class _OneLineUserErrors(logging.Filter):
+    """Prefect logs a failing run's exception with its traceback; for bad input (a PipelineError) the one line says
+    it all, so the record keeps that line and drops the traceback (other exceptions keep theirs)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        user = pipeline_error(exc) if exc is not None else None
+        if user is not None:
+            record.msg, record.args = "%s", (f"bad input: {user}",)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_user_errors() -> None:
+    """Install :class:`_OneLineUserErrors` on Prefect's flow- and task-run loggers (once)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _OneLineUserErrors) for f in lg.filters):
+            lg.addFilter(_OneLineUserErrors())
 
 
 def under_dvc() -> str | None:
@@ -125,6 +147,7 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
                   + (" ..." if len(left) > 3 else ""), file=sys.stderr)
         params = load_params(args.params)
         preflight.check(params, [where])
+        quiet_user_errors()
         url = _servers.api_url()
         if under_dvc() and not forked and hasattr(os, "fork") and not (
                 os.environ.get("DSM_STAGE_SERVER") or os.environ.get("DSM_NO_STAGE_SERVER")):

@@ -32,7 +32,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from flows import _dvc, _process, _servers
-from flows._common import pipeline_error
+from flows._common import pipeline_error, quiet_user_errors
 from flows._stage_server import StageServer
 from stages.core.errors import PipelineError
 
@@ -300,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in selected:  # every check that needs no computation, before any stage runs
             preflight.check(params, [name], produced)
             produced |= _dvc.produced_paths([name], known)
+        quiet_user_errors()
         url, wait_api = _servers.start_api()
         os.environ["PREFECT_API_URL"] = url  # inherited by every stage's process
         modules = sorted({f"flows.{n.split('@')[0]}" for n in selected})

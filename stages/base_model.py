@@ -25,6 +25,7 @@ from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, iter_jsonl, write_metrics
 from stages.core.modeling import MODEL_REF, save_model
+from stages.core.problems import read_rows
 from stages.schema.base_model import BaseModelParams
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -80,14 +81,15 @@ def init_model(p: BaseModelParams, tokenizer: PreTrainedTokenizerFast) -> LlamaF
 def corpus_texts(generated: Path, limit: int) -> Iterator[str]:
     """Texts the tokenizer learns from: SFT problems with their solutions, then crawl and seed pages."""
     def problems() -> Iterator[str]:
-        for row in iter_jsonl(generated / "problems" / "sft.jsonl"):
-            yield "\n".join([row["question"], row["cot"], row["pot"], row["tir"]])
+        for row in read_rows(generated / "problems" / "sft.jsonl", what="SFT problem"):
+            yield "\n".join(str(row[k]) for k in ("question", "cot", "pot", "tir") if isinstance(row.get(k), str))
 
     def pages(name: str) -> Iterator[str]:
         f = generated / name
         if f.is_file():
             for row in iter_jsonl(f):
-                yield row["text"]
+                if isinstance(row.get("text"), str) and row["text"]:  # a page without text teaches nothing
+                    yield row["text"]
 
     # interleave so that a small limit still sees every kind of text
     mixed = (t for trio in itertools.zip_longest(problems(), pages("crawl.jsonl"), pages("seed.jsonl")) for t in trio if t)

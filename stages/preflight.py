@@ -9,13 +9,15 @@ output is touched. What it checks, for the stages about to run:
   paths that an earlier stage of the same run writes (``produced``);
 - model directories (``base_model.checkpoint``, ``evaluate.models.<m>.path`` when no stage writes it): config,
   weights and tokenizer (stages/core/model_files.py);
+- the rows of the problem files that exist already (question, answer and the fields the stage needs; an empty
+  file), read with the stages' own reader (stages/core/problems.py), naming the file and line to edit;
 - cross-section constraints: each training stage's ``seq_len`` within the start model's context length;
 - custom reward functions (``grpo.reward.custom``): each ``module:function`` imports and is callable;
 - the launcher: torchrun / deepspeed installed when asked for.
 
-One problem is one :class:`~stages.core.errors.PipelineError` line naming the key and the fix. Rows inside the
-input files are checked where each stage reads them (stages/core/problems.py), because upstream stages may write
-them during the run. Like stages/params.py this module can only refuse to run, never change what a stage
+One problem is one :class:`~stages.core.errors.PipelineError` line naming the key and the fix. Files an upstream
+stage writes during the run are checked by the stage that reads them, where they enter (its own command runs
+these checks again before its flow starts). Like stages/params.py this module can only refuse to run, never change what a stage
 computes: dvc.yaml does not list it as a code dep (tests/flows/test_dvc_yaml.py, ``VALIDATION_ONLY``).
 """
 
@@ -28,6 +30,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+from stages.core import problems
 from stages.core.errors import PipelineError
 from stages.core.model_files import context_length, model_dir_problem
 from stages.params import Params
@@ -55,6 +58,14 @@ def _need_file(key: str, path: str | None, produced: Collection[str], hint: str 
         raise PipelineError(f"{key}: {path} not found; {hint}")
     if not p.is_file():
         raise PipelineError(f"{key}: {path} is a directory; give a file")
+
+
+def _rows(path: str | None, produced: Collection[str], required: tuple[str, ...], what: str) -> None:
+    """The rows of a problem file that exists now (not one an earlier stage of this run writes): checked here, with
+    the stage's own reader (stages/core/problems.py), so a bad row stops the run before any work."""
+    if path is None or _remote(path) or _is_produced(path, produced) or not Path(path).is_file():
+        return
+    problems.read_rows(path, required=required, what=what)
 
 
 def _need_input(key: str, path: str, produced: Collection[str], hint: str) -> None:
@@ -131,6 +142,8 @@ def _corpus(p: Params, produced: Collection[str]) -> None:
         _need_file("corpus.problems_dir", str(Path(c.problems_dir) / f"{split}.jsonl"), produced, data_hint)
     _need_file("corpus.decontam.gsm8k_test", c.decontam.gsm8k_test, produced, "give an existing JSONL file or null")
     _need_file("corpus.decontam.math_test", c.decontam.math_test, produced, "give an existing JSONL file or null")
+    for split in ("sft", "rl"):
+        _rows(str(Path(c.problems_dir) / f"{split}.jsonl"), produced, ("question", "answer"), f"{split.upper()} problem")
     if c.domains.approve != "auto":
         _need_file("corpus.domains.approve", c.domains.approve, produced, "set it to auto or to an existing file")
         from stages.corpus.domains import read_approved  # its format, checked by its own reader
@@ -153,29 +166,34 @@ def _pretrain(p: Params, produced: Collection[str]) -> None:
 
 def _sft(p: Params, produced: Collection[str]) -> None:
     _need_file("sft.problems", p.sft.problems, produced, "run the corpus stage (dvc repro corpus) or fix the path")
+    shares = p.sft.formats.model_dump()
+    _rows(p.sft.problems, produced, ("question", "answer", *(f for f in ("cot", "pot", "tir") if shares[f] > 0)),
+          "SFT problem")
+    _check_launcher("sft", p.sft.launcher)
     _need_model("sft (start model data/models/pretrain)", "data/models/pretrain", produced, writer="pretrain")
     _check_seq_len("sft", p.sft.train.seq_len, p, "data/models/pretrain", produced)
-    _check_launcher("sft", p.sft.launcher)
 
 
 def _reward_model(p: Params, produced: Collection[str]) -> None:
     _need_file("reward_model.prompts_file", p.reward_model.prompts_file, produced, "give an existing JSONL file or null")
+    _rows(p.reward_model.prompts_file or _RL_PROMPTS, produced, ("question", "answer"), "RL prompt")
     _need_model("reward_model (start model data/models/sft)", "data/models/sft", produced, writer="sft")
 
 
 def _grpo(p: Params, produced: Collection[str]) -> None:
     g = p.grpo
-    _need_file("grpo.prompts_file", g.prompts_file, produced, "give an existing JSONL file or null")
-    _need_file("grpo.heldout.problems_file", g.heldout.problems_file, produced, "give an existing JSONL file or null")
-    _need_model("grpo (start model data/models/sft)", "data/models/sft", produced, writer="sft")
-    if g.reward_source in ("outcome_rm", "process_rm") or g.iterative.iterations > 1:
-        _need_model("grpo.reward_source (data/models/reward_model)", "data/models/reward_model", produced,
-                    tokenizer=False, writer="reward_model")
     from stages.rl.rewards import RewardSet  # imports every custom function, as the stage will
 
     r = g.reward
     RewardSet.from_params(r.accuracy_weight, r.format_weight, r.custom, r.custom_weights)
+    _need_file("grpo.prompts_file", g.prompts_file, produced, "give an existing JSONL file or null")
+    _need_file("grpo.heldout.problems_file", g.heldout.problems_file, produced, "give an existing JSONL file or null")
+    _rows(g.prompts_file or _RL_PROMPTS, produced, ("question", "answer"), "RL prompt")
     _check_launcher("grpo", g.launcher)
+    _need_model("grpo (start model data/models/sft)", "data/models/sft", produced, writer="sft")
+    if g.reward_source in ("outcome_rm", "process_rm") or g.iterative.iterations > 1:
+        _need_model("grpo.reward_source (data/models/reward_model)", "data/models/reward_model", produced,
+                    tokenizer=False, writer="reward_model")
 
 
 def _evaluate(p: Params, model: str, produced: Collection[str]) -> None:
@@ -186,9 +204,16 @@ def _evaluate(p: Params, model: str, produced: Collection[str]) -> None:
     _need_file("evaluate.common.gsm8k_test", e.common.gsm8k_test, produced, "give an existing JSONL file or null")
     _need_file("evaluate.common.math_test", e.common.math_test, produced, "give an existing JSONL file or null")
     if e.common.generated:
-        _need_file("evaluate.common.generated", "data/generated/problems/test.jsonl", produced,
-                   "run the data stage (dvc repro data) or set generated: false")
+        _need_file("evaluate.common.generated", _TEST, produced, "run the data stage (dvc repro data) or set generated: false")
+        if not _is_produced(_TEST, produced):
+            problems.load_generated(_TEST)
+    for path, load in ((e.common.gsm8k_test, problems.load_gsm8k), (e.common.math_test, problems.load_math)):
+        if path is not None and not _is_produced(path, produced):
+            load(path)  # the evaluation's own loader: a bad row is named here, before any model is loaded
 
+
+_RL_PROMPTS = "data/corpus/problems/rl.jsonl"  # the default of grpo / reward_model prompts_file (null)
+_TEST = "data/generated/problems/test.jsonl"
 
 _CHECKS = {"corpus": _corpus, "base_model": _base_model, "pretrain": _pretrain, "sft": _sft,
            "reward_model": _reward_model, "grpo": _grpo}

@@ -27,7 +27,8 @@ from typing import Any
 from stages.core import paths, sandbox
 from stages.core.answers import extract_answer, is_equivalent
 from stages.core.errors import PipelineError
-from stages.core.io import read_jsonl, write_json, write_metrics
+from stages.core.io import write_json, write_metrics
+from stages.core.problems import read_rows
 from stages.core.prompts import chat_prompt, response_text
 from stages.schema.sft import SftParams
 from stages.train.checkpoint import run_hash
@@ -42,15 +43,10 @@ _TIR_OUT = re.compile(r"```output\n(.*?)```", re.S)
 
 
 def load_problems(path: str | Path) -> list[dict[str, Any]]:
-    """Read the SFT problems; one-line error when the file is missing, empty, or rows lack a field."""
-    rows = read_jsonl(path)
-    if not rows:
-        raise PipelineError(f"{path}: no SFT problems in the file; run the corpus stage (dvc repro corpus) or fix sft.problems")
-    for i, r in enumerate(rows, 1):
-        missing = [k for k in _REQUIRED if not isinstance(r.get(k), str)]
-        if missing:
-            raise PipelineError(f"{path}:{i}: problem row lacks string field(s) {missing}; see the problem schema in stages/data/problems.py")
-    return rows
+    """Read the SFT problems; one-line error naming the file and line when the file is missing or empty, or a row
+    lacks a field (stages/core/problems.py ``read_rows``)."""
+    return read_rows(path, required=_REQUIRED, what="SFT problem",
+                     hint="each row needs question, answer, cot, pot and tir (schema: stages/data/problems.py)")
 
 
 def assign_formats(n: int, shares: dict[str, float], seed: int) -> list[str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stages.core.errors import PipelineError
-from stages.core.io import iter_jsonl
+from stages.core.io import iter_jsonl, iter_jsonl_lines
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,27 @@ def load_problem_file(path: str | os.PathLike[str], limit: int | None = None) ->
         a = row.get("answer")
         return (_gsm8k_row if isinstance(a, str) and "####" in a else _generated_row)(p, i, row)
     return _collect(path, "problem", limit, conv)
+
+
+def read_rows(path: str | os.PathLike[str], *, required: tuple[str, ...] = ("question", "answer"),
+              what: str = "problem", hint: str = "fix or remove the row") -> list[dict[str, Any]]:
+    """The rows of a problem JSONL file as they are (dicts: stages that copy or extend rows), each checked where it
+    enters: every field of ``required`` is a non-empty string (``answer`` may also be an integer), and the file
+    holds at least one row. A missing file, a malformed line, a bad row or an empty file is a one-line
+    :class:`~stages.core.errors.PipelineError` naming the file and the line to edit."""
+    p = Path(path)
+    if not p.is_file():
+        raise PipelineError(f"{p}: {what} file not found; run the stage that writes it (dvc repro) or fix the path")
+    rows: list[dict[str, Any]] = []
+    for lineno, row in iter_jsonl_lines(p):
+        for key in required:
+            v = row.get(key)
+            ok = isinstance(v, str) and bool(v.strip()) or (key == "answer" and isinstance(v, int)
+                                                             and not isinstance(v, bool))
+            if not ok:
+                got = "missing" if key not in row else f"{type(v).__name__} {str(v)[:40]!r}"
+                raise PipelineError(f"{p}:{lineno}: {what} row has no non-empty {key!r} ({got}); {hint}")
+        rows.append(row)
+    if not rows:
+        raise PipelineError(f"{p}: no {what} rows in the file (it is empty); give a file with at least one row")
+    return rows

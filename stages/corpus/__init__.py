@@ -33,6 +33,7 @@ import numpy as np
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, read_jsonl, temporary_dir, write_json, write_jsonl, write_metrics, write_text
+from stages.core.problems import read_rows
 from stages.core.text import normalize_for_classifier
 from stages.corpus import domains as dom
 from stages.corpus.classifier import train_file, write_training_file
@@ -60,6 +61,8 @@ def _check_inputs(p: CorpusParams) -> None:
         f = Path(p.problems_dir) / f"{split}.jsonl"
         if not f.is_file():
             raise PipelineError(f"corpus.problems_dir: {f} not found; run the data stage or fix the path")
+    for split in ("sft", "rl"):  # copied (decontaminated) into data/corpus/problems: checked here, where they enter
+        read_rows(Path(p.problems_dir) / f"{split}.jsonl", what=f"{split.upper()} problem")
     for name, value in (("gsm8k_test", p.decontam.gsm8k_test), ("math_test", p.decontam.math_test)):
         if value is not None and not Path(value).is_file():
             raise PipelineError(f"corpus.decontam.{name}: {value} not found; give an existing JSONL file or null")

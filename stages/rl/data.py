@@ -19,21 +19,16 @@ import os
 import random
 from typing import Any
 
-from stages.core.errors import PipelineError
-from stages.core.io import iter_jsonl
+from stages.core.problems import read_rows
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read and validate a prompt JSONL file (schema in the module docstring)."""
-    rows: list[dict[str, Any]] = []
-    for n, row in enumerate(iter_jsonl(path), 1):
-        for key in ("question", "answer"):
-            if not isinstance(row.get(key), str) or not row[key].strip():
-                raise PipelineError(f"{path}: row {n} has no string {key!r}; each row needs \"question\" and \"answer\" strings")
+    rows = read_rows(path, what="RL prompt", hint='each row needs "question" and "answer" strings')
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row["answer"], str):
+            row["answer"] = str(row["answer"])  # an integer gold answer, compared as text
         row.setdefault("id", f"prompt-{n}")
-        rows.append(row)
-    if not rows:
-        raise PipelineError(f"{path}: no prompts; the RL prompt file must hold at least one row")
     return rows
 
 
