@@ -94,8 +94,10 @@ def restore_hint(stage: str) -> str:
         return (f"{stage}: its outputs are unchanged (every output is written atomically); "
                 f"`python -m flows.{stage.split('@')[0]}` runs it again")
     if _dvc.locked(dvc_stage):
+        small = _dvc.git_outputs(dvc_stage)
+        git = f" and `git checkout -- {' '.join(small)}` its metrics, report and plots" if small else ""
         return (f"DVC removed {dvc_stage}'s outputs before running it: `dvc checkout {dvc_stage}` restores the last "
-                f"recorded ones, `dvc repro {dvc_stage}` runs it again (training resumes from its last checkpoint)")
+                f"recorded ones{git}; `dvc repro {dvc_stage}` runs it again (training resumes from its last checkpoint)")
     return f"{dvc_stage} has no recorded outputs yet; `dvc repro {dvc_stage}` runs it again"
 
 
@@ -140,6 +142,9 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
     forked = bool(os.environ.get("DSM_CLIENT_PID"))  # run by the stage server for its client process
     if under_dvc() and not forked:
         _process.watch_parent()
+    if under_dvc() and not os.environ.get("PREFECT_API_URL"):  # plain dvc repro: an interrupt ends the run
+        _process.after_stop(lambda: _servers.stop_servers_of(
+            _servers.owner_of(int(os.environ.get("DSM_CLIENT_PID", os.getpid())))))
     try:
         left = io.remove_stale_temporaries()
         if left:

@@ -32,6 +32,8 @@ class StageInfo:
     """The ``python -m`` module of its command (``flows.sft``)."""
     outs: tuple[str, ...] = field(default=())
     deps: tuple[str, ...] = field(default=())
+    uncached: tuple[str, ...] = field(default=())
+    """Outputs with ``cache: false`` (metrics, reports, plots): git records them, ``dvc checkout`` cannot."""
 
 
 def _lookup(params: dict[str, Any], dotted: str) -> Any:
@@ -48,6 +50,12 @@ def _subst(text: str, ctx: dict[str, Any]) -> str:
         except (KeyError, TypeError):
             return m.group(0)
     return _VAR.sub(one, text)
+
+
+def _uncached(entries: Any, ctx: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(_subst(str(next(iter(e))), ctx) for e in entries or []
+                 if isinstance(e, dict) and isinstance(next(iter(e.values())), dict)
+                 and next(iter(e.values())).get("cache") is False)
 
 
 def _paths(entries: Any, ctx: dict[str, Any]) -> tuple[str, ...]:
@@ -89,7 +97,8 @@ def stages(root: str | Path = ".", params_file: str = "params.yaml") -> list[Sta
             m = re.search(r"-m\s+([\w.]+)", cmd)
             outs = _paths(body.get("outs"), ctx) + _paths(body.get("metrics"), ctx) + _paths(body.get("plots"), ctx)
             out.append(StageInfo(name=name, group=group, desc=_subst(str(body.get("desc") or st.get("desc") or ""), ctx),
-                                 module=m.group(1) if m else None, outs=outs, deps=_paths(body.get("deps"), ctx)))
+                                 module=m.group(1) if m else None, outs=outs, deps=_paths(body.get("deps"), ctx),
+                                 uncached=sum((_uncached(body.get(k), ctx) for k in ("outs", "metrics", "plots")), ())))
     return out
 
 
@@ -120,6 +129,15 @@ def locked(name: str, root: str | Path = ".") -> bool:
     except (OSError, yaml.YAMLError):
         return False
     return name in (doc.get("stages") or {})
+
+
+def git_outputs(name: str, root: str | Path = ".") -> list[str]:
+    """Stage ``name``'s ``cache: false`` outputs (git records them; DVC removes them before a run), or []."""
+    try:
+        known = stages(root)
+    except (OSError, ValueError):
+        return []
+    return [o for s in known if s.name == name for o in s.uncached]
 
 
 def produced_paths(names: list[str], known: list[StageInfo]) -> set[str]:

@@ -36,7 +36,8 @@ STOP_TIMEOUT_S = 4.0
 _TERM_GRACE_S = 2.0
 """How long terminated children get to exit (and clean up after themselves) before they are killed."""
 
-_state: dict[str, Any] = {"stopping": False, "what": "", "hint": None, "runs": [], "cleanups": [], "servers": set()}
+_state: dict[str, Any] = {"stopping": False, "what": "", "hint": None, "runs": [], "cleanups": [], "servers": set(),
+                          "after": []}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,6 +164,11 @@ def on_stop(fn: Callable[[], None]) -> None:
     _state["cleanups"].append(fn)
 
 
+def after_stop(fn: Callable[[], None]) -> None:
+    """Run ``fn`` (quick, best effort) when the process is interrupted, after its children are gone."""
+    _state["after"].append(fn)
+
+
 def record_run(kind: str, run_id: Any) -> None:
     """Remember a Prefect flow or task run (``kind``: ``flow_runs`` / ``task_runs``) to mark cancelled on interrupt."""
     if run_id is not None:
@@ -195,6 +201,9 @@ def _stop(signum: int) -> None:
     t0 = time.monotonic()
     name = signal.Signals(signum).name
     _say(f"\ninterrupted ({name}): stopping {_state['what']} ...")
+    import logging
+
+    logging.disable(logging.CRITICAL)  # what dying threads and tasks would log now is noise (their files are gone)
     for fn in _state["cleanups"]:
         with contextlib.suppress(Exception):
             fn()
@@ -211,8 +220,12 @@ def _stop(signum: int) -> None:
     with contextlib.suppress(Exception):
         io.remove_stale_temporaries()
     _trace(t0, "temporaries removed")
-    _cancel_runs(f"interrupted by {name}", budget_s=max(0.1, STOP_TIMEOUT_S - (time.monotonic() - t0)))
+    _cancel_runs(f"interrupted by {name}", budget_s=max(0.1, STOP_TIMEOUT_S - 0.8 - (time.monotonic() - t0)))
     _trace(t0, "runs cancelled")
+    for fn in _state["after"]:
+        with contextlib.suppress(Exception):
+            fn()
+    _trace(t0, "after-stop hooks done")
     hint = _state["hint"]
     if hint is not None:
         with contextlib.suppress(Exception):

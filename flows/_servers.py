@@ -37,7 +37,7 @@ from typing import Any
 
 from flows._process import alive, command_line, parent_of, server_started
 
-GRACE_S = 3.0
+GRACE_S = 1.0
 """A server outlives its last client and owner by this long (the gap between two stage commands of a run is
 covered by the owner, the dvc process, which lives across them)."""
 IDLE_S = 300.0
@@ -141,7 +141,7 @@ def leases() -> tuple[bool, bool]:
     return any_alive, any_client
 
 
-def watch_leases(stop: Callable[[], None], started: float | None = None, interval_s: float = 0.5) -> threading.Thread:
+def watch_leases(stop: Callable[[], None], started: float | None = None, interval_s: float = 0.25) -> threading.Thread:
     """A daemon thread that calls ``stop()`` once the server is not needed any more (module docstring)."""
     idle_s = float(os.environ.get("DSM_SERVER_IDLE_S", IDLE_S))
 
@@ -241,10 +241,13 @@ def _wait_healthy(url: str, pid: int, proc: subprocess.Popen[bytes] | None = Non
                        f"{state_dir() / 'api.log'}")
 
 
-def stop_servers(started_after: float | None = None) -> None:
-    """Stop the project's servers now (the pipeline does at its end; ``started_after``: only those it started)."""
+def stop_servers(started_after: float | None = None, grace_s: float = 5.0, keep: int | None = None) -> None:
+    """Stop the project's servers now (the pipeline does at its end; ``started_after``: only those it started).
+    ``keep``: a server left running (the stage server a stage runs in: it passes the stage's exit status to the
+    stage command, then stops by itself, its leases gone)."""
     from flows._process import terminate
 
+    pids = []
     for name, module in (("stage.json", "flows._stage_server"), ("api.json", "flows._servers")):
         info = _read(name)
         if info is None:
@@ -252,10 +255,31 @@ def stop_servers(started_after: float | None = None) -> None:
         pid = int(info["pid"])
         if started_after is not None and float(info.get("started", 0)) < started_after:
             continue
+        if pid == keep:
+            continue
         if alive(pid) and _is_ours(pid, module):
-            terminate([pid], grace_s=5.0)
+            pids.append(pid)
         with contextlib.suppress(OSError):
             (state_dir() / name).unlink()
+    terminate(pids, grace_s=grace_s)
+
+
+def stop_servers_of(owner: int | None) -> None:
+    """Stop the project's servers now when every process using them works for ``owner`` (the dvc run a stage
+    command belongs to): a stage interrupted under ``dvc repro`` ends that run, so its servers go with it instead
+    of idling out. Servers that other runs (other owners, live clients) use are left alone."""
+    if owner is None:
+        return
+    d = state_dir() / "leases"
+    for f in d.glob("*.json") if d.is_dir() else []:
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        c, o = int(info["client"]), info.get("owner")
+        if (alive(c) and c != os.getpid() and o != owner) or (o is not None and o != owner and alive(int(o))):
+            return
+    stop_servers(grace_s=0.8, keep=os.getppid())
 
 
 def serve_api(port: int) -> None:
@@ -281,6 +305,8 @@ def serve_api(port: int) -> None:
         if info is not None and int(info["pid"]) == os.getpid():
             with contextlib.suppress(OSError):
                 (state_dir() / "api.json").unlink()
+    sys.stderr.flush()
+    os._exit(0)  # uvicorn has shut the app down (database closed); the libraries' exit hooks only cost time
 
 
 # ---------------------------------------------------------------------------------------------

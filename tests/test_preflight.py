@@ -63,6 +63,8 @@ def _model_dir(project: Path, name: str, *, config: str | None = '{"model_type":
     return str(d.relative_to(project))
 
 
+_SFT_ROW = ('{"id": "s1", "question": "What is 2 + 3?", "answer": "5", "cot": "2 + 3 = 5. The answer is 5.", '
+            '"pot": "def solution():\\n    return 2 + 3", "tir": "2 + 3 = 5"}')
 _GOOD_ROW = '{"id": "p1", "question": "Tom has 2 apples and gets 3 more. How many?", "answer": "5", "cot": "2 + 3 = 5"}'
 
 CASES: list[tuple[str, str, str, Edit, str]] = [
@@ -74,9 +76,9 @@ CASES: list[tuple[str, str, str, Edit, str]] = [
     ("unknown key", "data", "params", lambda r, p: set_key(r, "data.problems.n_tests", 5),
      "data.problems.n_tests: unknown key"),
     ("head shapes", "base_model", "params", lambda r, p: set_key(r, "base_model.hidden_size", 100),
-     "hidden_size (100) must divide by num_heads"),
+     "head size hidden_size / num_heads = 50; use a multiple of 16"),
     ("format shares", "sft", "params", lambda r, p: set_key(r, "sft.formats.cot", 0.9),
-     "sft.formats: Value error, format shares cot + pot + tir must sum to 1"),
+     "sft.formats: format shares cot + pot + tir must sum to 1"),
     ("runtime key in the tracked section", "grpo", "params", lambda r, p: set_key(r, "grpo.checkpoint_every", 5),
      "grpo.checkpoint_every: a runtime value"),
     ("launcher without ranks", "sft", "params", lambda r, p: set_key(r, "sft.launcher.nproc_per_node", 2),
@@ -126,7 +128,7 @@ CASES: list[tuple[str, str, str, Edit, str]] = [
      lambda r, p: set_key(r, "grpo.prompts_file", _rows_file(p, "prompts.jsonl", [_GOOD_ROW, "", '{"answer": "4"}'])),
      "prompts.jsonl:3: RL prompt row has no non-empty 'question' (missing)"),
     ("malformed JSON line", "sft", "rows",
-     lambda r, p: set_key(r, "sft.problems", _rows_file(p, "sft.jsonl", [_GOOD_ROW, '{"question": "x", "answer": '])),
+     lambda r, p: set_key(r, "sft.problems", _rows_file(p, "sft.jsonl", [_SFT_ROW, '{"question": "x", "answer": '])),
      "sft.jsonl:2: malformed JSONL line"),
     ("SFT row without a format it trains on", "sft", "rows",
      lambda r, p: set_key(r, "sft.problems", _rows_file(p, "sft2.jsonl", [_GOOD_ROW])),
