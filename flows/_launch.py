@@ -133,13 +133,12 @@ def _ranks(stage: str, p: Any, params_path: str) -> dict[str, Any]:
         assert proc.stdout is not None
         buf = b""
         for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
             buf += chunk
             *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
             for line in lines:
                 text = line.decode(errors="replace").strip()
-                if text:
+                # rank 0's output, to the console and the Prefect run (progress bars: only when done)
+                if text and not (text.endswith("]") and "%|" in text and "100%|" not in text):
                     logger.info("%s", text)
         code = proc.wait()
         rows = _read_statuses(status_dir, launcher.world_size)

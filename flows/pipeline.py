@@ -243,7 +243,8 @@ def git_hint(known: list[_dvc.StageInfo]) -> str | None:
     changed = sorted({line[3:].strip().strip('"') for line in out.stdout.splitlines() if line.strip()})
     if not changed:
         return None
-    shown = sorted({c if c in ("dvc.lock",) or c.endswith(".gitignore") else str(Path(c).parent) for c in changed})
+    shown = sorted({c if c == "dvc.lock" or c.endswith(".gitignore") else str(Path(c).parent) for c in changed},
+                   key=lambda c: (c != "dvc.lock", c))
     return f"to record this run in git: git add {' '.join(shown)} && git commit -m 'pipeline run' (`dvc push` shares the outputs)"
 
 
