@@ -262,8 +262,11 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None, *
     import flows
 
     env = dict(flows.ORIGINAL_ENV)  # what a stage process starts with; importing flows and the stages adds variables
+    guard = _import_guard(sock_path) if leases else None  # the run may end while the imports take seconds
     for m in modules:
         importlib.import_module(m)
+    if guard is not None:
+        guard()
     added = {k: v for k, v in os.environ.items() if env.get(k) != v}
     files = _source_files()
     print(f"ready: {len(modules)} modules, {len(files)} project files in {time.perf_counter() - t0:.1f} s; "
@@ -293,6 +296,34 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None, *
     # nothing to flush or tear down (the server ran no stage itself): skip the interpreter's exit hooks of the
     # imported libraries, which take seconds on a loaded machine
     os._exit(0)
+
+
+def _import_guard(sock_path: str) -> Any:
+    """While the on-demand server imports the stages, a thread exits the process as soon as the leases say it is not
+    needed (a one-stage ``dvc repro`` ends before the imports do). Returns the function that stops the thread
+    before serving (the server forks, so no thread may run then)."""
+    import threading
+
+    needed = _lease_check()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.25):
+            if not needed():
+                try:
+                    os.unlink(sock_path)
+                except OSError:
+                    pass
+                os._exit(0)
+
+    t = threading.Thread(target=watch, name="import-guard", daemon=True)
+    t.start()
+
+    def stop() -> None:
+        done.set()
+        t.join()
+
+    return stop
 
 
 def _lease_check() -> Any:
