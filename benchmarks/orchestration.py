@@ -8,8 +8,8 @@ repository in a temporary directory), so /work/main/data, .prefect and .dvc/cach
    command: one Prefect server and one stage server for the run; ``pipeline-no-stage-server``: the same with
    every stage process importing its libraries itself; ``dvc`` = plain ``dvc repro``): its wall time minus the
    sum of the stages' own ``wall_s`` (each stage's data/metrics/*.json) is the orchestration overhead
-   (interpreter and import start-up, Prefect flow engine and, for plain ``dvc repro`` without PREFECT_API_URL,
-   one temporary Prefect server per stage, DVC hashing and caching). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
+   (interpreter and import start-up, Prefect flow engine and API server start, DVC hashing and caching; plain
+   ``dvc repro`` shares one API server and one stage server across its stages like the pipeline: flows/_servers.py). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
    ``--full``: params.yaml as it is (the full default; about 15 min on a quiet 2-core CPU).
 2. No-op ``dvc repro`` right after: median of ``--repeats`` runs (nothing to do: DVC only hashes).
 3. Start-up of ``python -m flows.data``: time from launch to the flow's first stage log line

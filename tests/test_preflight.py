@@ -187,7 +187,7 @@ def run_case(project: Path, case: tuple[str, str, str, Edit, str], capsys: Any, 
     before = tree_hash(project / "data")
     capsys.readouterr()
     try:
-        code = _flow(stage)(["--params", str(bad)])
+        code = _flow(stage)(["--params", str(bad.relative_to(project))])
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
@@ -278,6 +278,7 @@ if __name__ == "__main__":  # print the table: python tests/test_preflight.py
         def chdir(self, p: Path) -> None:
             os.chdir(p)
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's flows and stages
     with tempfile.TemporaryDirectory() as d:
         proj = make_project(Path(d) / "proj")
         run(["dvc", "repro", "base_model", "corpus"], proj, env())

@@ -164,7 +164,9 @@ def format_error(source: str, err: ValidationError, prefix: str = "") -> str:
             parts.append(f"{key}: unknown key; remove it or check its spelling")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            parts.append(f"{key}: {msg} (got {e.get('input')!r})")
+            got = repr(e.get("input"))
+            # a cross-field check's input is the whole mapping: the message names the fields already
+            parts.append(f"{key}: {msg}" + (f" (got {got})" if len(got) <= 80 else ""))
     return f"{source}: " + "; ".join(parts)
 
 
