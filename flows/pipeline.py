@@ -230,8 +230,8 @@ def adopt_params(path: str) -> bool:
 
 def git_hint(known: list[_dvc.StageInfo]) -> str | None:
     """``git add ... && git commit`` for the files a run changed that git should record (dvc.lock, the metrics and
-    reports DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
-    tracked = sorted({o for s in known for o in s.outs if o.startswith(("data/metrics/", "data/reports/"))})
+    details DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
+    tracked = sorted({o for s in known for o in s.outs if o.startswith(("data/metrics/", "data/details/"))})
     candidates = ["dvc.lock", *tracked, ":(glob)**/.gitignore"]
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *candidates],
@@ -341,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         hint = git_hint(known)
         if hint:
             print(hint)
+    from flows.report import print_headline  # last: held-out accuracy per model and the report's path
+
+    print_headline()
     return 0
 
 

@@ -215,11 +215,11 @@ def headline(metrics: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
 
 
 def write_metrics(stage: str, metrics: dict[str, Any], keys: Iterable[str]) -> None:
-    """Write a stage's metrics: every value to ``data/reports/<stage>.json`` and the headline values (``keys``, see
+    """Write a stage's metrics: every value to ``data/details/<stage>.json`` and the headline values (``keys``, see
     :func:`headline`; ``wall_s`` always) to ``data/metrics/<stage>.json``, the small file DVC shows as metrics."""
     from stages.core import paths
 
-    write_json(paths.report_file(stage), metrics)
+    write_json(paths.details_file(stage), metrics)
     write_json(paths.metrics_file(stage), headline(metrics, [*keys, "wall_s"]))
 
 

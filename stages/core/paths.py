@@ -36,7 +36,7 @@ RL_PROMPTS = DATA / "corpus" / "problems" / "rl.jsonl"  # corpus stage: the RL q
 
 # small, git-committable reports
 METRICS = DATA / "metrics"  # headline metrics per stage (dvc metrics)
-REPORTS = DATA / "reports"  # every metric per stage (the full dict the stage returns)
+DETAILS = DATA / "details"  # every metric per stage (the full dict the stage returns)
 PLOTS = DATA / "plots"
 
 # resumable training state, outside DVC outputs (DVC deletes outputs before re-running a stage)
@@ -44,6 +44,16 @@ CHECKPOINTS = Path("checkpoints")
 
 # evaluate stage: one directory of completions per evaluated model (evaluate.models.<name>)
 EVAL = DATA / "eval"
+
+# report stage: one self-contained HTML page of the whole run (+ its markdown summary)
+REPORT = DATA / "report"
+REPORT_HTML = REPORT / "index.html"
+REPORT_SUMMARY = REPORT / "summary.md"
+
+# committed results of the benchmark scripts that the report shows when present (benchmarks/SUMMARY.md)
+BENCH_RESULTS = Path("benchmarks") / "results"
+PARADIGM_RESULT = BENCH_RESULTS / "paradigm.json"  # benchmarks/paradigm.py: Figure 5 (unified paradigm)
+ITERATIVE_RESULT = BENCH_RESULTS / "iterative_rl.json"  # benchmarks/iterative_rl.py: Figure 6 (iterative RL)
 
 
 def problems_file(split: str) -> Path:
@@ -57,10 +67,10 @@ def metrics_file(stage: str) -> Path:
     return METRICS / f"{stage}.json"
 
 
-def report_file(stage: str) -> Path:
+def details_file(stage: str) -> Path:
     """The JSON file of every metric a stage computed (a dvc ``cache: false`` output, git-tracked; timings included,
     which is why it is not cached)."""
-    return REPORTS / f"{stage}.json"
+    return DETAILS / f"{stage}.json"
 
 
 def plots_dir(stage: str) -> Path:

@@ -1,4 +1,15 @@
-"""Group-relative advantages for GRPO (DeepSeekMath paper section 4.1.2-4.1.3), as pure functions.
+"""Advantage estimators (DeepSeekMath paper sections 4.1.1-4.1.3): pure functions, and one registry.
+
+The registry (verl's ``core_algos.py`` shape): every estimator takes the same two arguments, an
+:class:`AdvantageInput` (the rollout's :class:`stages.rl.rewards.Rewards`, its loss mask, and for PPO the value
+predictions and the per-token log-ratio to the reference) and an :class:`AdvantageConfig`, and returns
+:class:`Advantages`. ``grpo.advantage_estimator`` names one; its allowed values are the registered names. A new
+estimator is one function decorated with ``@register_estimator("name")``.
+
+- ``grpo``: group-relative (below): outcome supervision from per-output rewards, process supervision when the
+  source gives per-step rewards (paper 4.1.2-4.1.3).
+- ``gae``: PPO's generalised advantage estimation over the per-token reward of eq. 2 (:func:`gae_advantages`,
+  :func:`ppo_token_rewards`), with value targets (returns).
 
 Outcome supervision (paper 4.1.2): for a question q with G sampled outputs and rewards
 r = (r_1..r_G), every token of output i gets the same advantage
@@ -25,29 +36,40 @@ Departures from the paper, each shared with TRL so that benchmarks compare like 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from stages.rl.rewards import Rewards
+
 ScaleRewards = Literal["group", "batch", "none"]
 
 
 @dataclass(frozen=True)
-class OutcomeAdvantages:
-    """Result of :func:`outcome_advantages`.
+class Advantages:
+    """What an estimator returns (and :func:`outcome_advantages`).
 
-    advantages: (Q, G) float, 0 where the reward was invalid. valid: (Q, G) bool, reward finite.
-    n_zero_std_groups: groups whose valid rewards are all equal (or with fewer than 2 valid rewards):
-    they carry no policy-gradient signal. group_std: (Q,) unbiased std of each group's valid rewards
-    (0 for degenerate groups).
+    advantages: (Q, G) per output (outcome supervision, broadcast over its tokens) or (Q, G, T) per token; 0 where
+    the reward was invalid. valid: (Q, G) bool, the output's reward is finite (it may train).
+    n_zero_std_groups: groups whose valid rewards are all equal (or with fewer than 2 valid rewards): they carry no
+    group-relative signal. group_std: (Q,) std of each group's valid rewards (0 for degenerate groups).
+    rewards: (Q, G) the per-output rewards the estimate came from (for the metrics), or None.
+    returns: (Q, G, T) value targets (GAE: advantages + values), or None.
     """
 
     advantages: Tensor
     valid: Tensor
     n_zero_std_groups: int
     group_std: Tensor
+    rewards: Tensor | None = None
+    returns: Tensor | None = None
+
+
+OutcomeAdvantages = Advantages
+"""The result of :func:`outcome_advantages` (the name of the type before the registry)."""
 
 
 def _all_equal(x: Tensor, valid: Tensor, dim: int) -> Tensor:
@@ -168,3 +190,210 @@ def step_end_indices(token_texts: list[str], *, step_sep: str = "\n") -> list[in
     if token_texts and (not ends or ends[-1] != len(token_texts) - 1):
         ends.append(len(token_texts) - 1)
     return ends
+
+
+# ---------------------------------------------------------------------------------------------
+# PPO: the per-token reward of eq. 2 and generalised advantage estimation
+
+
+def ppo_token_rewards(outcome: Tensor, mask: Tensor, *, log_ratio: Tensor | None = None, beta: float = 0.0,
+                      step_rewards: Tensor | None = None, step_ends: Tensor | None = None) -> Tensor:
+    """Per-token reward of PPO, paper eq. 2: r_t = r_phi(q, o_<=t) * [t is the last token] - beta * log(pi/pi_ref).
+
+    Args:
+        outcome: (B,) the output's reward r_phi (a reward model's score, or the rule reward); a non-finite value
+            gives 0 (such an output is masked out of the loss by the caller).
+        mask: (B, T) tokens that count; the outcome reward sits on the last token with mask 1.
+        log_ratio: (B, T) log pi_old(o_t) - log pi_ref(o_t) of the sampled tokens (pi_theta at sampling time is
+            pi_old), or None for no KL penalty.
+        beta: the KL coefficient of the reward.
+        step_rewards, step_ends: (B, S) per-step rewards at their end tokens instead of one outcome reward at the
+            last token (process supervision; not in the paper's PPO). NaN entries are skipped.
+
+    Returns:
+        (B, T) float32 rewards, 0 where mask is 0.
+    """
+    m = mask.to(torch.float64)
+    B, T = m.shape
+    r = torch.zeros(B, T, dtype=torch.float64)
+    if step_rewards is not None:
+        assert step_ends is not None
+        sr = step_rewards.to(torch.float64)
+        ok = torch.isfinite(sr)
+        r.scatter_add_(1, torch.where(ok, step_ends.long(), torch.zeros_like(step_ends, dtype=torch.long)),
+                       torch.where(ok, sr, torch.zeros_like(sr)))
+    else:
+        has = m.sum(-1) > 0
+        last = (m * torch.arange(1, T + 1, dtype=torch.float64)).argmax(-1)  # index of the last mask-1 token
+        val = torch.nan_to_num(outcome.to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        r[torch.arange(B)[has], last[has]] = val[has]
+    if log_ratio is not None and beta:
+        r = r - beta * log_ratio.to(torch.float64)
+    return (r * m).to(torch.float32)
+
+
+def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016; PPO in the paper's section 4.1.1).
+
+    Over the valid tokens t_1 < t_2 < ... < t_n of a row (mask 1), with V(t_{n+1}) = 0 (the value after the last
+    valid token)::
+
+        delta_k = r_{t_k} + gamma * V(t_{k+1}) - V(t_k)
+        A_{t_k} = delta_k + gamma * lam * A_{t_{k+1}}          (A_{t_{n+1}} = 0)
+        R_{t_k} = A_{t_k} + V(t_k)                              (the value targets, "returns")
+
+    Tokens with mask 0 are skipped as if absent: their rewards and values are not read, the next valid token's
+    value bootstraps across them, and their advantage and return are 0. No whitening here (an option of the PPO
+    step, not from the paper). gamma and lam are not stated in the paper (PPO defaults: 1 and 0.95).
+
+    Args:
+        rewards: (B, T) per-token rewards (:func:`ppo_token_rewards`).
+        values: (B, T) V(s_t), the value of the state before token t (detached).
+        mask: (B, T) 1 for valid tokens.
+        gamma: discount; lam: the GAE lambda.
+
+    Returns:
+        (advantages, returns), both (B, T) float32, 0 where mask is 0.
+    """
+    if rewards.shape != values.shape or rewards.shape != mask.shape:
+        raise ValueError(f"rewards, values and mask must have one shape, got {tuple(rewards.shape)}, "
+                         f"{tuple(values.shape)}, {tuple(mask.shape)}")
+    r, v, m = rewards.double(), values.detach().double(), mask.double()
+    B, T = r.shape
+    adv = torch.zeros(B, T, dtype=torch.float64)
+    next_value = torch.zeros(B, dtype=torch.float64)
+    next_adv = torch.zeros(B, dtype=torch.float64)
+    for t in range(T - 1, -1, -1):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        a = delta + gamma * lam * next_adv
+        on = m[:, t] > 0
+        adv[:, t] = torch.where(on, a, torch.zeros_like(a))
+        next_value = torch.where(on, v[:, t], next_value)
+        next_adv = torch.where(on, a, next_adv)
+    returns = torch.where(m > 0, adv + v, torch.zeros_like(adv))
+    return adv.float(), returns.float()
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the mask-1 entries (unbiased variance), 0 elsewhere. PPO's advantage
+    whitening (TRL and verl do it by default; not from the paper)."""
+    m = mask.to(torch.bool)
+    v = x[m].double()
+    if v.numel() < 2:
+        return torch.where(m, x - (v.mean() if v.numel() else 0.0), torch.zeros_like(x))
+    out = (x.double() - v.mean()) / torch.sqrt(v.var(unbiased=True) + eps)
+    return torch.where(m, out, torch.zeros_like(out)).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Settings an estimator may read (``grpo`` params; each estimator documents which).
+
+    scale_rewards, eps: the group normalisation (``grpo``). gamma, lam: GAE. kl_coef: beta of PPO's per-token reward
+    (eq. 2). whiten: whiten the advantages over the batch's valid tokens (PPO option)."""
+
+    scale_rewards: ScaleRewards = "group"
+    eps: float = 1e-4
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.0
+    whiten: bool = False
+
+
+@dataclass(frozen=True)
+class AdvantageInput:
+    """What an estimator reads: the rewards of a rollout of Q x G outputs (row n = q * G + g) and, per token,
+
+    mask: (N, T) tokens that count (the loss mask: completion tokens minus tool output); values: (N, T) the value
+    model's V(s_t) (PPO) or None; log_ratio: (N, T) log pi_old - log pi_ref of the sampled tokens, or None."""
+
+    rewards: Rewards
+    mask: Tensor
+    values: Tensor | None = None
+    log_ratio: Tensor | None = None
+
+
+Estimator = Callable[[AdvantageInput, AdvantageConfig], Advantages]
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Decorator: register ``fn(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages`` under ``name``."""
+
+    def deco(fn: Estimator) -> Estimator:
+        if name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS[name] is not fn:
+            raise ValueError(f"advantage estimator {name!r} is registered twice")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def estimate_advantages(name: str, inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
+    """Run the registered estimator ``name``."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; registered: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+    return ADVANTAGE_ESTIMATORS[name](inp, cfg)
+
+
+@register_estimator("grpo")
+def grpo_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
+    """Group-relative advantages: :func:`process_advantages` over the per-step rewards when the source has them
+    (paper 4.1.3; ``scale_rewards`` unused: the group's step rewards are normalised together), else
+    :func:`outcome_advantages` over the per-output rewards (paper 4.1.2, with ``scale_rewards`` and ``eps``)."""
+    r = inp.rewards
+    if not r.per_step:
+        return replace(outcome_advantages(r.output, scale_rewards=cfg.scale_rewards, eps=cfg.eps), rewards=r.output)
+    assert r.steps is not None and r.step_ends is not None
+    Q = r.steps.shape[0]
+    adv = process_advantages(r.steps, r.step_ends, int(inp.mask.shape[-1]), eps=cfg.eps)
+    _, std, _ = _nan_mean_std(r.steps.reshape(Q, -1), dim=1)
+    zero = ~(adv.reshape(Q, -1) != 0).any(-1)
+    return Advantages(adv, torch.isfinite(r.steps).any(-1), int(zero.sum()), std.squeeze(1).float(), rewards=r.output)
+
+
+@register_estimator("gae")
+def gae_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
+    """PPO (paper 4.1.1): the per-token reward of eq. 2 (:func:`ppo_token_rewards`: the output's reward at its last
+    token, or a per-step source's step rewards at their end tokens, minus ``kl_coef`` x log pi_old / pi_ref), then
+    :func:`gae_advantages` with ``gamma`` and ``lam``, whitened over the valid tokens when ``whiten`` (not from the
+    paper). Needs ``values``. The group statistics are those of the per-output rewards (metrics only)."""
+    if inp.values is None:
+        raise ValueError("advantage estimator 'gae' needs the value model's values (algorithm ppo)")
+    r = inp.rewards
+    Q, G = r.output.shape
+    valid = torch.isfinite(r.output)
+    mask = inp.mask * valid.reshape(-1, 1).to(inp.mask.dtype)
+    steps = None if r.steps is None else r.steps.reshape(Q * G, -1)
+    ends = None if r.step_ends is None else r.step_ends.reshape(Q * G, -1)
+    tok = ppo_token_rewards(r.output.reshape(-1), mask, log_ratio=inp.log_ratio, beta=cfg.kl_coef,
+                            step_rewards=steps, step_ends=ends)
+    adv, ret = gae_advantages(tok, inp.values, mask, cfg.gamma, cfg.lam)
+    if cfg.whiten:
+        adv = masked_whiten(adv, mask)
+    group = outcome_advantages(r.output, scale_rewards="group", eps=cfg.eps)
+    T = adv.shape[-1]
+    return Advantages(adv.view(Q, G, T), valid, group.n_zero_std_groups, group.group_std, rewards=r.output,
+                      returns=ret.view(Q, G, T))
+
+
+@register_estimator("rloo")
+def rloo_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024): each output's baseline is the mean reward
+    of the other valid outputs of its group, A_i = r_i - (sum_{j != i} r_j) / (n - 1), with n the group's valid
+    outputs; no std scaling. Per-output rewards (a per-step source's mean step reward); an invalid reward, or a group
+    with fewer than 2 valid or all-equal rewards, gets 0. Not in the paper."""
+    r = inp.rewards.output.to(torch.float64)
+    valid = torch.isfinite(r)
+    _, std, n = _nan_mean_std(r, dim=1)
+    total = torch.where(valid, r, torch.zeros_like(r)).sum(1, keepdim=True)
+    adv = torch.where(valid, r - (total - torch.where(valid, r, torch.zeros_like(r))) / (n - 1).clamp(min=1), 0.0)
+    degenerate = (n.squeeze(1) < 2) | _all_equal(r, valid, 1).squeeze(1)
+    adv = torch.where(degenerate.unsqueeze(1), torch.zeros_like(adv), adv)
+    return Advantages(adv, valid, int(degenerate.sum()),
+                      torch.where(degenerate, torch.zeros_like(std.squeeze(1)), std.squeeze(1)).float(),
+                      rewards=inp.rewards.output)

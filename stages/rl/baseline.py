@@ -15,6 +15,7 @@ from torch import Tensor
 from stages.core.errors import PipelineError
 from stages.core.prompts import chat_prompt, response_text
 from stages.rl.data import step_questions
+from stages.train.update import Updater
 
 
 def sft_batch(rows: list[dict[str, Any]], tokenizer: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -39,13 +40,15 @@ def sft_batch(rows: list[dict[str, Any]], tokenizer: Any) -> tuple[Tensor, Tenso
 def continued_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, steps: int, per_step: int, seed: int,
                   lr: float, max_grad_norm: float, micro_batch_size: int,
                   on_step: Callable[[int], None] | None = None) -> list[dict[str, float]]:
-    """Train ``model`` in place for ``steps`` SFT steps over the GRPO question order; return per-step rows.
+    """Train ``model`` in place for ``steps`` SFT steps over the GRPO question order; return per-step rows. The
+    update is the one update path (stages.train.update.Updater: AdamW at ``lr``, clipping at ``max_grad_norm``).
 
     ``on_step(done)`` is called after each step with the number of steps done (the grpo stage's held-out
     evaluation of ``algorithm: sft``); the model is in eval mode during the call."""
     if any("cot" not in r for r in rows):
         raise PipelineError("grpo.baseline: the prompt rows have no 'cot' reference solution; disable the baseline or add them")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    upd = Updater(model, max_grad_norm=max_grad_norm, optimizer=torch.optim.AdamW(model.parameters(), lr=lr,
+                                                                                    weight_decay=0.0))
     model.train()
     history = []
     for step in range(steps):
@@ -53,19 +56,20 @@ def continued_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, ste
         batch = [rows[i] for i in step_questions(len(rows), step, per_step, seed)]
         ids, att, lab = sft_batch(batch, tokenizer)
         n_tok = int((lab[:, 1:] != -100).sum())
-        opt.zero_grad(set_to_none=True)
+        upd.zero_grad()
         total = 0.0
-        for sl in torch.arange(len(batch)).split(micro_batch_size):
-            logits = model(input_ids=ids[sl], attention_mask=att[sl], use_cache=False).logits[:, :-1].float()
-            tgt = lab[sl][:, 1:]
+        slices = torch.arange(len(batch)).split(micro_batch_size)
+        for j, sl in enumerate(slices):
+            dev = upd.device
+            logits = model(input_ids=ids[sl].to(dev), attention_mask=att[sl].to(dev), use_cache=False).logits[:, :-1]
+            logits = logits.float()
+            tgt = lab[sl][:, 1:].to(dev)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                                                      ignore_index=-100, reduction="sum") / max(n_tok, 1)
-            loss.backward()
+            upd.backward(loss, last=j == len(slices) - 1)
             total += loss.item()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        if torch.isfinite(gn):
-            opt.step()
-        history.append({"step": step, "sft_loss": total, "grad_norm": float(gn), "step_s": time.perf_counter() - t0})
+        gn, _ = upd.step(bad=False)  # a non-finite gradient norm skips the update
+        history.append({"step": step, "sft_loss": total, "grad_norm": gn, "step_s": time.perf_counter() - t0})
         if on_step is not None:
             model.eval()
             on_step(step + 1)

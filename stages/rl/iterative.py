@@ -19,7 +19,7 @@ k < I (the last iteration's policy is the stage's final policy, data/models/grpo
 
 from __future__ import annotations
 
-import os
+import math
 import random
 import shutil
 import time
@@ -29,12 +29,13 @@ from typing import Any
 
 import torch
 
+from stages.core.dist import is_main_process
 from stages.core.io import write_json
 from stages.core.modeling import save_model
 from stages.rl.reward_model import (
-    RewardModelScorer,
+    RewardModelSource,
     SampleConfig,
-    StepLabelScorer,
+    StepLabelSource,
     collect_examples,
     evaluate_reward_model,
     load_examples,
@@ -91,13 +92,13 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
     """Algorithm 1 (module docstring) on ``model`` in place; returns (metric rows, sample rows, info).
 
     ``train_fn`` is stages.grpo.train_grpo: ``train_fn(model, tokenizer, rows, p_k, ckpt_dir=, first_step=,
-    scorer=)`` runs the steps first_step .. p_k.steps - 1 and copies the model it starts from as pi_ref.
+    scorer=)`` (``scorer``: the reward source of ``p.reward_source``, stages.rl.reward_model) runs the steps first_step .. p_k.steps - 1 and copies the model it starts from as pi_ref.
     ``rm_dir``: the reward model to start from (None with the rule reward). ``on_iteration(k, model, rm)``
     is called after each iteration's outputs are written (tests use it).
     """
     n_iter, M = p.iterative.iterations, p.steps
     out_dir = Path(out_dir)
-    main = int(os.environ.get("RANK", "0")) == 0  # several ranks (DeepSpeed launch): rank 0 writes
+    main = is_main_process()  # several ranks (DeepSpeed launch): rank 0 writes
     if main:
         shutil.rmtree(out_dir, ignore_errors=True)  # no stale iter<k> of an earlier run with more iterations
         out_dir.mkdir(parents=True)
@@ -114,9 +115,10 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
     for k in range(1, n_iter + 1):
         t0 = time.perf_counter()
         if rm is not None:
-            scorer = RewardModelScorer(rm, tokenizer, batch_size=p.micro_batch_size)
+            kind = "outcome" if p.reward_source == "outcome_rm" else "process"
+            scorer = RewardModelSource(rm, tokenizer, kind, batch_size=p.micro_batch_size)
         elif p.reward_source == "process_rule":
-            scorer = StepLabelScorer(tokenizer)
+            scorer = StepLabelSource(tokenizer)
         pk = p.model_copy(update={"steps": k * M})
         ck = None if ckpt_dir is None else (ckpt_dir if n_iter == 1 else Path(ckpt_dir) / f"iter{k}")
         h, s, inf = train_fn(model, tokenizer, rows, pk, ckpt_dir=ck, first_step=(k - 1) * M, scorer=scorer)
@@ -126,8 +128,8 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
         samples.extend(s)
         it_info: dict[str, Any] = {"iteration": k, "steps": len(h), "grpo_s": round(time.perf_counter() - t0, 2),
                                    "kl_first_step": h[0]["kl"] if h else None,
-                                   "accuracy_mean": _mean([r.get("accuracy") for r in h]),
-                                   "reward_mean": _mean([r.get("reward_mean") for r in h]),
+                                   "accuracy_mean": mean_finite([r.get("accuracy") for r in h]),
+                                   "reward_mean": mean_finite([r.get("reward_mean") for r in h]),
                                    "resumed_from_step": inf.get("resumed_from_step")}
         for key, v in inf.items():
             if key != "resumed_from_step":
@@ -168,9 +170,10 @@ def _no_timings(x: Any) -> Any:
     return x
 
 
-def _mean(xs: list[Any]) -> float | None:
-    v = [float(x) for x in xs if x is not None and x == x]
-    return round(sum(v) / len(v), 6) if v else None
+def mean_finite(xs: list[Any]) -> float | None:
+    """The mean of the finite values among ``xs`` (None and NaN skipped), to 6 significant digits; None if none."""
+    v = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return float(f"{sum(v) / len(v):.6g}") if v else None
 
 
 def snapshot(model: Any) -> dict[str, torch.Tensor]:

@@ -1,4 +1,13 @@
-"""The GRPO loss (DeepSeekMath paper eq. 3 with the k3 KL of eq. 4), as a pure function.
+"""Policy losses (DeepSeekMath paper eq. 1, 3 and 5), the value loss of PPO, and the registry of policy losses.
+
+Registry (verl's ``core_algos.py`` shape): every policy loss has one signature,
+``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg: LossConfig, normalizer) -> (loss, metrics)``, with
+``weights`` the per-output or per-token advantages (policy-gradient losses) or gradient coefficients (the SFT-like
+losses of eq. 5). Registered: ``clipped`` (:func:`grpo_loss`: the clipped surrogate of eq. 1 / eq. 3, plus the k3 KL
+when the algorithm puts beta in the loss) and ``nll`` (:func:`weighted_nll_loss`, RFT / online RFT). A new loss is
+one function decorated with ``@register_policy_loss("name")``.
+
+The GRPO loss (paper eq. 3 with the k3 KL of eq. 4):
 
 Per token t of output i (all tensors (B, T), B outputs in the (micro-)batch, T completion tokens)::
 
@@ -29,6 +38,7 @@ exploration stage (mu = 1), in which case rho == 1 exactly and only the gradient
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -154,3 +164,129 @@ def grpo_loss(
             "n_tokens": n_tok,
         }
     return loss, metrics
+
+
+def weighted_nll_loss(logprobs: Tensor, coefficients: Tensor, mask: Tensor, *, aggregation: Aggregation,
+                      normalizer: LossNormalizer | None = None) -> tuple[Tensor, dict[str, float]]:
+    """The loss whose gradient is eq. 5 with a per-output coefficient: per token ``l_{i,t} = -GC_i log pi_theta``.
+
+    With GC = 1 on every output this is the SFT loss (negative log-likelihood of the sampled tokens); with
+    GC = :func:`rft_coefficients` and the wrong outputs masked out it is the SFT loss on the correct outputs
+    (RFT / online RFT). The aggregation is that of :func:`stages.rl.losses.aggregate`: ``seq-mean-token-mean``
+    gives eq. 5's (1/|o|) per output and a mean over outputs; ``token-mean`` is the continued-SFT baseline's
+    (sum of token NLLs / tokens).
+
+    Args:
+        logprobs: (B, T) log pi_theta(o_t | q, o_<t) of the tokens, with gradient (teacher-forced at the
+            sampling temperature, as GRPO's).
+        coefficients: (B,) GC per output (broadcast over its tokens) or (B, T) per token.
+        mask: (B, T) 1 for tokens in the loss (completion tokens of trained outputs), 0 elsewhere.
+        aggregation: one of :data:`stages.rl.losses.AGGREGATIONS`.
+        normalizer: denominators over the whole optimizer batch (micro-batches then sum to the batch loss);
+            None = count over this batch.
+
+    Returns:
+        (loss, metrics): ``nll`` = mean -log pi over the loss tokens, ``n_tokens``.
+    """
+    if logprobs.shape != mask.shape:
+        raise ValueError(f"logprobs and mask shapes differ: {tuple(logprobs.shape)} vs {tuple(mask.shape)}")
+    gc = coefficients.to(logprobs.dtype)
+    if gc.dim() == 1:
+        gc = gc.unsqueeze(-1).expand_as(logprobs)
+    norm = normalizer if normalizer is not None else LossNormalizer.from_mask(mask)
+    loss = aggregate(-gc * logprobs, mask, aggregation, norm)
+    with torch.no_grad():
+        m = mask.to(torch.bool)
+        n_tok = int(m.sum())
+        nll = float(-(logprobs.detach() * m).sum()) / max(n_tok, 1)
+    return loss, {"nll": nll, "n_tokens": n_tok}
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float | None,
+               aggregation: Aggregation, normalizer: LossNormalizer | None = None) -> tuple[Tensor, dict[str, float]]:
+    """PPO's value loss (paper section 4.1.1 trains the value model alongside the policy; the form is PPO's):
+
+        l_t = 1/2 (V_t - R_t)^2                                                   (clip None)
+        l_t = 1/2 max((V_t - R_t)^2, (V_old,t + clip(V_t - V_old,t, -c, c) - R_t)^2)   (clip c: clipped value loss)
+
+    aggregated like the policy loss (:func:`aggregate` with the batch-wide ``normalizer``). The clipped form is an
+    option of PPO's implementations (TRL, verl), not from the paper.
+
+    Args:
+        values: (B, T) V_t of the value model being trained (with gradient).
+        old_values: (B, T) the values at sampling time (detached; the clip's centre).
+        returns: (B, T) the value targets R_t (GAE's returns).
+        mask: (B, T) tokens in the loss.
+        clip: c, or None for the plain squared error.
+
+    Returns:
+        (loss, metrics): ``value_loss`` (same aggregation), ``vf_clip_frac`` (share of loss tokens where the clipped
+        term is the larger), ``value_mean``, ``n_tokens``.
+    """
+    if values.shape != mask.shape or old_values.shape != mask.shape or returns.shape != mask.shape:
+        raise ValueError("values, old_values, returns and mask must have one shape")
+    norm = normalizer if normalizer is not None else LossNormalizer.from_mask(mask)
+    err = (values - returns) ** 2
+    if clip is None:
+        per_token = 0.5 * err
+        clipped_more = torch.zeros_like(err, dtype=torch.bool)
+    else:
+        vc = old_values + torch.clamp(values - old_values, -clip, clip)
+        err_c = (vc - returns) ** 2
+        per_token = 0.5 * torch.maximum(err, err_c)
+        clipped_more = err_c > err
+    loss = aggregate(per_token, mask, aggregation, norm)
+    with torch.no_grad():
+        m = mask.to(torch.bool)
+        n_tok = int(m.sum())
+        denom = max(n_tok, 1)
+        metrics = {"value_loss": float(loss.detach()), "vf_clip_frac": float((clipped_more & m).sum()) / denom,
+                   "value_mean": float((values.detach() * m).sum()) / denom, "n_tokens": n_tok}
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry of policy losses
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Settings a policy loss may read: the clip (eq. 1 / 3), the KL coefficient in the loss (beta; 0 for PPO, whose
+    KL is in the reward) and the aggregation mode."""
+
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    beta: float = 0.0
+    aggregation: Aggregation = "seq-mean-token-mean"
+
+
+PolicyLoss = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, LossConfig, LossNormalizer],
+                      tuple[Tensor, dict[str, float]]]
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: register ``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg, normalizer)`` as ``name``."""
+
+    def deco(fn: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
+            raise ValueError(f"policy loss {name!r} is registered twice")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return deco
+
+
+@register_policy_loss("clipped")
+def clipped_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
+                 mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, float]]:
+    """The clipped surrogate (PPO eq. 1, GRPO eq. 3) with the k3 KL in the loss at ``cfg.beta`` (:func:`grpo_loss`)."""
+    return grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=cfg.clip_eps,
+                     clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer)
+
+
+@register_policy_loss("nll")
+def nll_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, coefficients: Tensor, mask: Tensor,
+             cfg: LossConfig, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, float]]:
+    """-GC log pi (eq. 5 with a gradient coefficient per output: RFT / online RFT; :func:`weighted_nll_loss`)."""
+    return weighted_nll_loss(logprobs, coefficients, mask, aggregation=cfg.aggregation, normalizer=normalizer)

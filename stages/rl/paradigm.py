@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from stages.rl.data import step_questions
-from stages.rl.losses import Aggregation, LossNormalizer, aggregate
+from stages.rl.losses import weighted_nll_loss  # noqa: F401 - re-exported: the loss of eq. 5 with GC
 
 ALGORITHMS: tuple[str, ...] = ("sft", "rft", "online_rft", "grpo")
 
@@ -48,42 +48,6 @@ def rft_coefficients(correct: Tensor) -> Tensor:
         (B,) float32 coefficients, constant over the output's tokens.
     """
     return correct.to(torch.bool).to(torch.float32)
-
-
-def weighted_nll_loss(logprobs: Tensor, coefficients: Tensor, mask: Tensor, *, aggregation: Aggregation,
-                      normalizer: LossNormalizer | None = None) -> tuple[Tensor, dict[str, float]]:
-    """The loss whose gradient is eq. 5 with a per-output coefficient: per token ``l_{i,t} = -GC_i log pi_theta``.
-
-    With GC = 1 on every output this is the SFT loss (negative log-likelihood of the sampled tokens); with
-    GC = :func:`rft_coefficients` and the wrong outputs masked out it is the SFT loss on the correct outputs
-    (RFT / online RFT). The aggregation is that of :func:`stages.rl.losses.aggregate`: ``seq-mean-token-mean``
-    gives eq. 5's (1/|o|) per output and a mean over outputs; ``token-mean`` is the continued-SFT baseline's
-    (sum of token NLLs / tokens).
-
-    Args:
-        logprobs: (B, T) log pi_theta(o_t | q, o_<t) of the tokens, with gradient (teacher-forced at the
-            sampling temperature, as GRPO's).
-        coefficients: (B,) GC per output (broadcast over its tokens) or (B, T) per token.
-        mask: (B, T) 1 for tokens in the loss (completion tokens of trained outputs), 0 elsewhere.
-        aggregation: one of :data:`stages.rl.losses.AGGREGATIONS`.
-        normalizer: denominators over the whole optimizer batch (micro-batches then sum to the batch loss);
-            None = count over this batch.
-
-    Returns:
-        (loss, metrics): ``nll`` = mean -log pi over the loss tokens, ``n_tokens``.
-    """
-    if logprobs.shape != mask.shape:
-        raise ValueError(f"logprobs and mask shapes differ: {tuple(logprobs.shape)} vs {tuple(mask.shape)}")
-    gc = coefficients.to(logprobs.dtype)
-    if gc.dim() == 1:
-        gc = gc.unsqueeze(-1).expand_as(logprobs)
-    norm = normalizer if normalizer is not None else LossNormalizer.from_mask(mask)
-    loss = aggregate(-gc * logprobs, mask, aggregation, norm)
-    with torch.no_grad():
-        m = mask.to(torch.bool)
-        n_tok = int(m.sum())
-        nll = float(-(logprobs.detach() * m).sum()) / max(n_tok, 1)
-    return loss, {"nll": nll, "n_tokens": n_tok}
 
 
 def run_questions(n_rows: int, total_steps: int, per_step: int, seed: int, *, rank: int = 0, world: int = 1

@@ -55,7 +55,9 @@ from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, read_jsonl
 from stages.core.modeling import resolve_model
 from stages.core.prompts import chat_prompt
-from stages.rl.advantages import _nan_mean_std, outcome_advantages, process_advantages, step_end_indices
+from stages.rl.advantages import step_end_indices
+from stages.rl.rewards import Rewards, accuracy_reward
+from stages.train.update import Updater
 
 LabelMethod = Literal["values", "rollouts"]
 TrainOn = Literal["process", "outcome"]
@@ -156,13 +158,6 @@ def _num_eq(a: str, b: Any) -> bool:
         return False
 
 
-def answer_correct(text: str, gold: str) -> int:
-    """1 when the final answer extracted from ``text`` equals ``gold`` (integer problems: no percent variants)."""
-    from stages.core.answers import extract_answer, is_equivalent
-
-    return int(is_equivalent(extract_answer(text, "math"), gold, percent_variants=False))
-
-
 @dataclass(frozen=True)
 class SampleConfig:
     """How to sample and label RM training data from a policy."""
@@ -196,7 +191,7 @@ def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]
             if not ids:
                 continue
             ends, texts = completion_steps(ids, tokenizer)
-            outcome = answer_correct(c.text, r["answer"])
+            outcome = int(accuracy_reward(completion=c.text, answer=r["answer"]))
             if cfg.labels == "values":
                 if "values" not in r:
                     raise PipelineError("reward labels 'values' need problem rows with a 'values' field; use 'rollouts'")
@@ -214,7 +209,7 @@ def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]
         for (ei, j, prefix), group in zip(pending, rolls, strict=True):
             ex = examples[ei]
             gold = ex["answer"]
-            ex["step_labels"][j] = int(any(answer_correct(prefix + c.text, gold) for c in group))
+            ex["step_labels"][j] = int(any(accuracy_reward(completion=prefix + c.text, answer=gold) == 1.0 for c in group))
     return examples
 
 
@@ -269,11 +264,13 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
     """Train ``rm`` in place with binary cross-entropy on the labelled positions; return the mean loss per epoch.
 
     ``train_on="process"``: every step end with its step label; ``"outcome"``: the last token with the
-    outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``.
+    outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``, through the one update
+    path (stages.train.update.Updater: clipping, a non-finite batch skipped).
     """
     if not examples:
         raise PipelineError("reward model: no training examples (every sampled output was empty)")
-    opt = torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay)
+    upd = Updater(rm, max_grad_norm=max_grad_norm,
+                  optimizer=torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay))
     rng = random.Random(seed)
     cache: dict[str, list[int]] = {}
     order = list(range(len(examples)))
@@ -290,10 +287,9 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
             rows_, cols = zip(*pos, strict=True)
             logit = s[list(rows_), list(cols)]
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(rm.parameters(), max_grad_norm)
-            opt.step()
+            upd.zero_grad()
+            upd.backward(loss, last=True)
+            upd.step(bad=not bool(torch.isfinite(loss)))
             tot += loss.item() * len(lab)
             n += len(lab)
         losses.append(tot / max(n, 1))
@@ -381,22 +377,6 @@ def replay_mix(new: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]],
 # rewards for GRPO rollouts
 
 
-@dataclass(frozen=True)
-class RMAdvantages:
-    """Advantages from a reward model, shaped like :class:`stages.rl.advantages.OutcomeAdvantages`.
-
-    advantages: (Q, G) (outcome) or (Q, G, T) (process); valid: (Q, G); rewards: (Q, G) per-output
-    reward for logging (outcome: sigmoid of the last-token score; process: mean step reward).
-    """
-
-    advantages: Tensor
-    valid: Tensor
-    n_zero_std_groups: int
-    group_std: Tensor
-    rewards: Tensor
-    n_steps_mean: float
-
-
 def _pad_steps(rewards: Sequence[Sequence[float]], ends: Sequence[Sequence[int]], group_size: int
                ) -> tuple[Tensor, Tensor]:
     """(Q, G, S) step rewards (NaN-padded) and (Q, G, S) step-end indices from per-output lists (N = Q x G)."""
@@ -410,94 +390,88 @@ def _pad_steps(rewards: Sequence[Sequence[float]], ends: Sequence[Sequence[int]]
     return r.view(N // group_size, group_size, S), e.view(N // group_size, group_size, S)
 
 
-class RewardModelScorer:
-    """Scores GRPO rollouts with a reward model: outcome rewards or process (step) rewards."""
+def rollout_completions(ro: Any) -> list[list[int]]:
+    """The completion token ids of every output of a rollout (its generated tokens, EOS included)."""
+    P = ro.prompt_len
+    return [[int(t) for t in ro.input_ids[n, P:P + int(ro.completion_mask[n].sum())]] for n in range(len(ro.texts))]
 
-    def __init__(self, rm: Any, tokenizer: Any, *, batch_size: int = 32) -> None:
+
+def step_rewards_as(steps: Tensor, ends: Tensor, kind: Literal["outcome", "process"], **metrics: float) -> Rewards:
+    """:class:`Rewards` from (Q, G, S) step rewards: ``process`` keeps the steps (per-output reward: the mean of its
+    step rewards); ``outcome`` keeps only the last step's reward of each output (the outcome score)."""
+    valid = torch.isfinite(steps).any(-1)
+    n_steps = float(torch.isfinite(steps).sum(-1).float().mean())
+    if kind == "process":
+        return Rewards(torch.nanmean(steps, dim=-1), steps, ends, metrics={"rm_steps_mean": n_steps, **metrics})
+    last = torch.isfinite(steps).sum(-1, keepdim=True).clamp(min=1) - 1
+    outcome = steps.gather(-1, last).squeeze(-1)
+    return Rewards(torch.where(valid, outcome, torch.full_like(outcome, math.nan)),
+                   metrics={"rm_steps_mean": n_steps, **metrics})
+
+
+class RewardModelSource:
+    """Rewards from a reward model (``reward_source`` outcome_rm / process_rm; :class:`stages.rl.rewards.RewardSource`).
+
+    The RM scores every step end of every output (:func:`completion_steps`); a step's reward is the sigmoid of its
+    score. ``kind="outcome"``: the reward of an output is its last token's (paper 4.1.2); ``"process"``: the rewards of
+    all its steps, with their end tokens (paper 4.1.3). An empty output has no reward (NaN)."""
+
+    def __init__(self, rm: Any, tokenizer: Any, kind: Literal["outcome", "process"], *, batch_size: int = 32) -> None:
         self.rm = rm.eval()
         self.tokenizer = tokenizer
+        self.kind = kind
         self.batch_size = batch_size
-
-    def rollout_examples(self, ro: Any) -> list[dict[str, Any]]:
-        """One example row per rollout output (completion ids and step ends; labels unknown)."""
-        rows = []
-        P = ro.prompt_len
-        for n in range(len(ro.texts)):
-            L = int(ro.completion_mask[n].sum())
-            ids = [int(t) for t in ro.input_ids[n, P:P + L]]
-            ends, _ = completion_steps(ids, self.tokenizer) if ids else ([], [])
-            rows.append({"question": ro.rows[n]["question"], "completion_ids": ids, "step_ends": ends})
-        return rows
 
     def step_rewards(self, ro: Any) -> tuple[Tensor, Tensor]:
         """(Q, G, S) sigmoid step rewards (NaN-padded) and (Q, G, S) step-end indices of a rollout."""
-        exs = self.rollout_examples(ro)
+        exs = []
+        for n, ids in enumerate(rollout_completions(ro)):
+            ends, _ = completion_steps(ids, self.tokenizer) if ids else ([], [])
+            exs.append({"question": ro.rows[n]["question"], "completion_ids": ids, "step_ends": ends})
         keep = [i for i, ex in enumerate(exs) if ex["completion_ids"]]
-        scores: dict[int, list[float]] = {}
-        sc = example_scores(self.rm, self.tokenizer, [exs[i] for i in keep], self.batch_size)
-        for i, s in zip(keep, sc, strict=True):
-            scores[i] = s
+        scores = dict(zip(keep, example_scores(self.rm, self.tokenizer, [exs[i] for i in keep], self.batch_size),
+                          strict=True))
         rewards = [torch.sigmoid(torch.tensor(scores[i], dtype=torch.float64)).tolist() if i in scores else []
                    for i in range(len(exs))]
         return _pad_steps(rewards, [ex["step_ends"] if i in scores else [] for i, ex in enumerate(exs)],
                           ro.group_size)
 
-    def advantages(self, ro: Any, source: Literal["outcome_rm", "process_rm", "process_rule"], *, scale_rewards: str,
-                   eps: float) -> RMAdvantages:
-        """Group-relative advantages from RM rewards: outcome (paper 4.1.2) or process supervision (4.1.3)."""
-        step_r, step_e = self.step_rewards(ro)
-        Q, G, _ = step_r.shape
-        valid = torch.isfinite(step_r).any(-1)
-        n_steps = float(torch.isfinite(step_r).sum(-1).float().mean())
-        if source == "outcome_rm":
-            last = torch.isfinite(step_r).sum(-1, keepdim=True).clamp(min=1) - 1
-            outcome = step_r.gather(-1, last).squeeze(-1)
-            outcome = torch.where(valid, outcome, torch.full_like(outcome, math.nan))
-            a = outcome_advantages(outcome, scale_rewards=scale_rewards, eps=eps)  # type: ignore[arg-type]
-            return RMAdvantages(a.advantages, a.valid, a.n_zero_std_groups, a.group_std, outcome, n_steps)
-        if source not in ("process_rm", "process_rule"):
-            raise ValueError(f"source must be 'outcome_rm', 'process_rm' or 'process_rule', got {source!r}")
-        T = int(ro.completion_mask.shape[1])
-        adv = process_advantages(step_r, step_e, T, eps=eps)
-        flat = step_r.reshape(Q, -1)
-        _, std, _ = _nan_mean_std(flat, dim=1)
-        zero = ~(adv.reshape(Q, -1) != 0).any(-1)
-        mean_r = torch.nanmean(step_r, dim=-1)
-        return RMAdvantages(adv, valid, int(zero.sum()), std.squeeze(1).float(), mean_r, n_steps)
+    def rewards(self, ro: Any) -> Rewards:
+        """The RM's rewards of every output of ``ro`` (class docstring)."""
+        return step_rewards_as(*self.step_rewards(ro), self.kind)
 
 
-class StepLabelScorer(RewardModelScorer):
-    """Process supervision from exact step labels instead of a reward model (``reward_source: process_rule``).
+class StepLabelSource:
+    """Exact step labels as process rewards (``reward_source: process_rule``; a :class:`RewardSource`).
 
     Each rollout output's steps (:func:`completion_steps`) get the ``values`` labels of :func:`value_step_labels`
     (step k is right iff its result and every earlier one match the problem's running values; the last step's
-    label is answer correctness), and the step rewards are those 0/1 labels; advantages as for ``process_rm``
-    (paper 4.1.3). This is an oracle PRM: the labeller the reward_model stage trains its PRM on, applied
-    directly. Not in the paper (its PRM is a trained model); it separates "process vs outcome supervision"
-    from "how good the PRM is" on the generated problems, whose rows carry ``values``."""
+    label is answer correctness), and the step rewards are those 0/1 labels, consumed like a process RM's (paper
+    4.1.3). This is an oracle PRM: the labeller the reward_model stage trains its PRM on, applied directly. Not in
+    the paper (its PRM is a trained model); it separates "process vs outcome supervision" from "how good the PRM is"
+    on the generated problems, whose rows carry ``values``."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self.rm = None
         self.tokenizer = tokenizer
-        self.batch_size = 0
 
     def step_rewards(self, ro: Any) -> tuple[Tensor, Tensor]:
         """(Q, G, S) 0/1 step labels (NaN-padded) and (Q, G, S) step-end indices of a rollout."""
-        P, G = ro.prompt_len, ro.group_size
         ends_all: list[list[int]] = []
-        labels_all: list[list[int]] = []
-        for n, row in enumerate(ro.rows):
+        labels_all: list[list[float]] = []
+        for n, (row, ids) in enumerate(zip(ro.rows, rollout_completions(ro), strict=True)):
             if "values" not in row:
                 raise PipelineError("grpo.reward_source process_rule needs problem rows with a 'values' field "
                                     "(the generated problems); use process_rm for other data")
-            L = int(ro.completion_mask[n].sum())
-            ids = [int(t) for t in ro.input_ids[n, P:P + L]]
             if not ids:
                 ends_all.append([])
                 labels_all.append([])
                 continue
             ends, texts = completion_steps(ids, self.tokenizer)
-            outcome = answer_correct(ro.texts[n], row["answer"])
+            outcome = int(accuracy_reward(completion=ro.texts[n], answer=row["answer"]))
             ends_all.append(ends)
-            labels_all.append(value_step_labels(texts, row["values"], outcome))
-        return _pad_steps([[float(x) for x in lab] for lab in labels_all], ends_all, G)
+            labels_all.append([float(x) for x in value_step_labels(texts, row["values"], outcome)])
+        return _pad_steps(labels_all, ends_all, ro.group_size)
+
+    def rewards(self, ro: Any) -> Rewards:
+        """The step labels of every output of ``ro`` as process rewards."""
+        return step_rewards_as(*self.step_rewards(ro), "process")

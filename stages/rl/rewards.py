@@ -1,4 +1,11 @@
-"""Reward functions for GRPO rollouts (the paper's "rule" reward is answer correctness, section 5.2.1).
+"""Rewards of RL rollouts: the one reward interface, and the rule / custom reward functions.
+
+Every reward source (these rule and custom functions; the outcome and process reward models and the exact step
+labels of stages/rl/reward_model.py) implements :class:`RewardSource`: ``rewards(rollout) -> Rewards``, the rewards
+per output and, where the source has them, per reasoning step with the steps' end tokens. Sources return rewards,
+never advantages: the advantage estimator (stages/rl/advantages.py) turns them into advantages.
+
+The paper's "rule" reward is answer correctness (section 5.2.1).
 
 Every reward function is called with keyword arguments and returns a float::
 
@@ -21,11 +28,53 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
 
 from stages.core.errors import PipelineError
 
 RewardFn = Callable[..., float]
+
+
+@dataclass(frozen=True)
+class Rewards:
+    """What every reward source returns for a rollout of Q questions x G outputs (row n = q * G + g).
+
+    output: (Q, G) float64, the reward of each output; NaN where the source could not score it (the output is then
+        excluded from its group's statistics and from the loss). A per-step source gives the mean of the output's
+        step rewards here (for the metrics and for the outcome estimators).
+    steps: (Q, G, S) float64 per-step rewards (S = most steps of an output in the batch; NaN pads and marks failed
+        scores), or None for a source that scores whole outputs only.
+    step_ends: (Q, G, S) long, the completion-token index of each step's last token (with ``steps``).
+    parts: per reward function, its value for every output in row order (rule sources; {} otherwise). The
+        ``accuracy`` part is the answer-correctness metric.
+    metrics: the source's own per-step metrics (e.g. ``rm_steps_mean``, steps scored per output).
+    """
+
+    output: Tensor
+    steps: Tensor | None = None
+    step_ends: Tensor | None = None
+    parts: dict[str, list[float]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def per_step(self) -> bool:
+        """True when the source gives per-step rewards (process supervision)."""
+        return self.steps is not None
+
+    def with_parts(self, parts: dict[str, list[float]]) -> Rewards:
+        """The same rewards with ``parts`` (the rule functions' values, scored for the metrics)."""
+        return Rewards(self.output, self.steps, self.step_ends, parts, self.metrics)
+
+
+class RewardSource(Protocol):
+    """A source of rewards for rollouts (stages.rl.rollout.Rollout)."""
+
+    def rewards(self, ro: Any) -> Rewards:
+        """The rewards of every output of ``ro``."""
+        ...
 
 _BOXED = re.compile(r"\\boxed\{")
 
@@ -44,6 +93,20 @@ def accuracy_reward(*, completion: str, answer: str, **_: Any) -> float:
 def format_reward(*, completion: str, finish_reason: str, **_: Any) -> float:
     """1.0 when the output stopped by itself (not truncated) and holds exactly one ``\\boxed{``, else 0.0."""
     return 1.0 if finish_reason == "stop" and len(_BOXED.findall(completion)) == 1 else 0.0
+
+
+def r1_format_reward(*, completion: str, finish_reason: str, **_: Any) -> float:
+    """DeepSeek-R1's format reward for the ``r1`` template (stages.core.prompts.R1_TEMPLATE, whose prompt ends with
+    the opening <think>): 1.0 when the output stopped by itself and is ``reasoning </think> answer`` with non-empty
+    reasoning and answer, one ``</think>`` and no other ``<think>``; else 0.0."""
+    if finish_reason != "stop" or completion.count("</think>") != 1 or "<think>" in completion:
+        return 0.0
+    thought, _, answer = completion.partition("</think>")
+    return 1.0 if thought.strip() and answer.strip() else 0.0
+
+
+FORMAT_REWARDS: dict[str, RewardFn] = {"deepseekmath": format_reward, "r1": r1_format_reward}
+"""``grpo.template`` -> its format reward (``grpo.reward.format_weight``)."""
 
 
 def import_reward(path: str) -> RewardFn:
@@ -69,7 +132,9 @@ class RewardSet:
 
     @classmethod
     def from_params(cls, accuracy_weight: float, format_weight: float, custom: Sequence[str],
-                    custom_weights: Sequence[float]) -> RewardSet:
+                    custom_weights: Sequence[float], *, template: str = "deepseekmath") -> RewardSet:
+        """The rule reward, the format reward of ``template`` (:data:`FORMAT_REWARDS`) and the custom functions,
+        each with its weight (0: left out)."""
         if len(custom) != len(custom_weights):
             raise PipelineError(
                 f"grpo.reward: custom has {len(custom)} entries but custom_weights {len(custom_weights)}; give one weight per function"
@@ -78,12 +143,25 @@ class RewardSet:
         if accuracy_weight:
             fns.append(("accuracy", accuracy_reward, accuracy_weight))
         if format_weight:
-            fns.append(("format", format_reward, format_weight))
+            fns.append(("format", FORMAT_REWARDS[template], format_weight))
         for path, w in zip(custom, custom_weights, strict=True):
             fns.append((path, import_reward(path), w))
         if not fns:
             raise PipelineError("grpo.reward: every weight is 0 and no custom function is given; enable at least one reward")
         return cls(fns)
+
+    def rewards(self, ro: Any) -> Rewards:
+        """:class:`RewardSource`: the weighted sum of the functions for every output of rollout ``ro``."""
+        N, G = len(ro.texts), ro.group_size
+        totals, parts = [], {}
+        for n in range(N):
+            row = ro.rows[n]
+            tot, comp = self.score(question=row["question"], completion=ro.texts[n], answer=row["answer"],
+                                   finish_reason=ro.finish_reasons[n], row=row)
+            totals.append(tot)
+            for k, v in comp.items():
+                parts.setdefault(k, []).append(v)
+        return Rewards(torch.tensor(totals, dtype=torch.float64).view(N // G, G), parts=parts)
 
     def score(self, **sample: Any) -> tuple[float, dict[str, float]]:
         """(total reward, per-function values); total is NaN when any function failed on this sample."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from stages.schema.base import RUNTIME, ExistingFile, Fraction, NonNegInt, PosFloat, PosInt, Section
 from stages.schema.train import DeepSpeedParams, LauncherParams
@@ -16,7 +16,9 @@ class GrpoRewardParams(Section):
     accuracy_weight: float
     """Weight of the rule reward: 1 when the extracted final answer equals the gold answer (stages.core.answers), else 0."""
     format_weight: float
-    """Weight of the format reward: 1 when the output ends with EOS and holds exactly one \\boxed{}, else 0; 0 = off."""
+    """Weight of the template's format reward (grpo.template; 0 = off): deepseekmath: 1 when the output ends with EOS
+    and holds exactly one \\boxed{}; r1: 1 when it ends with EOS and is "reasoning </think> answer" (R1's format
+    reward); else 0."""
     custom: list[str]
     """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
     custom_weights: list[float]
@@ -87,18 +89,71 @@ class GrpoHeldoutParams(Section):
     """Greedy generation limit of the evaluation."""
 
 
+class GrpoPpoParams(Section):
+    """PPO (``algorithm: ppo``; paper section 4.1.1, stages/rl/value.py): the value model and generalised advantage
+    estimation. The KL coefficient is ``grpo.beta``, in PPO's per-token reward (eq. 2) instead of the loss. gamma and
+    lam are not stated in the paper (1 and 0.95 as verl and TRL); the clipped value loss and the whitening are
+    options of PPO's implementations, not from the paper."""
+
+    value_init: Literal["policy", "reward_model"]
+    """The value model's weights: policy = the model RL starts from (its backbone, a new scalar head); reward_model =
+    data/models/reward_model (backbone and head; the paper's PPO initialises its value model from the reward model)."""
+    value_lr: PosFloat
+    """AdamW learning rate of the value model (its own optimizer; clipping at grpo.max_grad_norm)."""
+    gamma: Annotated[float, Field(ge=0.0, le=1.0)]
+    """GAE discount (not in the paper; 1.0 as verl and TRL)."""
+    lam: Annotated[float, Field(ge=0.0, le=1.0)]
+    """GAE lambda (not in the paper; 0.95 as verl and TRL)."""
+    value_clip: PosFloat | None
+    """Clipped value loss range c: the value may move at most c from its value at sampling time before the loss
+    stops pulling (PPO implementations' option, not the paper's); null = plain squared error."""
+    whiten: bool
+    """Whiten the advantages over the batch's valid tokens (mean 0, std 1; TRL and verl do; not from the paper)."""
+
+
+def _registered(kind: str, value: str) -> str:
+    """``value`` when it is registered in the ``kind`` registry of stages/rl, else a one-line error listing them."""
+    if kind == "algorithm":
+        from stages.rl.algorithms import ALGORITHMS as reg
+    elif kind == "advantage_estimator":
+        from stages.rl.advantages import ADVANTAGE_ESTIMATORS as reg  # type: ignore[assignment]
+    else:
+        from stages.rl.losses import POLICY_LOSSES as reg  # type: ignore[assignment]
+    if value not in reg:
+        raise ValueError(f"unknown {kind} {value!r}; registered: {', '.join(reg)}")
+    return value
+
+
 class GrpoParams(Section):
     """Section ``grpo``: Group Relative Policy Optimisation (paper section 4) from the SFT model, or another method
     of the paper's unified paradigm (section 5.2.1) chosen by ``algorithm``."""
 
     SECTION = "grpo"
 
-    algorithm: Literal["sft", "rft", "online_rft", "grpo"]
-    """The paper's unified paradigm (section 5.2.1, stages/rl/paradigm.py): sft = SFT loss on the prompt file's gold
-    CoT solutions; rft = group_size outputs per question sampled once from the SFT model, SFT loss on the correct,
-    deduplicated ones; online_rft = each step group_size outputs per question from the current policy, SFT loss on
-    the correct ones (gradient coefficient 1 / 0); grpo = GRPO, outcome or process supervision (reward_source).
-    sft / rft / online_rft use the rule reward (answer correctness) and no KL term."""
+    algorithm: str
+    """A registered algorithm (stages/rl/algorithms.py). The paper's unified paradigm (section 5.2.1,
+    stages/rl/paradigm.py): sft = SFT loss on the prompt file's gold CoT solutions; rft = group_size outputs per
+    question sampled once from the SFT model, SFT loss on the correct, deduplicated ones; online_rft = each step
+    group_size outputs per question from the current policy, SFT loss on the correct ones (gradient coefficient
+    1 / 0); grpo = GRPO, outcome or process supervision (reward_source). sft / rft / online_rft use the rule reward
+    (answer correctness) and no KL term. ppo = PPO with a value model (section 4.1.1; grpo.ppo)."""
+    advantage_estimator: str
+    """A registered advantage estimator (stages/rl/advantages.py) for grpo / ppo: grpo = group-relative (outcome or
+    process supervision by reward_source; paper 4.1.2-4.1.3), rloo = leave-one-out baseline (not in the paper),
+    gae = PPO's generalised advantage estimation (ppo needs it, grpo cannot use it: it has no value model). Unused by
+    sft / rft / online_rft."""
+    policy_loss: str
+    """A registered policy loss (stages/rl/losses.py) for grpo / ppo: clipped = the clipped surrogate (eq. 1 / 3;
+    grpo adds beta x k3 KL to it). sft / rft / online_rft always use the SFT loss (nll; their gradient coefficient
+    defines them)."""
+    start: Literal["sft", "pretrain"]
+    """The model RL starts from: sft = data/models/sft (the paper); pretrain = data/models/pretrain, no SFT
+    (DeepSeek-R1-Zero's setting; pair it with template: r1 and a format reward). The baseline and the reference
+    model start there too."""
+    template: Literal["deepseekmath", "r1"]
+    """Prompt template of the rollouts and the held-out curve (stages/core/prompts.py): deepseekmath = the chat
+    prompt the SFT data uses; r1 = DeepSeek-R1-Zero's (<think> reasoning </think> then the answer in \\boxed{}).
+    reward.format_weight weighs the template's format reward (stages/rl/rewards.py)."""
     seed: NonNegInt
     """Seed for question order, sampling and the baseline."""
     prompts_file: ExistingFile
@@ -182,6 +237,8 @@ class GrpoParams(Section):
     """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
     master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is
     fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32."""
+    ppo: GrpoPpoParams
+    """PPO's value model and GAE (algorithm ppo only)."""
     deepspeed: DeepSpeedParams
     """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
     when launched by deepspeed / torchrun (docs/real-mode.md). ZeRO-3 is refused (see the validator)."""
@@ -189,11 +246,28 @@ class GrpoParams(Section):
     """How the stage's ranks start: in this process, or under torchrun / the deepspeed launcher (multi-GPU; each rank
     samples its share of every step's questions)."""
 
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, v: str) -> str:
+        return _registered("algorithm", v)
+
+    @field_validator("advantage_estimator")
+    @classmethod
+    def _known_estimator(cls, v: str) -> str:
+        return _registered("advantage_estimator", v)
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        return _registered("policy_loss", v)
+
     @model_validator(mode="after")
     def _check_algorithm(self) -> GrpoParams:
-        if self.algorithm != "grpo" and self.reward_source != "rule":
-            raise ValueError(f"algorithm {self.algorithm} uses the rule reward (paper section 5.2.1); set "
-                             "reward_source: rule, or algorithm: grpo for a reward model")
+        from stages.rl.algorithms import get_algorithm
+
+        problem = get_algorithm(self.algorithm).check(self)
+        if problem:
+            raise ValueError(problem)
         world = self.launcher.world_size
         if world > 1 and self.algorithm == "sft":
             raise ValueError("algorithm sft runs in one process; set launcher.nproc_per_node and nnodes to 1")

@@ -16,16 +16,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from stages.core.dist import is_main_process
 from stages.core.errors import PipelineError
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
 from stages.schema.base import Section
 from stages.train.loop import TrainResult, full_state_dict
 from stages.train.report import plot_curves, write_tsv
-
-
-def is_main_process() -> bool:
-    """Rank 0 (or a plain single process): the one that writes outputs."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def load_start_model(model_dir: str | os.PathLike[str], seq_len: int, where: str

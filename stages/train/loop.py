@@ -11,7 +11,6 @@ import math
 import os
 import random
 import shutil
-import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from stages.core.dist import train_device
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path
 from stages.schema.train import TrainLoopParams
@@ -31,6 +31,7 @@ from stages.train.data import BatchSource
 from stages.train.ds_config import deepspeed_config
 from stages.train.losses import token_nll_sum
 from stages.train.schedule import lr_factor
+from stages.train.update import Updater, use_deepspeed
 
 EvalFn = Callable[[torch.nn.Module], float]
 
@@ -89,27 +90,6 @@ def _set_rng_state(st: dict[str, Any]) -> None:
     torch.set_rng_state(st["torch"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_distributed_env() -> None:
-    """Make a single plain process look like rank 0 of a world of 1 (deepspeed/torchrun set these themselves)."""
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-
-
-def launched_distributed() -> bool:
-    """True when launched by ``deepspeed`` / ``torchrun`` with several processes (WORLD_SIZE > 1); a single
-    process uses DeepSpeed only when ``deepspeed.enabled`` is set."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 @contextlib.contextmanager
@@ -210,10 +190,9 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     ``fault_hook(step)`` is called before each step (tests inject faults with it).
     """
     run_dir = Path(run_dir)
-    distributed = p.deepspeed.enabled or launched_distributed()
     if p.num_threads:
         torch.set_num_threads(p.num_threads)
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+    device = train_device()
     bf16 = use_bf16(p.precision, device)
     seed_everything(p.seed)
     model.to(device)
@@ -221,19 +200,11 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     if getattr(model.config, "use_cache", None) is not None:
         model.config.use_cache = False
     opt = make_optimizer(model, p)
-    sched = make_scheduler(opt, p)
-
-    engine = None
-    rank, world = 0, 1
-    if distributed:
-        import deepspeed
-
-        init_distributed_env()
-        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        engine, opt, _, sched = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched,
-                                                     config=deepspeed_config(p, bf16=bf16))
-        device = engine.device
+    upd = Updater(model, optimizer=opt, scheduler=make_scheduler(opt, p),
+                  max_grad_norm=p.grad_clip if p.grad_clip > 0 else float("inf"),
+                  deepspeed=deepspeed_config(p, bf16=bf16) if use_deepspeed(p.deepspeed.enabled) else None)
+    opt, sched, engine, device = upd.optimizer, upd.scheduler, upd.engine, upd.device
+    rank, world = upd.rank, upd.world
     zero_stage = p.deepspeed.zero_stage if engine is not None else 0
     net: torch.nn.Module = engine.module if engine is not None else model
     autocast_bf16 = bf16 and engine is None  # DeepSpeed's bf16 mode replaces autocast
@@ -284,7 +255,6 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     window: list[float] = []
     tw = time.perf_counter()
     tok_w = 0
-    params = [q for q in model.parameters() if q.requires_grad]
     for step in range(start, p.steps):
         if fault_hook is not None:
             fault_hook(step)
@@ -293,44 +263,27 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
         mine = {k: v[rank::world] for k, v in big.items()} if world > 1 else big
         step_loss = 0.0
         bad = False
+        upd.zero_grad()
         for a in range(p.grad_accum):
+            last = a == p.grad_accum - 1
+            if bad:  # DeepSpeed only (plain mode stops at a bad micro-batch): keep the ranks' backward counts equal
+                upd.dummy_backward(last=last)
+                continue
             mb = {k: v[a * rows_per_micro:(a + 1) * rows_per_micro] for k, v in mine.items()}
-            if engine is None:
-                nll, _ = forward_nll(model, mb, autocast_bf16, device)
-                loss = nll / max(n_target, 1)
-                if not torch.isfinite(loss):
-                    bad = True
+            nll, _ = forward_nll(upd.forward_model, mb, autocast_bf16, device)
+            loss = nll / max(n_target, 1)
+            if not torch.isfinite(loss):
+                bad = True
+                if engine is None:
                     break
-                loss.backward()
-                step_loss += float(loss.detach())
-            else:
-                nll, _ = forward_nll(engine, mb, autocast_bf16, device)
-                loss = nll / max(n_target, 1) * world  # DeepSpeed averages gradients over ranks
-                if torch.isfinite(loss):
-                    engine.backward(loss, scale_wrt_gas=False)
-                    step_loss += float(loss.detach()) / world
-                else:
-                    bad = True  # no backward; the step still runs (DeepSpeed counts micro-steps), at LR 0
-                if a == p.grad_accum - 1 and bad:
-                    _zero_lr(opt)
-                engine.step()
-        if engine is not None:
-            gn = engine.get_global_grad_norm()
-            grad_norm = float(gn) if gn is not None else float("nan")
-            if bad:
-                state["skipped"] += 1
-        else:
-            if not bad:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, p.grad_clip if p.grad_clip > 0 else float("inf")))
-                bad = not math.isfinite(grad_norm)
-            else:
-                grad_norm = float("nan")
-            if bad:
-                state["skipped"] += 1
-            else:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            sched.step()
+                upd.dummy_backward(last=last)
+                continue
+            upd.backward(loss, last=last)
+            step_loss += float(loss.detach())
+        grad_norm, stepped = upd.step(bad)
+        bad = not stepped
+        if bad:
+            state["skipped"] += 1
         lr = sched.get_last_lr()[0]
         state["step"] = step + 1
         n_tok = int(big["input_ids"].numel())
@@ -372,16 +325,6 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
         best_eval_loss=state["best_eval_loss"], best_step=state["best_step"], run_dir=str(run_dir), world_size=world,
         zero_stage=zero_stage,
     )
-
-
-def _zero_lr(opt: torch.optim.Optimizer) -> None:
-    """Skip a step under DeepSpeed: run it at LR 0 (the scheduler restores the LR for the next step)."""
-    for g in opt.param_groups:
-        g["lr"] = 0.0
-
-
-# ---------------------------------------------------------------------------------------------
-# checkpoints
 
 
 def _save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, opt: Any, sched: Any, data: BatchSource,

@@ -27,7 +27,7 @@ def _lock_md5(project: Path) -> dict[str, str]:
     """{stage: md5 of each cached output} from dvc.lock."""
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     return {f"{name}:{o['path']}": o.get("md5", "") for name, st in lock["stages"].items()
-            for o in st.get("outs", []) if not o["path"].startswith(("data/metrics", "data/reports", "data/plots"))}
+            for o in st.get("outs", []) if not o["path"].startswith(("data/metrics", "data/details", "data/plots"))}
 
 
 def test_same_inputs_give_byte_identical_cached_outputs(project: Path, prefect_api: str) -> None:

@@ -21,7 +21,8 @@ torch.set_num_threads(1)
 
 def tiny_params(**over) -> GrpoParams:
     raw = dict(
-        algorithm="grpo", seed=0, prompts_file=None, steps=2, questions_per_step=3, group_size=4, temperature=1.0, top_p=1.0,
+        algorithm="grpo", advantage_estimator="grpo", policy_loss="clipped", start="sft", template="deepseekmath",
+        seed=0, prompts_file=None, steps=2, questions_per_step=3, group_size=4, temperature=1.0, top_p=1.0,
         max_new_tokens=12, backend="hf", lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, mu=1, minibatches=1,
         micro_batch_size=5, clip_eps=0.2, clip_eps_high=None, beta=0.04, aggregation="seq-mean-token-mean",
         scale_rewards="group", adv_eps=1e-4, mask_truncated=False, skip_zero_std_groups=True,
@@ -36,6 +37,7 @@ def tiny_params(**over) -> GrpoParams:
         vllm_gpu_memory_utilization=0.1, vllm_enable_sleep_mode=False, precision="fp32",
         deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
         launcher=dict(nproc_per_node=1, nnodes=1, kind="none", rdzv_endpoint=None, hostfile=None, retries=0, retry_delay_s=0.0),
+        ppo=dict(value_init="policy", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=0.2, whiten=True),
     )
     raw.update(over)
     return GrpoParams.model_validate(raw)
@@ -50,7 +52,7 @@ def test_tiny_grpo_run_end_to_end(project):
     before, after, base = _weights(paths.SFT_MODEL), _weights(paths.GRPO_MODEL), _weights(paths.SFT_CONTINUED)
     assert any(not torch.equal(before[k], after[k]) for k in before)  # GRPO changed the policy
     assert any(not torch.equal(before[k], base[k]) for k in before)  # the baseline trained too
-    saved = json.loads(paths.report_file("grpo").read_text())
+    saved = json.loads(paths.details_file("grpo").read_text())
     assert saved["grpo"]["steps"] == 2 and saved["wall_s"] > 0 and saved == json.loads(json.dumps(m))
     assert saved["grpo"]["skipped_nonfinite"] == 0
     plots = paths.plots_dir("grpo")
@@ -83,13 +85,15 @@ def _load():
 
 
 def test_nonfinite_step_is_skipped_and_counted(project, monkeypatch):
-    real = grpo.grpo_loss
+    from stages.rl.losses import POLICY_LOSSES
+
+    real = POLICY_LOSSES["clipped"]
 
     def nan_loss(*a, **k):
         loss, m = real(*a, **k)
         return loss * math.nan, m
 
-    monkeypatch.setattr(grpo, "grpo_loss", nan_loss)
+    monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
     model, tok, rows = _load()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     hist, _, _ = grpo.train_grpo(model, tok, rows, tiny_params(steps=1), ckpt_dir=None)

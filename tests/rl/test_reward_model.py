@@ -113,6 +113,14 @@ class _StubRM(torch.nn.Module):
         return SimpleNamespace(logits=((input_ids % 7) - 3).float().unsqueeze(-1))
 
 
+def _estimate(source, ro, eps):
+    """The step's path: the source's rewards, then the registered group-relative estimator."""
+    from stages.rl.advantages import AdvantageConfig, AdvantageInput, estimate_advantages
+
+    return estimate_advantages("grpo", AdvantageInput(source.rewards(ro), ro.completion_mask),
+                               AdvantageConfig(scale_rewards="group", eps=eps))
+
+
 def test_process_and_outcome_wiring_against_a_loop_reference(tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
     texts = [["3 + 2 = 5.\nThe answer is \\boxed{5}.", "3 + 2 = 6.\n6 + 1 = 7.\nThe answer is \\boxed{7}.", "5"],
@@ -127,7 +135,7 @@ def test_process_and_outcome_wiring_against_a_loop_reference(tiny_model_dir):
             cg.append(Completion(text=t, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop" if j < 2 else "length"))
         comps.append(cg)
     ro = build_rollout(rows, [chat_prompt(r["question"]) for r in rows], comps, tok, mask_truncated=False)
-    scorer = R.RewardModelScorer(_StubRM(), tok)
+    scorer = R.RewardModelSource(_StubRM(), tok, "process")
     T = ro.completion_mask.shape[1]
     eps = 1e-4
 
@@ -149,13 +157,13 @@ def test_process_and_outcome_wiring_against_a_loop_reference(tiny_model_dir):
         for g in range(3):
             for t in range(T):
                 ref[q, g, t] = sum((r - mean) / (std + eps) for gg, e, r in steps if gg == g and e >= t)
-    got = scorer.advantages(ro, "process_rm", scale_rewards="group", eps=eps)
+    got = _estimate(scorer, ro, eps)
     assert got.advantages.shape == (2, 3, T)
     assert torch.allclose(got.advantages.double(), ref, atol=1e-5)
     assert bool(got.valid.all()) and got.n_zero_std_groups == 0
 
     # outcome RM: reward = sigmoid(score of the last completion token), group-normalised
-    out = scorer.advantages(ro, "outcome_rm", scale_rewards="group", eps=eps)
+    out = _estimate(R.RewardModelSource(_StubRM(), tok, "outcome"), ro, eps)
     assert torch.allclose(out.rewards, out_r, atol=1e-9)
     exp = (out_r - out_r.mean(1, keepdim=True)) / (out_r.std(1, keepdim=True) + eps)
     assert torch.allclose(out.advantages.double(), exp, atol=1e-5)
@@ -180,7 +188,7 @@ def test_step_label_scorer_rewards_are_the_value_labels(tiny_model_dir):
             cg.append(Completion(text=t, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
         comps.append(cg)
     ro = build_rollout(rows, [chat_prompt(r["question"]) for r in rows], comps, tok, mask_truncated=False)
-    scorer = R.StepLabelScorer(tok)
+    scorer = R.StepLabelSource(tok)
     r, e = scorer.step_rewards(ro)
     for q in range(2):
         for g in range(3):
@@ -201,7 +209,7 @@ def test_step_label_scorer_rewards_are_the_value_labels(tiny_model_dir):
             for t in range(T):
                 ref[q, g, t] = sum((x - mean) / (std + eps) for x, end in zip(labels[q][g], e[q, g].tolist(), strict=False)
                                    if end >= t)
-    got = scorer.advantages(ro, "process_rule", scale_rewards="group", eps=eps)
+    got = _estimate(scorer, ro, eps)
     assert torch.allclose(got.advantages.double(), ref, atol=1e-5)
     assert got.rewards[0].tolist() == pytest.approx([1.0, 0.0, 0.5])
 

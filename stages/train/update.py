@@ -1,0 +1,166 @@
+"""The one update path of every model that trains: the pretrain / sft loop (stages/train/loop.py), the RL policy and
+PPO's value model (stages/rl/step.py), the reward model (stages/rl/reward_model.py) and the continued-SFT baseline
+(stages/rl/baseline.py).
+
+:class:`Updater` owns a model's optimizer (and LR schedule, when given) and hides plain PyTorch versus a DeepSpeed
+engine (ZeRO 0-3, one or many ranks): a caller runs ``zero_grad()``, then ``backward(loss, last=)`` per micro-batch
+(the forward through ``forward_model``), then ``step(bad)`` per optimizer step::
+
+    upd.zero_grad()
+    for j, mb in enumerate(micro_batches):
+        loss = loss_of(upd.forward_model, mb)            # normalised over the whole optimizer batch
+        upd.backward(loss, last=j == len(micro_batches) - 1)
+    grad_norm, stepped = upd.step(bad=False)
+
+- The loss of each micro-batch carries the optimizer batch's normaliser, so DeepSpeed must not divide it again
+  (``scale_wrt_gas=False``); DeepSpeed averages gradients over ranks, so the loss is multiplied by the world size.
+- The accumulation boundary is set by hand before every backward (``last``), so a caller may accumulate a different
+  number of micro-batches per step (GRPO skips outputs with an empty loss mask); ranks with fewer micro-batches, or a
+  rank whose loss was not finite, run :meth:`dummy_backward` (a zero-gradient pass) so that every rank calls
+  backward equally often (ZeRO-2/3 reduce gradients inside backward).
+- Non-finite: ``step(bad=True)`` (a micro-batch loss was not finite) or a non-finite gradient norm skips the update:
+  plain PyTorch clears the gradients and does not step; DeepSpeed runs its step at learning rate 0. The LR schedule
+  advances either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from stages.core.dist import all_reduce, init_distributed_env, launched_distributed, train_device
+
+
+class Updater:
+    """Backward and optimizer step of one model (module docstring).
+
+    Args:
+        model: the module to train (moved to this rank's device).
+        optimizer: its optimizer (built on ``model``'s parameters); None = AdamW(``lr``, ``weight_decay``).
+        max_grad_norm: gradient-norm clip per optimizer step (``inf``: no clip, the norm is still measured).
+        scheduler: an LR scheduler stepped once per optimizer step, skipped or not (None: constant LR).
+        deepspeed: a DeepSpeed config dict (stages.train.ds_config), or None for plain PyTorch.
+        lr, weight_decay: the default optimizer's settings.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, max_grad_norm: float, optimizer: torch.optim.Optimizer | None = None,
+                 scheduler: Any = None, deepspeed: dict[str, Any] | None = None, lr: float = 1e-5,
+                 weight_decay: float = 0.0) -> None:
+        self.model = model
+        self.max_grad_norm = max_grad_norm
+        self.engine: Any = None
+        self.rank, self.world = 0, 1
+        self.bf16 = bool(deepspeed is not None and deepspeed.get("bf16", {}).get("enabled"))
+        self.device = train_device()
+        model.to(self.device)
+        opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        if deepspeed is not None:
+            import deepspeed as ds
+
+            init_distributed_env()
+            ds.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
+            self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            self.engine, opt, _, scheduler = ds.initialize(model=model, optimizer=opt, lr_scheduler=scheduler,
+                                                           config=deepspeed)
+            self.device = self.engine.device
+        self.optimizer = opt
+        self.scheduler = scheduler
+        self._params = [q for q in model.parameters() if q.requires_grad]
+
+    @property
+    def distributed(self) -> bool:
+        """True under DeepSpeed (one or more ranks)."""
+        return self.engine is not None
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage in use (0 without DeepSpeed)."""
+        return int(self.engine.zero_optimization_stage()) if self.engine is not None else 0
+
+    @property
+    def forward_model(self) -> Any:
+        """What the training forward calls: the DeepSpeed engine, or the model."""
+        return self.engine if self.engine is not None else self.model
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The trained module itself (under DeepSpeed the engine's, partitioned under ZeRO-3)."""
+        return self.engine.module if self.engine is not None else self.model
+
+    def zero_grad(self) -> None:
+        """Clear gradients before an optimizer step's accumulation (plain mode; DeepSpeed clears after its step)."""
+        if self.engine is None:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        """Accumulate the gradient of one micro-batch's loss; ``last``: the step's final micro-batch."""
+        if self.engine is None:
+            loss.backward()
+            return
+        self.engine.set_gradient_accumulation_boundary(last)
+        self.engine.backward(loss * self.world, scale_wrt_gas=False)
+
+    def dummy_backward(self, *, last: bool, forward: Callable[[Any], torch.Tensor] | None = None) -> None:
+        """A zero-gradient backward (DeepSpeed only): keeps every rank's number of backward calls equal.
+        ``forward(module) -> tensor`` makes the pass (default: a causal LM's logits on two zero tokens)."""
+        if forward is None:
+            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+            out = self.engine(input_ids=ids, use_cache=False).logits
+        else:
+            out = forward(self.engine)
+        self.backward(out.float().sum() * 0.0, last=last)
+
+    def _own_norm(self) -> float:
+        grads = [q.grad.detach().float().norm() for q in self.model.parameters() if q.grad is not None]
+        return float(torch.stack(grads).norm()) if grads else 0.0
+
+    def step(self, bad: bool) -> tuple[float, bool]:
+        """End an optimizer step; ``bad``: a micro-batch loss was not finite on this rank. Returns (grad norm, whether
+        the weights were updated); a non-finite gradient norm also skips the update."""
+        if self.engine is None:
+            if bad:
+                gn, ok = math.nan, False
+            else:
+                gn = float(torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm))
+                ok = math.isfinite(gn)
+                if ok:
+                    self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scheduler is not None:
+                self.scheduler.step()
+            return gn, ok
+        bad = all_reduce([1.0 if bad else 0.0], "max")[0] > 0
+        own_norm = self._own_norm() if self.zero_stage == 0 else None  # DeepSpeed reports no norm without ZeRO
+        saved = [g["lr"] for g in self.optimizer.param_groups]
+        if bad:
+            for g in self.optimizer.param_groups:
+                g["lr"] = 0.0
+        self.engine.step()  # also steps the LR schedule handed to deepspeed.initialize
+        if bad and self.scheduler is None:
+            for g, lr in zip(self.optimizer.param_groups, saved, strict=True):
+                g["lr"] = lr
+        gn = self.engine.get_global_grad_norm() if own_norm is None else own_norm
+        gn = float(gn) if gn is not None else math.nan
+        return (math.nan, False) if bad else (gn, math.isfinite(gn))
+
+    def last_lr(self) -> float:
+        """The learning rate of the first parameter group now."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dicts(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(model state, optimizer state) for a plain checkpoint; the optimizer state is None under DeepSpeed
+        (its partitioned state is not in a plain checkpoint: a resumed DeepSpeed run restarts the optimizer)."""
+        return self.model.state_dict(), (self.optimizer.state_dict() if self.engine is None else None)
+
+
+def use_deepspeed(enabled: bool) -> bool:
+    """DeepSpeed is used when the params enable it or when launched with several processes."""
+    return bool(enabled) or launched_distributed()
+
+
+def micro_slices(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """``rows`` (a 1-D index tensor) in consecutive chunks of ``size`` (none when empty)."""
+    return list(rows.split(size)) if rows.numel() else []
