@@ -182,15 +182,15 @@ def _reward_model(p: Params, produced: Collection[str]) -> None:
 
 def _grpo(p: Params, produced: Collection[str]) -> None:
     g = p.grpo
-    from stages.rl.rewards import RewardSet  # imports every custom function, as the stage will
+    from stages.rl.algorithms import get_algorithm  # the stage's own call: imports every custom reward function
 
-    r = g.reward
-    RewardSet.from_params(r.accuracy_weight, r.format_weight, r.custom, r.custom_weights)
+    get_algorithm(g.algorithm).reward_functions(g)
     _need_file("grpo.prompts_file", g.prompts_file, produced, "give an existing JSONL file or null")
     _need_file("grpo.heldout.problems_file", g.heldout.problems_file, produced, "give an existing JSONL file or null")
     _rows(g.prompts_file or _RL_PROMPTS, produced, ("question", "answer"), "RL prompt")
     _check_launcher("grpo", g.launcher)
-    _need_model("grpo (start model data/models/sft)", "data/models/sft", produced, writer="sft")
+    start = getattr(g, "start", "sft")  # grpo.start: the SFT model, or the pretrained one (R1-Zero style)
+    _need_model(f"grpo.start ({start}: data/models/{start})", f"data/models/{start}", produced, writer=start)
     if g.reward_source in ("outcome_rm", "process_rm") or g.iterative.iterations > 1:
         _need_model("grpo.reward_source (data/models/reward_model)", "data/models/reward_model", produced,
                     tokenizer=False, writer="reward_model")
