@@ -63,7 +63,7 @@ def test_named_stages_run_with_their_upstream_stages(project: Path, monkeypatch:
     assert plan(["evaluate@pretrain", "base_model"]) == ["data", "corpus", "base_model", "pretrain",
                                                           "evaluate@pretrain"]
     assert plan(["grpo", "sft"], only=True) == ["sft", "grpo"]
-    assert plan([])[:3] == ["data", "corpus", "base_model"] and len(plan([])) == 12
+    assert plan([])[:3] == ["data", "corpus", "base_model"] and plan([])[-1] == "report" and len(plan([])) == 13
 
 
 def test_run_then_the_closing_git_hint_works(project: Path) -> None:
@@ -72,7 +72,7 @@ def test_run_then_the_closing_git_hint_works(project: Path) -> None:
     hint = [x for x in out.stdout.splitlines() if x.startswith("to record this run in git: ")]
     assert len(hint) == 1, out.stdout[-2000:]
     cmd = hint[0].removeprefix("to record this run in git: ").split(" (`dvc push`")[0]
-    assert cmd.startswith("git add dvc.lock data/metrics data/details && git commit"), cmd
+    assert cmd.startswith("git add dvc.lock data/details data/metrics && git commit"), cmd
     done = subprocess.run(cmd.replace("git commit", " ".join(GIT) + " commit", 1), shell=True, cwd=project,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
