@@ -216,6 +216,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="repro with params.yaml unchanged (the full default)")
     ap.add_argument("--skip-repro", action="store_true", help="only interpreter / import / flow start-up figures")
+    ap.add_argument("--skip-startup", action="store_true", help="only the repro figures (no flow start-up runs)")
     ap.add_argument("--runner", choices=["pipeline", "pipeline-no-stage-server", "dvc"], default="pipeline",
                     help="what runs the stages (module docstring)")
     ap.add_argument("--server", choices=["none", "shared"], default="none",
@@ -291,6 +292,8 @@ def main() -> int:
             if server is not None:
                 stop_server(server)
                 server = None
+        if args.skip_startup:
+            return 0 if result.get("repro", {}).get("rc", 0) == 0 else 1
         # flow start-up, without then with a shared server
         startup: dict[str, Any] = {}
         startup["no server (temporary server per flow)"] = flow_startup(clone, None, args.repeats)
