@@ -78,7 +78,7 @@ def make_clone(dest: Path) -> None:
                            check=True).stdout.decode().split("\0")
     for rel in files:
         src = ROOT / rel
-        if not rel or not src.is_file() or rel.startswith("benchmarks/results/"):
+        if not rel or not src.is_file():
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest / rel)

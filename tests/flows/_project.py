@@ -45,7 +45,7 @@ def make_project(dst: Path, *, tiny: bool = True) -> Path:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split()
     for rel in files:
-        if (ROOT / rel).is_file() and not rel.startswith(("data/", "benchmarks/results/")):
+        if (ROOT / rel).is_file() and not rel.startswith("data/"):
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, dst / rel)
     if tiny:
