@@ -8,8 +8,8 @@ repository in a temporary directory), so /work/main/data, .prefect and .dvc/cach
    command: one Prefect server and one stage server for the run; ``pipeline-no-stage-server``: the same with
    every stage process importing its libraries itself; ``dvc`` = plain ``dvc repro``): its wall time minus the
    sum of the stages' own ``wall_s`` (each stage's data/metrics/*.json) is the orchestration overhead
-   (interpreter and import start-up, Prefect flow engine and, for plain ``dvc repro`` without PREFECT_API_URL,
-   one temporary Prefect server per stage, DVC hashing and caching). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
+   (interpreter and import start-up, Prefect flow engine and API server start, DVC hashing and caching; plain
+   ``dvc repro`` shares one API server and one stage server across its stages like the pipeline: flows/_servers.py). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
    ``--full``: params.yaml as it is (the full default; about 15 min on a quiet 2-core CPU).
 2. No-op ``dvc repro`` right after: median of ``--repeats`` runs (nothing to do: DVC only hashes).
 3. Start-up of ``python -m flows.data``: time from launch to the flow's first stage log line
@@ -78,7 +78,7 @@ def make_clone(dest: Path) -> None:
                            check=True).stdout.decode().split("\0")
     for rel in files:
         src = ROOT / rel
-        if not rel or not src.is_file() or rel.startswith("benchmarks/results/"):
+        if not rel or not src.is_file():
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest / rel)
@@ -216,6 +216,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="repro with params.yaml unchanged (the full default)")
     ap.add_argument("--skip-repro", action="store_true", help="only interpreter / import / flow start-up figures")
+    ap.add_argument("--skip-startup", action="store_true", help="only the repro figures (no flow start-up runs)")
     ap.add_argument("--runner", choices=["pipeline", "pipeline-no-stage-server", "dvc"], default="pipeline",
                     help="what runs the stages (module docstring)")
     ap.add_argument("--server", choices=["none", "shared"], default="none",
@@ -291,6 +292,8 @@ def main() -> int:
             if server is not None:
                 stop_server(server)
                 server = None
+        if args.skip_startup:
+            return 0 if result.get("repro", {}).get("rc", 0) == 0 else 1
         # flow start-up, without then with a shared server
         startup: dict[str, Any] = {}
         startup["no server (temporary server per flow)"] = flow_startup(clone, None, args.repeats)

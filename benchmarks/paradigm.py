@@ -152,9 +152,9 @@ def run_stats(run: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def read_model_curves(project: Path, runs: list[dict[str, Any]]) -> None:
-    """Fill in the curve of runs whose metrics file was not in ``dvc exp show`` (it is git-ignored, as
-    data/metrics is in this repository, so experiments do not commit it) from the experiment's DVC-cached
-    model: ``heldout`` of data/models/grpo/pipeline.json at the experiment's revision (``dvc.api.read``)."""
+    """Fill in the curve of runs whose metrics file was not in ``dvc exp show`` (a project whose .gitignore still
+    ignores data/metrics, so its experiments do not commit it) from the experiment's DVC-cached model: ``heldout``
+    of data/models/grpo/pipeline.json at the experiment's revision (``dvc.api.read``)."""
     import dvc.api
 
     for r in runs:

@@ -100,16 +100,25 @@ def _is_stage_module(module: str) -> bool:
 
 def forward() -> None:
     """Run this ``python -m flows.<stage>`` command in the stage server and exit with its status; return (and let
-    the command run here as usual) when there is no server or it refuses the request."""
-    path = os.environ.get(ENV_VAR)
+    the command run here as usual) when there is no server or it refuses the request.
+
+    The server is the pipeline's (``DSM_STAGE_SERVER``) or, for a command DVC runs (``DVC_STAGE`` set), the project's
+    on-demand one (flows/_servers.py) when it runs."""
     req = requested_module()
-    if not path or req is None or not _is_stage_module(req[0]):
+    if req is None or not _is_stage_module(req[0]):
+        return
+    path = os.environ.get(ENV_VAR)
+    if not path and os.environ.get("DVC_STAGE"):
+        from flows._servers import stage_server_socket
+
+        path = stage_server_socket()
+    if not path:
         return
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
         _send(conn, {"module": req[0], "args": req[1], "cwd": os.getcwd(), "env": dict(os.environ),
-                     "executable": sys.executable}, fds=(0, 1, 2))
+                     "executable": sys.executable, "pid": os.getpid()}, fds=(0, 1, 2))
         reply = _recv(conn)
     except (OSError, ConnectionError, ValueError):
         return
@@ -128,6 +137,18 @@ def forward() -> None:
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _pass_on)
+    parent = os.getppid()
+
+    def _watch_parent() -> None:  # dvc killed while the stage runs: stop the stage instead of leaving it orphaned
+        import time as _time
+
+        while os.getppid() == parent:
+            _time.sleep(0.5)
+        _pass_on(signal.SIGTERM, None)
+
+    import threading
+
+    threading.Thread(target=_watch_parent, daemon=True).start()
     try:
         done = _recv(conn)
     except (OSError, ConnectionError, ValueError):
@@ -196,7 +217,9 @@ def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any)
         os.environ.update(req["env"])
         for k, v in added.items():
             os.environ.setdefault(k, v)
+        os.environ["DSM_CLIENT_PID"] = str(req.get("pid", ""))  # the command's own process (leases, interrupts)
         sys.argv = [req["module"], *req["args"]]
+        sys.modules.pop(req["module"], None)  # imported by the server; runpy executes it afresh as __main__
         try:
             runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
             code = 0
@@ -221,9 +244,11 @@ def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any)
         os._exit(code)
 
 
-def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -> None:
-    """The server's main loop (``python -m flows._stage_server SOCKET MODULE...``): import ``modules``, then serve
-    one request at a time until stopped (SIGTERM) or the parent process is gone."""
+def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None, *, leases: bool = False) -> None:
+    """The server's main loop (``python -m flows._stage_server SOCKET LOG [--leases] MODULE...``): import ``modules``,
+    then serve one request at a time until stopped (SIGTERM) or no longer needed: the parent process is gone
+    (the pipeline's server), or, with ``leases`` (the on-demand server of a plain ``dvc repro``), the project's
+    leases say so (flows/_servers.py; checked in this loop: the server must not run a thread of its own)."""
     import importlib
 
     log = open(log_path or os.devnull, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
@@ -234,17 +259,24 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -
     listener.bind(sock_path)
     listener.listen(16)
     t0 = time.perf_counter()
-    env = dict(os.environ)  # what a stage process starts with; the imports below may add variables
+    import flows
+
+    env = dict(flows.ORIGINAL_ENV)  # what a stage process starts with; importing flows and the stages adds variables
+    guard = _import_guard(sock_path) if leases else None  # the run may end while the imports take seconds
     for m in modules:
         importlib.import_module(m)
+    if guard is not None:
+        guard()
     added = {k: v for k, v in os.environ.items() if env.get(k) != v}
     files = _source_files()
     print(f"ready: {len(modules)} modules, {len(files)} project files in {time.perf_counter() - t0:.1f} s; "
           f"native threads {_native_threads()}", file=log)
-    listener.settimeout(1.0)
+    listener.settimeout(0.25 if leases else 1.0)
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    needed = _lease_check() if leases else (lambda: os.getppid() == parent)
     try:
-        while os.getppid() == parent:
+        while needed():
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
@@ -260,6 +292,57 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -
             os.unlink(sock_path)
         except OSError:
             pass
+        log.close()
+    # nothing to flush or tear down (the server ran no stage itself): skip the interpreter's exit hooks of the
+    # imported libraries, which take seconds on a loaded machine
+    os._exit(0)
+
+
+def _import_guard(sock_path: str) -> Any:
+    """While the on-demand server imports the stages, a thread exits the process as soon as the leases say it is not
+    needed (a one-stage ``dvc repro`` ends before the imports do). Returns the function that stops the thread
+    before serving (the server forks, so no thread may run then)."""
+    import threading
+
+    needed = _lease_check()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.25):
+            if not needed():
+                try:
+                    os.unlink(sock_path)
+                except OSError:
+                    pass
+                os._exit(0)
+
+    t = threading.Thread(target=watch, name="import-guard", daemon=True)
+    t.start()
+
+    def stop() -> None:
+        done.set()
+        t.join()
+
+    return stop
+
+
+def _lease_check() -> Any:
+    """A callable: False once the project's leases say the server is not needed (flows/_servers.py rules)."""
+    from flows._servers import GRACE_S, IDLE_S, leases
+
+    idle_s = float(os.environ.get("DSM_SERVER_IDLE_S", IDLE_S))
+    last = {"any": time.monotonic(), "client": time.monotonic()}
+
+    def needed() -> bool:
+        now = time.monotonic()
+        any_alive, any_client = leases()
+        if any_alive:
+            last["any"] = now
+        if any_client:
+            last["client"] = now
+        return now - last["any"] <= GRACE_S and now - last["client"] <= idle_s
+
+    return needed
 
 
 def _native_threads() -> int:
@@ -321,13 +404,40 @@ def _handle(conn: socket.socket, env: dict[str, str], added: dict[str, str], fil
     for fd in fds:
         os.close(fd)
     _send(conn, {"accepted": True, "pid": pid})
-    _, status = os.waitpid(pid, 0)
+    status = _wait_child(pid, conn)
     code = os.waitstatus_to_exitcode(status)
     print(f"ran {req['module']} {' '.join(req['args'])}: exit {code} in {time.perf_counter() - t0:.1f} s", file=log)
     try:
         _send(conn, {"exit": code})
     except OSError:
         pass
+
+
+def _wait_child(pid: int, conn: socket.socket) -> int:
+    """Wait for the forked stage; if its client process goes away meanwhile (killed, or its dvc parent was), the
+    stage is told to stop (SIGTERM: it cleans up and exits within seconds) instead of running on unobserved."""
+    import select
+
+    told = False
+    while True:
+        wpid, status = os.waitpid(pid, os.WNOHANG)
+        if wpid == pid:
+            return status
+        if told:
+            time.sleep(0.1)
+            continue
+        readable, _, _ = select.select([conn], [], [], 0.25)
+        if readable:
+            try:
+                gone = conn.recv(1) == b""
+            except OSError:
+                gone = True
+            if gone:
+                told = True
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
 
 class StageServer:
@@ -347,9 +457,11 @@ class StageServer:
     def start(self) -> StageServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        # a session of its own: a Ctrl-C in the terminal reaches the pipeline (which stops it) and the stage
+        # commands, not the server in the middle of waiting for one
         self.proc = subprocess.Popen([sys.executable, "-m", "flows._stage_server", self.sock, self.log, *self.modules],
                                      env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.log, "w"))  # noqa: SIM115  (a fresh log per run)
+                                     stderr=open(self.log, "w"), start_new_session=True)  # noqa: SIM115  (a fresh log per run)
         os.environ[ENV_VAR] = self.sock
         return self
 
@@ -382,4 +494,5 @@ class StageServer:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[3:], log_path=sys.argv[2])
+    _leases = sys.argv[3:4] == ["--leases"]
+    serve(sys.argv[1], sys.argv[4:] if _leases else sys.argv[3:], log_path=sys.argv[2], leases=_leases)

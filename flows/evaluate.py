@@ -6,8 +6,6 @@ Run: ``python -m flows.evaluate --model sft`` (``<model>`` is a key of ``evaluat
 from __future__ import annotations
 
 import argparse
-import functools
-import sys
 from typing import Any
 
 from prefect import flow
@@ -27,12 +25,14 @@ def evaluate_flow(params_path: str = "params.yaml", model: str = "sft") -> dict[
     return metrics
 
 
+def _args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", required=True, metavar="NAME",
+                    help="a key of evaluate.models in the params file (dvc.yaml stage evaluate@NAME)")
+
+
 def cli(argv: list[str] | None = None) -> int:
-    """``--model NAME`` picks the model; every other argument goes to :func:`flows._common.main`."""
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--model", required=True, help="a key of evaluate.models in params.yaml")
-    args, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
-    return main(functools.partial(evaluate_flow, model=args.model), "evaluate", rest)
+    """``python -m flows.evaluate --model NAME [--params FILE]``."""
+    return main(evaluate_flow, "evaluate", argv, add_args=_args, address=lambda a: f"evaluate@{a.model}")
 
 
 if __name__ == "__main__":

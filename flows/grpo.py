@@ -7,6 +7,7 @@ from typing import Any
 from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
+from flows._launch import run_stage
 from stages import grpo
 from stages.schema.grpo import GrpoParams
 
@@ -16,7 +17,7 @@ def grpo_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """GRPO from the SFT model, plus the continued-SFT baseline."""
     p = GrpoParams.from_file(params_path)
     log_section("grpo", p)
-    metrics = grpo.run(p)
+    metrics = run_stage("grpo", p, grpo.run, params_path)  # in this process, or as ranks (launcher)
     publish_metrics("grpo", metrics)
     return metrics
 

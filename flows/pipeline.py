@@ -1,16 +1,18 @@
-"""The whole pipeline as one Prefect flow: ``python -m flows.pipeline``.
+"""The whole pipeline as one Prefect flow: ``python -m flows.pipeline [STAGE ...]``.
 
-Each dvc.yaml stage runs as its own Prefect task, in dvc.yaml order, through DVC's ``repro -s <stage>``
-(called in this process: one DVC start-up for the whole run),
-so DVC's bookkeeping (dvc.lock hashes of deps, params and outs, plus its run-cache) decides whether a
-stage runs, is restored from the run-cache, or is skipped; Prefect never caches a path itself (a
-Prefect cache could hand back a directory that DVC has deleted).
+Each dvc.yaml stage runs as its own Prefect task, in dependency order, through DVC's ``repro -s <stage>``
+(called in this process: one DVC start-up for the whole run), so DVC's bookkeeping (dvc.lock hashes of deps,
+params and outs, plus its run-cache) decides whether a stage runs, is restored from the run-cache, or is skipped;
+Prefect never caches a path itself (a Prefect cache could hand back a directory that DVC has deleted).
+Named stages run with the stages they depend on, as ``dvc repro <stage>`` would (``--only``: just those).
 
-One Prefect API server is started for the whole run and handed to every stage's own flow process
-through PREFECT_API_URL, so stages do not each pay the start-up of a temporary server. Likewise one stage
-server (flows/_stage_server.py) imports the stage flows once and forks a process for every stage command
-DVC runs, so stages do not each pay the imports of prefect, torch and transformers (``--no-stage-server``:
-every stage imports them itself).
+Before anything starts, the stage names are checked against dvc.yaml, the params file is validated and every
+stage's checks that need no computation run (stages/preflight.py), each stage's inputs that an earlier stage of
+the run writes excepted, so bad input fails in one line before any output is removed. Then one Prefect API
+server (flows/_servers.py) serves every stage's flow process, and one stage server (flows/_stage_server.py)
+imports the stage flows once and forks a process for every stage command DVC runs (``--no-stage-server``: every
+stage imports them itself). A Ctrl-C (or SIGTERM) stops the run within seconds, the running stage and both
+servers included (flows/_process.py), and says how to resume.
 """
 
 from __future__ import annotations
@@ -18,18 +20,23 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
-from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows._common import pipeline_error
+from flows import _dvc, _process, _servers
+from flows._common import pipeline_error, quiet_user_errors
 from flows._stage_server import StageServer
 from stages.core.errors import PipelineError
-from stages.params import load_params
+
+_run: dict[str, Any] = {"current": None, "done": []}
 
 
 def stage_names() -> list[str]:
@@ -38,6 +45,24 @@ def stage_names() -> list[str]:
 
     with Repo() as repo:
         return [stage.addressing for stage in repo.index.stages]
+
+
+def plan(names: list[str], only: bool = False) -> list[str]:
+    """The stages to run for ``names`` (every stage when empty): with their upstream stages unless ``only``, in
+    dependency order (dvc.yaml order among independent stages)."""
+    import networkx as nx
+    from dvc.repo import Repo
+
+    with Repo() as repo:
+        graph = repo.index.graph  # edges point from a stage to the stages it depends on
+        order = [s.addressing for s in repo.index.stages]
+        by_name = {s.addressing: s for s in repo.index.stages}
+        chosen = set(names or order)
+        if not only:
+            for n in list(chosen):
+                chosen |= {s.addressing for s in nx.descendants(graph, by_name[n])}
+        sub = graph.subgraph([by_name[n] for n in chosen]).reverse()
+        return [s.addressing for s in nx.lexicographical_topological_sort(sub, key=lambda s: order.index(s.addressing))]
 
 
 def classify(output: str) -> str:
@@ -60,13 +85,24 @@ class _Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _reproduce(name: str, force: bool) -> None:
+    from dvc.repo import Repo
+
+    with Repo() as repo:
+        repo.scm_context.quiet = True  # no "git add dvc.lock" hint after every stage: main() prints one
+        repo.reproduce(name, single_item=True, force=force)
+
+
 @task(name="stage", task_run_name="{name}")
 def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
     """Run one dvc.yaml stage through DVC (``dvc repro -s <name>``, in this process); return its status
-    and wall time. DVC runs the stage's cmd as a subprocess whose output goes to this console."""
+    and wall time. DVC runs the stage's cmd as a subprocess whose output goes to this console. DVC works in a
+    thread of its own, so this (main) thread stays free to handle Ctrl-C / SIGTERM at once."""
     from dvc.exceptions import DvcException
-    from dvc.repo import Repo
+    from prefect.runtime import task_run
 
+    _process.record_run("task_runs", task_run.id)
+    _run["current"] = name
     logger = get_run_logger()
     dvc_logger = logging.getLogger("dvc")
     handler, level, propagate = _Collect(), dvc_logger.level, dvc_logger.propagate
@@ -75,26 +111,44 @@ def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
     # DVC prints its messages with its own console handler when it has one; Prefect's root handler would repeat them
     dvc_logger.propagate = not any(isinstance(h, logging.StreamHandler) for h in dvc_logger.handlers)
     t0 = time.perf_counter()
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _reproduce(name, force)
+        except BaseException as e:  # noqa: BLE001 - handed to the task below
+            failure.append(e)
+
     try:
-        with Repo() as repo:
-            repo.scm_context.quiet = True  # no "git add dvc.lock" hint after every stage: main() prints one
-            repo.reproduce(name, single_item=True, force=force)
-    except DvcException as e:
-        cause = e.__cause__ or e
-        raise PipelineError(f"stage {name} failed (dvc repro -s {name}): {cause}; see its output above") from None
+        worker = threading.Thread(target=work, name=f"dvc-repro-{name}", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.2)
     finally:
         dvc_logger.removeHandler(handler)
         dvc_logger.setLevel(level)
         dvc_logger.propagate = propagate
+    if failure:
+        e = failure[0]
+        if isinstance(e, DvcException):
+            cause = e.__cause__ or e
+            raise PipelineError(f"stage {name} failed (dvc repro -s {name}): {cause}; see its output above") from None
+        raise e
     wall = time.perf_counter() - t0
     status = classify("\n".join(handler.lines))
     logger.info("%s: %s in %.1f s", name, status, wall)
-    return {"stage": name, "status": status, "wall_s": round(wall, 2)}
+    row = {"stage": name, "status": status, "wall_s": round(wall, 2)}
+    _run["done"].append(row)
+    _run["current"] = None
+    return row
 
 
 @flow(name="pipeline")
 def pipeline_flow(stages: list[str] | None = None, force: bool = False) -> list[dict[str, Any]]:
     """Every stage in order (or the given ones), each shown as ran, restored or skipped."""
+    from prefect.runtime import flow_run
+
+    _process.record_run("flow_runs", flow_run.id)
     rows = []
     for name in stages or stage_names():
         rows.append(repro_stage(name, force=force))
@@ -112,65 +166,181 @@ def _drain_prefect_workers(timeout_s: float = 15.0) -> None:
         worker.drain_all(timeout=timeout_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Validate params.yaml, start one Prefect API server, run the pipeline flow, print a summary."""
-    ap = argparse.ArgumentParser(prog="python -m flows.pipeline", description="Run the DeepSeekMath pipeline (dvc.yaml) as a Prefect flow.")
-    ap.add_argument("stages", nargs="*", help="only these stages (default: all, in dvc.yaml order)")
+def _stage_table(known: list[_dvc.StageInfo]) -> str:
+    width = max((len(s.name) for s in known), default=10) + 2
+    lines = [f"  {s.name:<{width}}{s.desc}" for s in known]
+    return "stages (dvc.yaml, in order):\n" + "\n".join(lines)
+
+
+def build_parser(known: list[_dvc.StageInfo]) -> argparse.ArgumentParser:
+    """The command line (its --help lists the stages of dvc.yaml)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m flows.pipeline", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the DeepSeekMath pipeline (dvc.yaml) as one Prefect flow: each stage through DVC, which "
+                    "skips what is up to date.",
+        epilog=_stage_table(known) + "\n\nexamples:\n"
+               "  python -m flows.pipeline                     # every stage (what is up to date is skipped)\n"
+               "  python -m flows.pipeline sft                 # sft and the stages it depends on\n"
+               "  python -m flows.pipeline --only grpo evaluate@grpo   # just these two\n"
+               "  python -m flows.pipeline --params params/deepseekmath-7b.yaml\n"
+               "Ctrl-C stops the run within seconds; the summary says how to resume.")
+    ap.add_argument("stages", nargs="*", metavar="STAGE",
+                    help="run these stages and the stages they depend on (default: every stage); a foreach group "
+                         "(evaluate) means each of its stages")
+    ap.add_argument("--only", action="store_true", help="run only the named stages, not their upstream stages")
+    ap.add_argument("--params", metavar="FILE",
+                    help="run with FILE's values: FILE is validated, then copied to params.yaml (the file DVC "
+                         "tracks); refused when params.yaml has uncommitted edits")
     ap.add_argument("--force", action="store_true", help="re-run the stages even when up to date")
     ap.add_argument("--no-stage-server", action="store_true",
                     help="let every stage process import its libraries itself (no fork server)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _git_dirty(path: str) -> bool:
     try:
-        load_params("params.yaml")  # a bad value fails here, before DVC deletes any output
-    except PipelineError as e:
+        out = subprocess.run(["git", "status", "--porcelain", "--", path], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def adopt_params(path: str) -> bool:
+    """Make ``path`` the run's params.yaml (validated first); False when it already is."""
+    from stages.params import load_params
+
+    src, dst = Path(path), Path("params.yaml")
+    if not src.is_file():
+        raise PipelineError(f"--params {path}: file not found; give an existing params file (e.g. params/deepseekmath-7b.yaml)")
+    if dst.exists() and src.resolve() == dst.resolve():
+        return False
+    load_params(src)
+    if dst.exists() and dst.read_bytes() == src.read_bytes():
+        return False
+    if dst.exists() and _git_dirty(str(dst)):
+        raise PipelineError(f"--params {path}: params.yaml has uncommitted edits that this would overwrite; commit or "
+                            "stash them first (git stash), or copy the file yourself")
+    tmp = dst.with_name(f".params.yaml.{os.getpid()}.tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+    print(f"params.yaml now holds {path} (DVC tracks params.yaml; `git checkout params.yaml` restores the committed "
+          "one)", file=sys.stderr)
+    return True
+
+
+def git_hint(known: list[_dvc.StageInfo]) -> str | None:
+    """``git add ... && git commit`` for the files a run changed that git should record (dvc.lock, the metrics and
+    details DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
+    tracked = sorted({o for s in known for o in s.outs if o.startswith(("data/metrics/", "data/details/"))})
+    candidates = ["dvc.lock", *tracked, ":(glob)**/.gitignore"]
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *candidates],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    changed = sorted({line[3:].strip().strip('"') for line in out.stdout.splitlines() if line.strip()})
+    if not changed:
+        return None
+    shown = sorted({c if c == "dvc.lock" or c.endswith(".gitignore") else str(Path(c).parent) for c in changed},
+                   key=lambda c: (c != "dvc.lock", c))
+    return f"to record this run in git: git add {' '.join(shown)} && git commit -m 'pipeline run' (`dvc push` shares the outputs)"
+
+
+def _resume_hint() -> str:
+    current, done = _run["current"], _run["done"]
+    ran = f"{len(done)} stage(s) finished and are recorded in dvc.lock; " if done else ""
+    if current is None:
+        return f"{ran}`python -m flows.pipeline` resumes (what is up to date is skipped)"
+    restore = (f"`dvc checkout {current}` restores its last recorded outputs, " if _dvc.locked(current) else "")
+    return (f"{ran}stage {current} was interrupted and DVC had removed its outputs: {restore}`python -m flows.pipeline` "
+            "resumes (finished stages are skipped; training resumes from its last checkpoint)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check names, params and inputs; start the servers; run the pipeline flow; print a summary."""
+    from stages import preflight
+    from stages.core import io
+    from stages.params import load_params
+
+    try:
+        known = _dvc.stages()
+    except OSError as e:
+        print(f"error: dvc.yaml: {e.strerror}; run from the project root", file=sys.stderr)
+        return 2
+    except ValueError as e:  # yaml.YAMLError
+        print(f"error: dvc.yaml is not valid YAML ({str(e).splitlines()[0]}); fix it (dvc stage list shows where)",
+              file=sys.stderr)
+        return 2
+    args = build_parser(known).parse_args(argv)
+    try:
+        names = _dvc.resolve(args.stages, known)
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    _process.install_interrupt_handler("the pipeline", hint=_resume_hint)
     # Stage commands (`python -m flows.<stage>`) must run in this interpreter's environment even when
     # it was called by path (.venv/bin/python -m flows.pipeline) without activating the venv.
     os.environ["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
     t0 = time.perf_counter()
-    server = stage_server = None
+    started = time.time()
+    stage_server: StageServer | None = None
+    rows: list[dict[str, Any]] = []
     try:
-        names = args.stages or stage_names()
-        modules = sorted({f"flows.{n.split('@')[0]}" for n in names})
-        use_stage_server = not args.no_stage_server and hasattr(os, "fork")
-        if "PREFECT_API_URL" not in os.environ:
-            from prefect.server.api.server import SubprocessASGIServer
-
-            server = SubprocessASGIServer()
-            server.port = server.find_available_port()  # the URL is known before the start: the stage server needs it
-            os.environ["PREFECT_API_URL"] = server.api_url  # inherited by every stage's process
-        if use_stage_server:  # it imports the stages while the API server starts
+        left = io.remove_stale_temporaries()
+        if left:
+            print(f"removed {len(left)} temporary path(s) left by a killed earlier run", file=sys.stderr)
+        if args.params:
+            adopt_params(args.params)
+            known = _dvc.stages()
+            names = _dvc.resolve(args.stages, known)
+        params = load_params("params.yaml")  # a bad value fails here, before DVC deletes any output
+        selected = plan(names, only=args.only)
+        produced: set[str] = set()
+        for name in selected:  # every check that needs no computation, before any stage runs
+            preflight.check(params, [name], produced)
+            produced |= _dvc.produced_paths([name], known)
+        quiet_user_errors()
+        url, wait_api = _servers.start_api()
+        os.environ["PREFECT_API_URL"] = url  # inherited by every stage's process
+        modules = sorted({f"flows.{n.split('@')[0]}" for n in selected})
+        if args.no_stage_server:
+            os.environ["DSM_NO_STAGE_SERVER"] = "1"  # nor an on-demand one started by a stage command
+        elif hasattr(os, "fork"):  # it imports the stages while the API server starts
             stage_server = StageServer(modules, os.environ["PREFECT_HOME"]).start()
-        if server is not None:
-            server.start()
-            if server.api_url != os.environ["PREFECT_API_URL"]:  # the port was taken meanwhile: Prefect took another
-                os.environ["PREFECT_API_URL"] = server.api_url
-                if stage_server is not None:
-                    stage_server.stop()
-                    stage_server = StageServer(modules, os.environ["PREFECT_HOME"]).start()
-        with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
-            rows = pipeline_flow(stages=names, force=args.force)
+            if stage_server.proc is not None:
+                _process.server_started(stage_server.proc.pid)
+        wait_api()
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            rows = pipeline_flow(stages=selected, force=args.force)
     except Exception as e:
         user_error = pipeline_error(e)
         if user_error is None:
             raise
         print(f"error: {user_error}", file=sys.stderr)
-        return 1
+        if _run["current"] is not None:
+            print(_resume_hint(), file=sys.stderr)
+        return 1 if _run["done"] or _run["current"] else 2
     finally:
         if stage_server is not None:
             stage_server.stop()
             print(stage_server.summary())
-        if server is not None:
+        if os.environ.get("PREFECT_API_URL"):
             _drain_prefect_workers()
-            server.stop()
+        _servers.stop_servers(started_after=started)
+        _servers.release_lease()
     total = time.perf_counter() - t0
     print(f"{'stage':<24}{'status':<10}{'wall_s':>8}")
     for r in rows:
         print(f"{r['stage']:<24}{r['status']:<10}{r['wall_s']:>8.1f}")
     print(f"{'total':<34}{total:>8.1f}")
     if any(r["status"] != "skipped" for r in rows):
-        print("to record this run in git: git add dvc.lock data/.gitignore && git commit (`dvc push` shares the outputs)")
+        hint = git_hint(known)
+        if hint:
+            print(hint)
     from flows.report import print_headline  # last: held-out accuracy per model and the report's path
 
     print_headline()

@@ -7,6 +7,7 @@ from typing import Any
 from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
+from flows._launch import run_stage
 from stages import pretrain
 from stages.schema.pretrain import PretrainParams
 
@@ -16,7 +17,7 @@ def pretrain_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Continue pretraining the base model on the corpus mixture."""
     p = PretrainParams.from_file(params_path)
     log_section("pretrain", p)
-    metrics = pretrain.run(p)
+    metrics = run_stage("pretrain", p, pretrain.run, params_path)  # in this process, or as ranks (launcher)
     publish_metrics("pretrain", metrics)
     return metrics
 

@@ -7,6 +7,7 @@ from typing import Any
 from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
+from flows._launch import run_stage
 from stages import sft
 from stages.schema.sft import SftParams
 
@@ -16,7 +17,7 @@ def sft_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Fine-tune the pretrained model on CoT / PoT / tool-integrated solutions."""
     p = SftParams.from_file(params_path)
     log_section("sft", p)
-    metrics = sft.run(p)
+    metrics = run_stage("sft", p, sft.run, params_path)  # in this process, or as ranks (launcher)
     publish_metrics("sft", metrics)
     return metrics
 

@@ -26,8 +26,9 @@ from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalL
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, iter_jsonl, write_json
+from stages.core.io import atomic_path, iter_jsonl, write_metrics
 from stages.core.modeling import MODEL_REF, save_model
+from stages.core.problems import read_rows
 from stages.core.prompts import record_style
 from stages.schema.base_model import BaseModelParams
 
@@ -61,15 +62,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 
 
 def init_model(p: BaseModelParams, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A randomly initialised Llama-style causal LM sized by params, matching ``tokenizer``."""
-    if p.hidden_size % p.num_heads or p.num_heads % p.num_kv_heads:
-        raise PipelineError(
-            f"base_model: hidden_size ({p.hidden_size}) must divide by num_heads ({p.num_heads}) "
-            f"and num_heads by num_kv_heads ({p.num_kv_heads})"
-        )
-    head_dim = p.hidden_size // p.num_heads
-    if head_dim % 16 or not 32 <= head_dim <= 256:
-        raise PipelineError(f"base_model: head size hidden_size/num_heads = {head_dim}; use a multiple of 16 in [32, 256] (vLLM CPU kernels)")
+    """A randomly initialised Llama-style causal LM sized by params, matching ``tokenizer`` (the schema checks the
+    head shapes when params are loaded)."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=p.hidden_size,
@@ -91,14 +85,15 @@ def init_model(p: BaseModelParams, tokenizer: PreTrainedTokenizerFast) -> LlamaF
 def corpus_texts(generated: Path, limit: int) -> Iterator[str]:
     """Texts the tokenizer learns from: SFT problems with their solutions, then crawl and seed pages."""
     def problems() -> Iterator[str]:
-        for row in iter_jsonl(generated / "problems" / "sft.jsonl"):
-            yield "\n".join([row["question"], row["cot"], row["pot"], row["tir"]])
+        for row in read_rows(generated / "problems" / "sft.jsonl", what="SFT problem"):
+            yield "\n".join(str(row[k]) for k in ("question", "cot", "pot", "tir") if isinstance(row.get(k), str))
 
     def pages(name: str) -> Iterator[str]:
         f = generated / name
         if f.is_file():
             for row in iter_jsonl(f):
-                yield row["text"]
+                if isinstance(row.get("text"), str) and row["text"]:  # a page without text teaches nothing
+                    yield row["text"]
 
     # interleave so that a small limit still sees every kind of text
     mixed = (t for trio in itertools.zip_longest(problems(), pages("crawl.jsonl"), pages("seed.jsonl")) for t in trio if t)
@@ -140,5 +135,5 @@ def run(p: BaseModelParams) -> dict[str, Any]:
             "sample_tokens": tokenizer.convert_ids_to_tokens(tokenizer(sample)["input_ids"]),
         }
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
-    write_json(paths.metrics_file("base_model"), metrics)
+    write_metrics("base_model", metrics, ["mode", "n_params", "vocab_size", "model_type"])
     return metrics

@@ -51,7 +51,7 @@ from stages.core import paths
 from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
-from stages.core.io import atomic_path, write_json
+from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
 from stages.core.prompts import rl_prompt
@@ -461,13 +461,12 @@ def run(p: GrpoParams) -> dict[str, Any]:
         model.to("cpu").save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         # the held-out curve also travels with the (DVC-cached) model: benchmarks/paradigm.py reads it from there
-        # when the git-ignored metrics file is not part of an experiment's commit
+        # when an experiment's commit lacks the metrics file; no timings or memory peaks here (a cached output is
+        # the same bytes for the same inputs): they are in the metrics
         (tmp / "pipeline.json").write_text(json.dumps({
             "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
             "heldout": heldout.metrics() if heldout else None,
-            "run": {"step_s_mean": summary.get("step_s_mean"), "grpo_wall_s": round(t_grpo, 2),
-                    "memory": info["memory"], "trained_parameters": info.get("trained_parameters")}},
-            indent=2) + "\n")
+            "run": {"trained_parameters": info.get("trained_parameters")}}, indent=2) + "\n")
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
             for s in samples:
                 f.write(json.dumps(s, ensure_ascii=False) + "\n")
@@ -497,7 +496,9 @@ def run(p: GrpoParams) -> dict[str, Any]:
         metrics["baseline"] = {"steps": 0}
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
-    write_json(paths.metrics_file("grpo"), metrics)
+    write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
+                                     "grpo.step_s_mean", "grpo_wall_s", "memory", "trained_parameters",
+                                     "baseline.sft_loss_last", "heldout"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

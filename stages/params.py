@@ -12,9 +12,11 @@ The section classes are re-exported here for tests and scripts (``from stages.pa
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from stages.core import paths
@@ -86,7 +88,6 @@ class Params(BaseModel):
     sft: SftParams
     """Supervised fine-tuning on CoT / PoT / TIR solutions (paper section 3)."""
 
-
     @model_validator(mode="after")
     def _check_across_sections(self) -> Params:
         """What one section says about another's outputs: every named test set exists, a model reward has a reward
@@ -147,5 +148,73 @@ def parse_params(raw: Any, source: str = "params") -> Params:
 
 
 def load_params(path: str | os.PathLike[str] = "params.yaml") -> Params:
-    """Read and validate a whole params file (default ``params.yaml`` in the project root)."""
-    return parse_params(read_params_file(path), str(path))
+    """Read and validate a whole params file (default ``params.yaml`` in the project root): YAML that loads
+    ambiguously (:func:`check_yaml`) first, then every section's schema."""
+    raw = read_params_file(path)
+    check_yaml(path)
+    return parse_params(raw, str(path))
+
+
+_SEXAGESIMAL = re.compile(r"^[-+]?\d+(?::[0-5]?\d)+(?:\.\d*)?$")
+_BOOL_WORDS = {"yes", "no", "on", "off", "y", "n"}
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that reports (instead of silently resolving) what YAML 1.1 reads differently from what people mean."""
+
+    problems: list[str]
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                self.problems.append(f"line {line}: key {key!r} appears twice in one mapping (also line {seen[key]}; "
+                                     "YAML keeps only the last); remove one")
+            seen.setdefault(key, line)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_scalar(self, node: yaml.ScalarNode) -> Any:  # type: ignore[override]
+        value = super().construct_scalar(node)
+        if node.style is None and isinstance(value, str):  # a plain (unquoted) scalar
+            line = node.start_mark.line + 1
+            word = value.strip()
+            if node.tag == "tag:yaml.org,2002:bool" and word.lower() in _BOOL_WORDS:
+                self.problems.append(f"line {line}: {word!r} is read as {str(word.lower() in ('yes', 'on', 'y')).lower()} "
+                                     "(YAML 1.1); write true / false, or quote it for text")
+            elif node.tag == "tag:yaml.org,2002:str" and _looks_numeric(word):
+                self.problems.append(f"line {line}: {word!r} is read as the text {word!r}, not a number (YAML 1.1 "
+                                     "floats need a dot and a signed exponent: write e.g. 1.0e-4)")
+            elif node.tag == "tag:yaml.org,2002:int" and (_SEXAGESIMAL.match(word) or
+                                                          (len(word) > 1 and word.lstrip("+-").startswith("0")
+                                                           and word.lstrip("+-").isdigit())):
+                self.problems.append(f"line {line}: {word!r} is read as the number {yaml.safe_load(word)!r} (YAML 1.1 "
+                                     "base 60 / octal); quote it, or write the number you mean")
+        return value
+
+
+def _looks_numeric(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return word.lower() not in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity")
+
+
+def check_yaml(path: str | os.PathLike[str]) -> None:
+    """Refuse YAML that loads other than it reads: duplicate keys (the first is silently dropped), unquoted
+    yes / no / on / off (booleans in YAML 1.1), numbers that YAML 1.1 reads as text (``1e-4``) and text it reads as
+    numbers (``1:30``, ``010``). One line naming the file, the line and the fix."""
+    text = Path(path).read_text(encoding="utf-8")
+    loader = _StrictLoader(text)
+    loader.problems = []
+    try:
+        loader.get_single_data()
+    except yaml.YAMLError:
+        return  # read_params_file reports syntax errors
+    finally:
+        loader.dispose()
+    if loader.problems:
+        raise PipelineError(f"{path}:{loader.problems[0].removeprefix('line ')}"
+                            + (f" (and {len(loader.problems) - 1} more)" if len(loader.problems) > 1 else ""))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stages.core import paths
-from stages.core.io import write_json
+from stages.core.io import write_metrics
 from stages.schema.pretrain import PretrainParams
 from stages.train.checkpoint import run_hash
 from stages.train.common import (
@@ -75,7 +75,8 @@ def run(p: PretrainParams) -> dict[str, Any]:
                            ckpt_root=paths.CHECKPOINTS / "pretrain", plots_dir=paths.plots_dir("pretrain"))
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
-        write_json(paths.metrics_file("pretrain"), metrics)
+        write_metrics("pretrain", metrics, ["enabled", "steps", "world_size", "train_loss_last", "eval_loss_*",
+                                             "perplexity_after", "tokens_per_s"])
     return metrics
 
 

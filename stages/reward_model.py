@@ -27,7 +27,7 @@ import torch
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, write_json
+from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import check_compatible, load_model, load_tokenizer
 from stages.rl.data import load_prompts
 from stages.rl.reward_model import (
@@ -50,7 +50,7 @@ def run(p: RewardModelParams) -> dict[str, Any]:
             tmp.mkdir(parents=True)
             (tmp / "DISABLED").write_text("reward_model.enabled: false; no reward model was trained\n")
         off = {"enabled": False, "wall_s": round(time.perf_counter() - t_start, 2)}
-        write_json(paths.metrics_file("reward_model"), off)
+        write_metrics("reward_model", off, ["enabled"])
         return off
     if p.num_threads:
         torch.set_num_threads(p.num_threads)
@@ -98,5 +98,5 @@ def run(p: RewardModelParams) -> dict[str, Any]:
         "training_s": round(t_train, 2),
         "wall_s": round(time.perf_counter() - t_start, 2),
     }
-    write_json(paths.metrics_file("reward_model"), metrics)
+    write_metrics("reward_model", metrics, ["outcome_auc", "step_auc", "n_train_examples"])
     return metrics

@@ -33,8 +33,8 @@ from typing import Any
 from stages.core import paths, sandbox
 from stages.core.answers import extract_answer, is_equivalent
 from stages.core.errors import PipelineError
-from stages.core.io import write_json
-from stages.core.problems import load_rows
+from stages.core.io import write_json, write_metrics
+from stages.core.problems import SOLUTION_FORMATS, load_sft_rows, row_formats
 from stages.core.prompts import prompt_format
 from stages.schema.sft import SftParams
 from stages.train.checkpoint import run_hash
@@ -50,25 +50,9 @@ from stages.train.common import (
 from stages.train.data import Example, PackedExamples, eval_batches, make_example
 from stages.train.loop import eval_loss, train
 
-FORMATS = ("cot", "pot", "tir")
+FORMATS = SOLUTION_FORMATS
 _TIR_BLOCK = re.compile(r"```python\n.*?```", re.S)
 _TIR_OUT = re.compile(r"```output\n(.*?)```", re.S)
-
-
-def row_formats(row: dict[str, Any]) -> list[str]:
-    """The solution formats a problem row has (non-empty ``cot`` / ``pot`` / ``tir`` strings), in that order."""
-    return [f for f in FORMATS if isinstance(row.get(f), str) and row[f].strip()]
-
-
-def load_problems(path: str | Path) -> list[dict[str, Any]]:
-    """Read the SFT problems (a file or a directory of them); one-line error when missing, empty, or a row has no
-    question, answer or solution."""
-    rows = load_rows(path, "SFT problem")
-    for i, r in enumerate(rows, 1):
-        if not row_formats(r):
-            raise PipelineError(f"{path}: SFT row {i} ({r.get('id')}) has no solution (cot, pot or tir); ingest it "
-                                "with a solution or leave it out of the SFT set")
-    return rows
 
 
 def assign_formats(n: int, shares: dict[str, float], seed: int, available: list[list[str]] | None = None
@@ -170,7 +154,7 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
     """Fine-tune the model in ``init_dir`` on ``p.problems``; save the best-validation checkpoint to ``out_dir``."""
     t = p.train
     model, tok = load_start_model(init_dir, t.seq_len, "sft")
-    rows = load_problems(p.problems)
+    rows = load_sft_rows(p.problems)
     rh = run_hash(p.tracked_dump(), [init_dir, p.problems])
     run_dir = Path(ckpt_root) / rh
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -212,7 +196,8 @@ def run(p: SftParams) -> dict[str, Any]:
                       plots_dir=paths.plots_dir("sft"))
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
-        write_json(paths.metrics_file("sft"), metrics)
+        write_metrics("sft", metrics, ["enabled", "steps", "world_size", "train_loss_last", "val_loss_before",
+                                        "val_loss_best", "best_step", "train_examples", "tokens_per_s"])
     return metrics
 
 

@@ -12,6 +12,7 @@ from stages import base_model
 from stages.core.errors import PipelineError
 from stages.core.modeling import load_model, load_tokenizer, resolve_model, save_model
 from stages.params import BaseModelParams
+from stages.schema.base import validate_section
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [f"Tom has {i} apples. He buys {i * 3 % 17} more: {i} + {i * 3 % 17} = {i + i * 3 % 17}." for i in range(300)]
@@ -60,9 +61,11 @@ def test_same_seed_same_weights() -> None:
     (dict(hidden_size=40, num_heads=2, num_kv_heads=2), "head size"),
 ])
 def test_bad_shapes_are_one_line_errors(kw: dict, match: str) -> None:
-    tok = base_model.train_tokenizer(TEXTS, 400)
-    with pytest.raises(PipelineError, match=match):
-        base_model.init_model(_params(**kw), tok)
+    """Refused when params are loaded (before any stage runs), in one line naming the section."""
+    raw = {"base_model": {**_params().model_dump(), **kw}}
+    with pytest.raises(PipelineError, match=match) as e:
+        validate_section(BaseModelParams, raw, "params.yaml")
+    assert str(e.value).startswith("params.yaml: base_model") and "\n" not in str(e.value)
 
 
 def test_real_mode_writes_a_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

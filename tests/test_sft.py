@@ -83,13 +83,13 @@ def test_formats_are_drawn_among_those_each_row_has(tiny_world: dict, tmp_path, 
     from stages.core.modeling import load_tokenizer
 
     p = sft_params(tiny_world, problems=str(f), val_problems=6)
-    train, val, counts = stage.build_examples(p, stage.load_problems(f), load_tokenizer(tiny_world["model"]))
+    train, val, counts = stage.build_examples(p, stage.load_sft_rows(f), load_tokenizer(tiny_world["model"]))
     assert counts["rows_with_format"] == {"cot": 36, "pot": 36, "tir": 18}  # the 54 training rows
     assert sum(counts["kept"].values()) == len(train) and len(val) == 6
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
     with pytest.raises(Exception, match="has no solution"):
-        stage.load_problems(bad)
+        stage.load_sft_rows(bad)
 
 
 def test_disabled_stage_passes_its_input_model_through(tiny_world: dict, tmp_path, monkeypatch) -> None:

@@ -1,8 +1,15 @@
-"""Atomic file and directory writes, JSON / JSONL helpers.
+"""Atomic file and directory writes, JSON / JSONL helpers, and the temporary paths they use.
 
 A stage never leaves a half-written output: files are written to a temporary sibling and
 renamed into place (``os.replace`` is atomic on POSIX), directories are built in a temporary
 sibling directory and swapped in at the end.
+
+Temporary paths carry the writing process's id (``.<name>.<pid>.<random>.tmp``, and ``.<name>.old-<pid>`` while a
+directory is swapped) and are registered while they exist (:func:`live_temporaries`), so that an interrupted
+process removes its own (flows/_process.py) and a later run removes those of a process that was killed with
+``kill -9`` (:func:`remove_stale_temporaries`). The swap of a directory (two renames) runs as a critical section
+(:func:`uninterrupted`): an interrupt that arrives meanwhile is handled right after it, so an output is always
+either its old complete version or its new one.
 """
 
 from __future__ import annotations
@@ -10,13 +17,125 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from stages.core.errors import PipelineError
+
+# ---------------------------------------------------------------------------------------------
+# temporary paths: registered while they exist, named after their process, removed when it dies
+
+_LIVE: set[Path] = set()
+_LOCK = threading.RLock()  # re-entrant: a signal handler may run while this thread holds it
+_critical = 0
+_deferred: list[Callable[[], None]] = []
+_TEMP_NAME = re.compile(r"^\.(?P<label>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
+_OLD_NAME = re.compile(r"^\.(?P<label>.+)\.old-(?P<pid>\d+)$")
+
+
+def live_temporaries() -> list[Path]:
+    """The temporary paths this process is writing right now (an interrupt handler removes them)."""
+    with _LOCK:
+        return sorted(_LIVE)
+
+
+def remove_live_temporaries() -> int:
+    """Remove this process's temporary paths (called when it is interrupted); return how many there were."""
+    paths = live_temporaries()
+    for p in paths:
+        _remove(p)
+    return len(paths)
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A critical section: :func:`defer_if_critical` postpones an interrupt until the section ends."""
+    global _critical
+    with _LOCK:
+        _critical += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _critical -= 1
+            todo = list(_deferred) if _critical == 0 else []
+            if todo:
+                _deferred.clear()
+        for fn in todo:
+            fn()
+
+
+def defer_if_critical(fn: Callable[[], None]) -> bool:
+    """If a critical section is running (in any thread), run ``fn`` when it ends and return True; else False."""
+    with _LOCK:
+        if _critical == 0:
+            return False
+        _deferred.append(fn)
+        return True
+
+
+@contextlib.contextmanager
+def temporary_dir(parent: str | os.PathLike[str], label: str) -> Iterator[Path]:
+    """A registered scratch directory ``parent/.<label>.<pid>.<random>.tmp``, removed on exit (and by
+    :func:`remove_stale_temporaries` if this process is killed before it could remove it)."""
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix=f".{label}.{os.getpid()}.", suffix=".tmp", dir=parent))
+    with _LOCK:
+        _LIVE.add(d)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        with _LOCK:
+            _LIVE.discard(d)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def remove_stale_temporaries(roots: Iterable[str | os.PathLike[str]] = ("data", "checkpoints")) -> list[str]:
+    """Remove the temporary paths (see the module docstring) under ``roots`` whose process is gone (a ``kill -9``
+    left them); return them. Paths of live processes (a stage running meanwhile) are kept."""
+    removed: list[str] = []
+    for root in roots:
+        if not Path(root).is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in [*dirnames, *filenames]:
+                m = _TEMP_NAME.match(name) or _OLD_NAME.match(name)
+                if m is None or _pid_alive(int(m["pid"])):
+                    continue
+                p = Path(dirpath) / name
+                _remove(p)
+                removed.append(str(p))
+            dirnames[:] = [d for d in dirnames if (Path(dirpath) / d).exists()]
+    return removed
 
 
 @contextlib.contextmanager
@@ -28,22 +147,27 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent))
     tmp.rmdir()  # the caller decides whether it is a file or a directory
+    with _LOCK:
+        _LIVE.add(tmp)
     try:
         yield tmp
-        if target.is_dir() and not target.is_symlink():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+        with uninterrupted():
+            if target.is_dir() and not target.is_symlink():
+                old = target.with_name(f".{target.name}.old-{os.getpid()}")
+                os.replace(target, old)
+                os.replace(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, target)
     finally:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+        with _LOCK:
+            _LIVE.discard(tmp)
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -67,6 +191,38 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) ->
     return n
 
 
+def headline(metrics: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """The entries of ``metrics`` whose dotted key (``generated.cot.greedy.acc``) matches one of ``keys``
+    (fnmatch patterns: ``*.greedy.acc``), nested as in ``metrics`` and in its order."""
+    import fnmatch
+
+    pats = list(keys)
+    out: dict[str, Any] = {}
+
+    def walk(d: dict[str, Any], prefix: str, dst: dict[str, Any]) -> None:
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            if any(fnmatch.fnmatchcase(key, p) for p in pats):
+                dst[k] = v
+            elif isinstance(v, dict):
+                sub: dict[str, Any] = {}
+                walk(v, key + ".", sub)
+                if sub:
+                    dst[k] = sub
+
+    walk(metrics, "", out)
+    return out
+
+
+def write_metrics(stage: str, metrics: dict[str, Any], keys: Iterable[str]) -> None:
+    """Write a stage's metrics: every value to ``data/details/<stage>.json`` and the headline values (``keys``, see
+    :func:`headline`; ``wall_s`` always) to ``data/metrics/<stage>.json``, the small file DVC shows as metrics."""
+    from stages.core import paths
+
+    write_json(paths.details_file(stage), metrics)
+    write_json(paths.metrics_file(stage), headline(metrics, [*keys, "wall_s"]))
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file; a missing or malformed file is a one-line :class:`PipelineError`."""
     p = Path(path)
@@ -86,6 +242,13 @@ def iter_jsonl(path: str | os.PathLike[str], *, skip_bad: bool = False, counter:
     one-line :class:`PipelineError` naming file and line, unless ``skip_bad`` is set, in which
     case it is skipped and counted in ``counter["bad_lines"]``.
     """
+    for _, obj in iter_jsonl_lines(path, skip_bad=skip_bad, counter=counter):
+        yield obj
+
+
+def iter_jsonl_lines(path: str | os.PathLike[str], *, skip_bad: bool = False, counter: dict[str, int] | None = None
+                     ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`iter_jsonl` with each object's line number (from 1), for errors that name the line to edit."""
     p = Path(path)
     if not p.is_file():
         raise PipelineError(f"{p}: file not found; run the stage that produces it (dvc repro) or fix the path")
@@ -103,7 +266,7 @@ def iter_jsonl(path: str | os.PathLike[str], *, skip_bad: bool = False, counter:
                         counter["bad_lines"] = counter.get("bad_lines", 0) + 1
                     continue
                 raise PipelineError(f"{p}:{lineno}: malformed JSONL line ({type(e).__name__}); fix or remove it") from None
-            yield obj
+            yield lineno, obj
 
 
 def read_jsonl(path: str | os.PathLike[str], **kwargs: Any) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """Model I/O, written once: every stage loads and saves models here, as Hugging Face directories.
 
-A model directory holds config.json, model.safetensors and the tokenizer files. In real mode the
-base_model stage writes ``model_ref.json`` ({"path": <local dir or hub id>}) instead of copying a
-multi-GB checkpoint; :func:`resolve_model` follows it, and transformers loads (or downloads) it.
+A model directory holds config.json, model.safetensors and the tokenizer files (what each needs:
+stages/core/model_files.py). In real mode the base_model stage writes ``model_ref.json`` ({"path": <local
+dir or hub id>}) instead of copying a multi-GB checkpoint; :func:`resolve_model` follows it, and
+transformers loads (or downloads) it.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path
+from stages.core.model_files import MODEL_REF, model_dir_problem
 
-MODEL_REF = "model_ref.json"
 
-
-def resolve_model(path: str | os.PathLike[str]) -> str:
+def resolve_model(path: str | os.PathLike[str], *, tokenizer: bool = False) -> str:
     """Return what transformers should load for ``path``: the directory itself, or the target of
     its ``model_ref.json`` (followed again when the target holds one). Raises a one-line error when ``path`` is
-    not a model directory."""
+    not a usable model directory (stages/core/model_files.py: config, weights and, with ``tokenizer``, tokenizer
+    files)."""
+    check_model_dir(path, tokenizer=tokenizer)
     p = Path(path)
     for _ in range(16):
         ref = p / MODEL_REF
@@ -34,7 +36,6 @@ def resolve_model(path: str | os.PathLike[str]) -> str:
         if not Path(target).exists():
             return str(target)  # a hub id
         p = Path(target)
-    check_model_dir(p)
     return str(p)
 
 
@@ -53,18 +54,20 @@ def model_ref_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     return out
 
 
-def check_model_dir(path: str | os.PathLike[str]) -> None:
-    """Raise a one-line :class:`PipelineError` unless ``path`` is a HF model directory."""
+def check_model_dir(path: str | os.PathLike[str], *, tokenizer: bool = False) -> None:
+    """Raise a one-line :class:`PipelineError` unless ``path`` is a usable HF model directory."""
     p = Path(path)
-    if not p.is_dir():
+    problem = model_dir_problem(p, tokenizer=tokenizer)
+    if problem is None:
+        return
+    if not p.exists():
         raise PipelineError(f"{p}: model directory not found; run the stage that writes it (dvc repro) or fix the path")
-    if not (p / "config.json").is_file():
-        raise PipelineError(f"{p}: not a Hugging Face model directory (no config.json); point to a save_pretrained() directory")
+    raise PipelineError(f"{p}: {problem}; point to a complete save_pretrained() directory")
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """Load the tokenizer of a model directory (left padding, pad token set)."""
-    tok = AutoTokenizer.from_pretrained(resolve_model(path))
+    tok = AutoTokenizer.from_pretrained(resolve_model(path, tokenizer=True))
     style = model_ref_info(path).get("prompt_format")
     if style is not None:  # a checkpoint used in place: its prompt format is recorded in model_ref.json
         tok.init_kwargs["pipeline_prompt_format"] = style

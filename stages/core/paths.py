@@ -40,7 +40,8 @@ GRPO_ITERS = MODELS / "grpo_iters"  # grpo stage, iterative RL (Algorithm 1): it
 RL_PROMPTS = DATA / "corpus" / "problems" / "rl.jsonl"  # corpus stage: the RL questions
 
 # small, git-committable reports
-METRICS = DATA / "metrics"
+METRICS = DATA / "metrics"  # headline metrics per stage (dvc metrics)
+DETAILS = DATA / "details"  # every metric per stage (the full dict the stage returns)
 PLOTS = DATA / "plots"
 
 # resumable training state, outside DVC outputs (DVC deletes outputs before re-running a stage)
@@ -81,8 +82,15 @@ def report_file(stage: str, name: str) -> Path:
 
 
 def metrics_file(stage: str) -> Path:
-    """The small JSON metrics file a stage writes (a dvc ``metrics:`` entry)."""
+    """The small JSON file of a stage's headline metrics (a dvc ``metrics:`` entry; git-tracked, so DVC experiments
+    record it and ``dvc exp show`` displays it)."""
     return METRICS / f"{stage}.json"
+
+
+def details_file(stage: str) -> Path:
+    """The JSON file of every metric a stage computed (a dvc ``cache: false`` output, git-tracked; timings included,
+    which is why it is not cached)."""
+    return DETAILS / f"{stage}.json"
 
 
 def plots_dir(stage: str) -> Path:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from stages.core.errors import PipelineError
-from stages.core.io import iter_jsonl
+from stages.core.io import iter_jsonl, iter_jsonl_lines
 from stages.core.text import strip_calculator
 
 
@@ -238,6 +238,26 @@ def load_rows(path: str | os.PathLike[str], what: str = "problem", default_id: s
     if not out:
         raise PipelineError(f"{path}: no {what} rows; check it is the right file")
     return out
+
+
+SOLUTION_FORMATS = ("cot", "pot", "tir")
+"""The solution formats a row can carry (chain of thought, program of thought, tool-integrated)."""
+
+
+def row_formats(row: Mapping[str, Any]) -> list[str]:
+    """The solution formats ``row`` has (non-empty text), in :data:`SOLUTION_FORMATS` order."""
+    return [f for f in SOLUTION_FORMATS if isinstance(row.get(f), str) and row[f].strip()]
+
+
+def load_sft_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The SFT problems (a file or a directory of them): :func:`load_rows`, and every row has a solution in at least
+    one format; one-line error when missing, empty, or a row has no question, answer or solution."""
+    rows = load_rows(path, "SFT problem")
+    for i, r in enumerate(rows, 1):
+        if not row_formats(r):
+            raise PipelineError(f"{path}: SFT row {i} ({r.get('id')}) has no solution (cot, pot or tir); ingest it "
+                                "with a solution or leave it out of the SFT set")
+    return rows
 
 
 # =============================================================================================
@@ -530,3 +550,27 @@ def _local_rows(p: Path) -> Iterator[dict[str, Any]]:
                 yield from batch.to_pylist()
         else:
             yield from iter_jsonl(f)
+
+
+def read_rows(path: str | os.PathLike[str], *, required: tuple[str, ...] = ("question", "answer"),
+              what: str = "problem", hint: str = "fix or remove the row") -> list[dict[str, Any]]:
+    """The rows of a problem JSONL file as they are (dicts: stages that copy or extend rows), each checked where it
+    enters: every field of ``required`` is a non-empty string (``answer`` may also be an integer), and the file
+    holds at least one row. A missing file, a malformed line, a bad row or an empty file is a one-line
+    :class:`~stages.core.errors.PipelineError` naming the file and the line to edit."""
+    p = Path(path)
+    if not p.is_file():
+        raise PipelineError(f"{p}: {what} file not found; run the stage that writes it (dvc repro) or fix the path")
+    rows: list[dict[str, Any]] = []
+    for lineno, row in iter_jsonl_lines(p):
+        for key in required:
+            v = row.get(key)
+            ok = isinstance(v, str) and bool(v.strip()) or (key == "answer" and isinstance(v, int)
+                                                             and not isinstance(v, bool))
+            if not ok:
+                got = "missing" if key not in row else f"{type(v).__name__} {str(v)[:40]!r}"
+                raise PipelineError(f"{p}:{lineno}: {what} row has no non-empty {key!r} ({got}); {hint}")
+        rows.append(row)
+    if not rows:
+        raise PipelineError(f"{p}: no {what} rows in the file (it is empty); give a file with at least one row")
+    return rows

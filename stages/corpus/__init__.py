@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -44,7 +43,8 @@ import numpy as np
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, write_json, write_text
+from stages.core.io import atomic_path, temporary_dir, write_json, write_metrics, write_text
+from stages.core.problems import read_rows
 from stages.corpus import domains as dom
 from stages.corpus import tasks
 from stages.corpus.decontaminate import Report
@@ -70,6 +70,8 @@ def _check_inputs(p: CorpusParams) -> None:
         f = Path(p.problems_dir) / f"{split}.jsonl"
         if not f.is_file():
             raise PipelineError(f"corpus.problems_dir: {f} not found; run the data stage or fix the path")
+    for split in ("sft", "rl"):  # copied (decontaminated) into data/corpus/problems: checked here, where they enter
+        read_rows(Path(p.problems_dir) / f"{split}.jsonl", what=f"{split.upper()} problem")
     if not Path(p.decontam.testsets).exists():
         raise PipelineError(f"corpus.decontam.testsets: {p.decontam.testsets} not found; run the testsets stage "
                             "(dvc repro testsets) or fix the path")
@@ -100,20 +102,15 @@ def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], No
     _check_inputs(p)
     timings: dict[str, float] = {}
     work_split: dict[str, int] = {}
-    root = work_root(p)
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".corpus-work-", dir=root))
-    try:
-        with atomic_path(paths.CORPUS) as out:
-            (out / "reports").mkdir(parents=True)
-            metrics = _build(p, mp, say, work, out, timings, work_split)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with temporary_dir(work_root(p), "corpus-work") as work, atomic_path(paths.CORPUS) as out:
+        (out / "reports").mkdir(parents=True)
+        metrics = _build(p, mp, say, work, out, timings, work_split)
     timings["total"] = round(time.perf_counter() - t0, 2)
     metrics["timings_s"] = timings
     metrics["wall_s"] = timings["total"]
     metrics["work_split"] = work_split  # how the work was cut into tasks: depends on n_shards / partition_size, not the result
-    write_json(paths.metrics_file("corpus"), metrics)
+    write_metrics("corpus", metrics, ["math_pages", "math_tokens", "general_pages", "rounds_run", "final.*",
+                                        "decontam_vs_truth.planted_recall", "dedup_vs_truth.pair_recall"])
     return metrics
 
 
@@ -316,7 +313,8 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
         }
     write_json(out / "reports" / "decontamination.json", decon)
     write_json(out / "reports" / "dedup.json", dedup_report)
-    write_json(out / "reports" / "rounds.json", rounds)
+    # the cached output holds no timings (same inputs, same bytes); they are in the metrics' rounds
+    write_json(out / "reports" / "rounds.json", [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rounds])
     tsv_cols = ["round", "collected", "new", "overlap_with_previous", "precision", "recall", "f1"]
     write_text(paths.plots_dir("corpus") / "rounds.tsv", "\t".join(tsv_cols) + "\n" + "".join(
         "\t".join("" if r.get(c) is None else str(r.get(c)) for c in tsv_cols) + "\n" for r in rounds))

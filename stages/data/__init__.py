@@ -13,7 +13,7 @@ from typing import Any
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, write_json, write_jsonl
+from stages.core.io import atomic_path, write_jsonl, write_metrics
 from stages.data import crawl, problems
 from stages.schema.data import DataParams
 
@@ -21,9 +21,7 @@ from stages.schema.data import DataParams
 def run(p: DataParams) -> dict[str, Any]:
     """Generate problems, crawl and seed corpus into data/generated/ (atomically); return metrics."""
     t0 = time.perf_counter()
-    pp = p.problems
-    if pp.min_steps > pp.max_steps:
-        raise PipelineError(f"data.problems.min_steps ({pp.min_steps}) > data.problems.max_steps ({pp.max_steps}); make min <= max")
+    pp = p.problems  # min_steps <= max_steps: checked by the schema when params are loaded
     try:
         splits = problems.generate_splits(
             p.seed, n_sft=pp.n_sft, n_rl=pp.n_rl, n_test=pp.n_test,
@@ -40,5 +38,5 @@ def run(p: DataParams) -> dict[str, Any]:
             crawl_path=out / paths.CRAWL.name, seed_path=out / paths.SEED.name,
         )
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
-    write_json(paths.metrics_file("data"), metrics)
+    write_metrics("data", metrics, ["problems.*", "crawl.pages", "crawl.math_pages", "crawl.seed_pages"])
     return metrics

@@ -28,7 +28,7 @@ import torch
 from stages.core import generation, paths
 from stages.core.answers import is_equivalent
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, write_json
+from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import resolve_model
 from stages.core.problems import Problem, load_problem_file
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
@@ -238,7 +238,8 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     metrics["resumed_problems"] = resumed_total
     metrics["generated_tokens"] = gen_tokens
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
-    write_json(paths.metrics_file(f"evaluate_{model}"), metrics)
+    write_metrics(f"evaluate_{model}", metrics, ["model", "*.greedy.acc", "*.greedy.exec_ok", "*.sample.pass@*",
+                                                 "*.sample.maj@*"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return metrics
 

@@ -1,6 +1,6 @@
 """The ``report`` stage: one static, self-contained HTML page of the whole run (the last stage of dvc.yaml).
 
-Reads every stage's metrics (data/metrics/*.json), the training curves (data/plots/{pretrain,sft}/*.tsv,
+Reads every stage's metrics (data/details/*.json), the training curves (data/plots/{pretrain,sft}/*.tsv,
 data/plots/grpo/*.csv) and the committed comparison results (benchmarks/results/paradigm.json, iterative_rl.json;
 ``report.benchmark_results``): the exact list is :func:`stages.report.inputs.input_files`. Writes
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stages.core import paths
-from stages.core.io import atomic_path, write_json
+from stages.core.io import atomic_path, write_metrics
 from stages.report import page
 from stages.report.inputs import STAGES, load
 from stages.schema.report import ReportParams
@@ -63,5 +63,5 @@ def run(p: ReportParams) -> dict[str, Any]:
         "html_bytes": len(html.encode("utf-8")),
         "wall_s": round(time.perf_counter() - t0, 2),
     }
-    write_json(paths.metrics_file("report"), metrics)
+    write_metrics("report", metrics, ["*"])  # small: all of it is the headline
     return metrics

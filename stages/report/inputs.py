@@ -19,7 +19,7 @@ from stages.core.errors import PipelineError
 from stages.schema.report import ReportParams
 
 STAGES = ("data", "corpus", "base_model", "pretrain", "sft", "reward_model", "grpo")
-"""The stages with one metrics file each (data/metrics/<stage>.json), in dvc.yaml order."""
+"""The stages with one report of metrics each (data/details/<stage>.json), in dvc.yaml order."""
 LOSS_CURVES = ("train", "eval")
 """The training stages' curves read (data/plots/<stage>/<curve>.tsv): train loss and held-out loss per step."""
 TRAINING_STAGES = ("pretrain", "sft")
@@ -29,8 +29,8 @@ Row = dict[str, float | None]
 
 def input_files(p: ReportParams) -> list[Path]:
     """Every file and directory the report reads (dvc.yaml deps of the ``report`` stage, same order)."""
-    out = [paths.metrics_file(s) for s in STAGES]
-    out += [paths.metrics_file(f"evaluate_{m}") for m in p.models]
+    out = [paths.details_file(s) for s in STAGES]
+    out += [paths.details_file(f"evaluate_{m}") for m in p.models]
     out += [paths.plots_dir(s) / f"{c}.tsv" for s in TRAINING_STAGES for c in LOSS_CURVES]
     out += [paths.plots_dir("grpo"), paths.PARADIGM_RESULT, paths.ITERATIVE_RESULT]
     return out
@@ -41,9 +41,9 @@ class Inputs:
     """What the report shows; ``None`` (or an absent key) where the producing stage has not run."""
 
     metrics: dict[str, dict[str, Any] | None]
-    """stage -> its metrics file (data/metrics/<stage>.json)."""
+    """stage -> its metrics (data/details/<stage>.json: every metric it computed)."""
     evaluate: dict[str, dict[str, Any] | None]
-    """model -> data/metrics/evaluate_<model>.json."""
+    """model -> data/details/evaluate_<model>.json."""
     curves: dict[str, dict[str, list[Row] | None]]
     """training stage -> curve name (train, eval) -> rows of data/plots/<stage>/<curve>.tsv."""
     grpo_curves: dict[str, list[Row]]
@@ -118,8 +118,8 @@ def load(p: ReportParams, root: Path = Path(".")) -> Inputs:
             missing.append(str(x))
         return got
 
-    metrics = {s: opt_json(paths.metrics_file(s)) for s in STAGES}
-    evaluate = {m: opt_json(paths.metrics_file(f"evaluate_{m}")) for m in p.models}
+    metrics = {s: opt_json(paths.details_file(s)) for s in STAGES}
+    evaluate = {m: opt_json(paths.details_file(f"evaluate_{m}")) for m in p.models}
     curves = {s: {c: opt_table(paths.plots_dir(s) / f"{c}.tsv") for c in LOSS_CURVES} for s in TRAINING_STAGES}
     grpo_dir = root / paths.plots_dir("grpo")
     grpo_curves: dict[str, list[Row]] = {}

@@ -590,11 +590,11 @@ def stage_section(stage: str, inputs: Inputs, extra: Callable[[], str] | None = 
     """One stage's section: key metrics, its figures (``extra``), every metric collapsed."""
     m = inputs.metrics.get(stage)
     if m is None:
-        return _section(stage, TITLES[stage], False, None, _not_run(stage, f"data/metrics/{stage}.json"))
+        return _section(stage, TITLES[stage], False, None, _not_run(stage, f"data/details/{stage}.json"))
     body = html_table(("key metric", "value"), key_rows(stage, m), numeric=(1,))
     if extra is not None:
         body += extra()
-    body += all_metrics(m, f"data/metrics/{stage}.json")
+    body += all_metrics(m, f"data/details/{stage}.json")
     return _section(stage, TITLES[stage], True, get(m, "wall_s"), body)
 
 
@@ -603,7 +603,7 @@ def _evaluate_section(inputs: Inputs) -> str:
     ran = bool(ev)
     if not ran:
         return _section("evaluate", TITLES["evaluate"], False, None,
-                        _not_run("evaluate", "data/metrics/evaluate_<model>.json"))
+                        _not_run("evaluate", "data/details/evaluate_<model>.json"))
     wall = sum(num(get(v, "wall_s")) or 0.0 for v in ev.values())
     body = []
     benches = sorted({b for v in ev.values() for b in benchmarks_of(v)},
@@ -630,7 +630,7 @@ def _evaluate_section(inputs: Inputs) -> str:
             body.append(html_table(["model"] + [f"difficulty {d}" for d in diffs], drows,
                                    numeric=range(1, len(diffs) + 1)))
     for k, v in ev.items():
-        body.append(all_metrics(v, f"data/metrics/evaluate_{k}.json"))
+        body.append(all_metrics(v, f"data/details/evaluate_{k}.json"))
     return _section("evaluate", TITLES["evaluate"], True, wall, "\n".join(body))
 
 
@@ -710,7 +710,7 @@ def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at:
     parts = [
         f"<header><h1>{esc(title)}</h1>",
         f'<p class="sub">Generated {esc(when)} by the report stage (<code>dvc repro report</code>) from '
-        f'<code>data/metrics</code>, <code>data/plots</code> and <code>benchmarks/results</code>. Paper: '
+        f'<code>data/details</code>, <code>data/plots</code> and <code>benchmarks/results</code>. Paper: '
         f'<a href="{paper.PAPER_URL}">{esc(paper.PAPER)}</a>.</p>',
         "<nav>" + "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
             ("headline", "Headline"), ("paper", "Paper vs ours"), ("stages", "Stages"), ("data", "data"),

@@ -147,7 +147,8 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
             rm_out = out_dir / f"rm_iter{k}"
             if main:
                 save_reward_model(rm, tokenizer, rm_out, history_ex, None,
-                                  {"stage": "grpo", "iteration": k, "reward_source": p.reward_source, "metrics": rm_m})
+                                  {"stage": "grpo", "iteration": k, "reward_source": p.reward_source,
+                                   "metrics": _no_timings(rm_m)})
             entry["reward_model"] = str(rm_out)
         info["iterations"].append(it_info)
         index["iterations"].append(entry)
@@ -155,8 +156,18 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
             on_iteration(k, model, rm)
     if main:
         write_json(out_dir / INDEX_FILE, {**index, "final_policy": "data/models/grpo (the stage's final policy)",
-                                          "metrics": info["iterations"]})
+                                          "metrics": _no_timings(info["iterations"])})
     return history, samples, info
+
+
+def _no_timings(x: Any) -> Any:
+    """``x`` without its ``*_s`` (seconds) entries: a DVC-cached output is the same bytes for the same inputs; the
+    timings are in the stage's metrics."""
+    if isinstance(x, dict):
+        return {k: _no_timings(v) for k, v in x.items() if not str(k).endswith("_s")}
+    if isinstance(x, list):
+        return [_no_timings(v) for v in x]
+    return x
 
 
 def mean_finite(xs: list[Any]) -> float | None:

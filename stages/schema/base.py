@@ -113,19 +113,9 @@ def _check_model_ref(value: str | None) -> str | None:
     raise ValueError(f"model path {value!r} does not exist; give a HF model directory or a hub id org/name")
 
 
-def _check_existing_file(value: str | None) -> str | None:
-    if value is None:
-        return None
-    if not Path(os.path.expanduser(value)).is_file():
-        raise ValueError(f"file {value!r} not found; give an existing file or null")
-    return value
-
-
 ModelRef = Annotated[str | None, AfterValidator(_check_model_ref)]
 """null, a local Hugging Face model directory, or a hub id (``org/name``)."""
 
-ExistingFile = Annotated[str | None, AfterValidator(_check_existing_file)]
-"""null or the path of an existing file (relative to the project root)."""
 
 def _check_data_path(value: str) -> str:
     if not value.strip():
@@ -174,7 +164,9 @@ def format_error(source: str, err: ValidationError, prefix: str = "") -> str:
             parts.append(f"{key}: unknown key; remove it or check its spelling")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            parts.append(f"{key}: {msg} (got {e.get('input')!r})")
+            got = repr(e.get("input"))
+            # a cross-field check's input is the whole mapping: the message names the fields already
+            parts.append(f"{key}: {msg}" + (f" (got {got})" if len(got) <= 80 else ""))
     return f"{source}: " + "; ".join(parts)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stages.schema.base import ModelRef, NonNegInt, PosFloat, PosInt, Section
 
@@ -40,3 +40,16 @@ class BaseModelParams(Section):
     """Longest sequence the model accepts."""
     rope_theta: PosFloat
     """RoPE base frequency."""
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> BaseModelParams:
+        if self.checkpoint is not None:
+            return self  # a real checkpoint brings its own shapes
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) and "
+                             f"num_heads by num_kv_heads ({self.num_kv_heads})")
+        head_dim = self.hidden_size // self.num_heads
+        if head_dim % 16 or not 32 <= head_dim <= 256:
+            raise ValueError(f"head size hidden_size / num_heads = {head_dim}; use a multiple of 16 in [32, 256] "
+                             "(vLLM CPU kernels)")
+        return self

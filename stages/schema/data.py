@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stages.schema.base import Fraction, NonNegInt, PosInt, Section
 
@@ -66,3 +66,12 @@ class DataParams(Section):
     """Word problems and their CoT / PoT / tool-integrated solutions."""
     crawl: CrawlParams
     """The crawl and the seed corpus."""
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> DataParams:
+        pp, c = self.problems, self.crawl
+        if pp.min_steps > pp.max_steps:
+            raise ValueError(f"problems.min_steps ({pp.min_steps}) > problems.max_steps ({pp.max_steps}); make min <= max")
+        if c.min_words > c.max_words:
+            raise ValueError(f"crawl.min_words ({c.min_words}) > crawl.max_words ({c.max_words}); make min <= max")
+        return self

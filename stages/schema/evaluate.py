@@ -97,4 +97,7 @@ class EvaluateParams(Section):
         bad = [k for k in v if not _MODEL_NAME.match(k)]
         if bad:
             raise ValueError(f"model names must match [a-z][a-z0-9_]* (used in file and stage names): {bad}")
+        idle = [k for k, m in v.items() if not m.greedy_modes and not m.sample_modes]
+        if idle:
+            raise ValueError(f"model(s) {idle} have no greedy_modes and no sample_modes (they would evaluate nothing)")
         return v

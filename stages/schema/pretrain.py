@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import field_validator
 
 from stages.schema.base import Fraction, NonNegInt, PosInt, Section
-from stages.schema.train import TrainLoopParams
+from stages.schema.train import LauncherParams, TrainLoopParams
 
 
 class MixtureSource(Section):
@@ -32,6 +32,8 @@ class PretrainParams(Section):
     """At most this many held-out tokens are scored per evaluation."""
     train: TrainLoopParams
     """The training loop (paper: multistep schedule, AdamW 0.9/0.95, wd 0.1)."""
+    launcher: LauncherParams
+    """How the stage's ranks start: in this process, or under torchrun / the deepspeed launcher (multi-GPU)."""
 
     @field_validator("mixture")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import field_validator
 
 from stages.schema.base import DataPath, Fraction, PosInt, Section
-from stages.schema.train import TrainLoopParams
+from stages.schema.train import LauncherParams, TrainLoopParams
 
 
 class SftFormatMix(Section):
@@ -41,6 +41,8 @@ class SftParams(Section):
     """Pack several examples per sequence (attention never crosses examples); false = one example per row."""
     train: TrainLoopParams
     """The training loop (paper: constant LR 5e-5, 500 steps, batch 256, 4K packing)."""
+    launcher: LauncherParams
+    """How the stage's ranks start: in this process, or under torchrun / the deepspeed launcher (multi-GPU)."""
 
     @field_validator("formats")
     @classmethod

@@ -1,12 +1,59 @@
-"""Schemas shared by every stage that trains: the training loop (stages/train/loop.py) and DeepSpeed."""
+"""Schemas shared by every stage that trains: the training loop (stages/train/loop.py), DeepSpeed and the launcher."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stages.schema.base import RUNTIME, NonNegInt, PosFloat, PosInt, Section
+
+_ENDPOINT = re.compile(r"^[\w.\-\[\]:]+:\d{1,5}$")
+
+
+class LauncherParams(Section):
+    """How the stage's processes start (flows/_launch.py): in the stage's own process, or as ranks under torchrun or
+    the deepspeed launcher, started by the stage command itself, so ``dvc repro`` and ``python -m flows.pipeline`` run
+    multi-GPU stages and record their outputs. The world size (nproc_per_node x nnodes) changes what is trained
+    (every rank draws its own micro-batches), so DVC tracks it; how the ranks are started is a runtime value."""
+
+    nproc_per_node: PosInt
+    """Ranks per node (GPUs per node; CPU ranks with gloo on a CPU-only machine); 1 with kind none."""
+    nnodes: PosInt
+    """Nodes; 1 with kind none. Several nodes: kind deepspeed with a hostfile (it starts the other nodes' ranks over
+    ssh / pdsh), or kind torchrun with rdzv_endpoint (the other nodes run the printed torchrun command)."""
+    kind: Annotated[Literal["none", "torchrun", "deepspeed"], RUNTIME]
+    """none: the stage runs in the stage command's process; torchrun / deepspeed: that process starts the ranks
+    (``torchrun ... -m stages.<stage>`` / ``deepspeed ... --module stages.<stage>``) and waits for them."""
+    rdzv_endpoint: Annotated[str | None, RUNTIME]
+    """host:port of the rendezvous (torchrun, several nodes) or of rank 0 (deepspeed master_addr:master_port);
+    null = this machine on a free port."""
+    hostfile: Annotated[str | None, RUNTIME]
+    """deepspeed: a hostfile (``host slots=N`` lines) naming the nodes; null = this machine only."""
+    retries: Annotated[NonNegInt, RUNTIME]
+    """Prefect retries of the stage's run when it fails other than by bad input (a rank crash, a lost node):
+    each retry starts fresh ranks and training resumes from its last checkpoint; 0 = none."""
+    retry_delay_s: Annotated[float, Field(ge=0.0), RUNTIME]
+    """Seconds between retries."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in all: nproc_per_node x nnodes."""
+        return self.nproc_per_node * self.nnodes
+
+    @model_validator(mode="after")
+    def _check(self) -> LauncherParams:
+        if self.kind == "none" and self.world_size != 1:
+            raise ValueError(f"kind none runs one process, but nproc_per_node x nnodes = {self.world_size}; set "
+                             "runtime.<stage>.launcher.kind to torchrun or deepspeed, or both counts to 1")
+        if self.kind == "torchrun" and self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("kind torchrun with nnodes > 1 needs rdzv_endpoint (host:port reachable from every node)")
+        if self.hostfile is not None and self.kind != "deepspeed":
+            raise ValueError("hostfile is read by the deepspeed launcher only; set kind deepspeed or hostfile null")
+        if self.rdzv_endpoint is not None and not _ENDPOINT.match(self.rdzv_endpoint):
+            raise ValueError(f"rdzv_endpoint must be host:port, got {self.rdzv_endpoint!r}")
+        return self
 
 
 class DeepSpeedParams(Section):

@@ -78,7 +78,7 @@ def test_outputs(project: Path, run: dict[str, Any]) -> None:
         "decontamination.json", "dedup.json", "domains-round1.tsv", "domains-round2.tsv", "domains-round3.tsv", "rounds.json"]
     assert (project / paths.plots_dir("corpus") / "rounds.tsv").read_text().startswith("round\tcollected")
     assert json.loads((project / paths.metrics_file("corpus")).read_text())["wall_s"] > 0
-    assert not list((project / "data").glob(".corpus-work-*"))  # scratch removed
+    assert not list((project / "data").glob(".corpus-work*"))  # scratch removed
 
 
 def test_ground_truth_figures(run: dict[str, Any]) -> None:

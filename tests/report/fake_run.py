@@ -72,10 +72,10 @@ def write_fake_run(root: Path, skip: tuple[str, ...] = ()) -> Path:
     }
     for stage, m in metrics.items():
         if stage not in skip:
-            _w(root, f"data/metrics/{stage}.json", m)
+            _w(root, f"data/details/{stage}.json", m)
     for model in MODELS:
         if f"evaluate_{model}" not in skip:
-            _w(root, f"data/metrics/evaluate_{model}.json", _evaluate(model))
+            _w(root, f"data/details/evaluate_{model}.json", _evaluate(model))
     for stage, (first, last) in (("pretrain", (7.4, 0.75)), ("sft", (1.25, 0.11))):
         if stage in skip:
             continue

@@ -56,11 +56,11 @@ def test_dvc_repro_report_prints_headline_and_path(tmp_path: Path, prefect_api: 
     again = _run(["dvc", "repro", "-s", "report"], tmp_path).stdout
     assert "Running stage" not in again
 
-    (tmp_path / "data/metrics/grpo.json").write_text("{not json")
+    (tmp_path / "data/details/grpo.json").write_text("{not json")
     bad = _run([sys.executable, "-m", "flows.report"], tmp_path, ok=False)
     assert bad.returncode == 2
     # the last line, as for every stage (Prefect's own log of the failed flow run comes before it)
     errors = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
     assert errors == [bad.stderr.strip().splitlines()[-1]], bad.stderr
-    assert errors[0].startswith("error: data/metrics/grpo.json: not valid JSON"), bad.stderr
+    assert errors[0].startswith("error: data/details/grpo.json: not valid JSON"), bad.stderr
 

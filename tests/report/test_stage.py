@@ -78,7 +78,7 @@ def test_missing_inputs_show_not_run(project: Path, params: ReportParams) -> Non
                                   "paradigm", "iterative"))
     metrics = report.run(params)
     assert metrics["stages_not_run"] == ["sft", "reward_model", "grpo", "evaluate@sft_continued", "evaluate@grpo"]
-    assert "data/metrics/grpo.json" in metrics["missing_inputs"] and "data/plots/grpo" in metrics["missing_inputs"]
+    assert "data/details/grpo.json" in metrics["missing_inputs"] and "data/plots/grpo" in metrics["missing_inputs"]
     html = (project / "data/report/index.html").read_text()
     for sid in ("grpo", "reward_model", "sft"):
         assert "not run" in _section(html, sid)
@@ -112,8 +112,8 @@ def test_committed_benchmark_results_are_read(project: Path, params: ReportParam
 
 
 @pytest.mark.parametrize(("rel", "text", "expect"), [
-    ("data/metrics/sft.json", '{"steps": 3,', r"^data/metrics/sft\.json: not valid JSON \(.*\); re-run"),
-    ("data/metrics/evaluate_grpo.json", "[1, 2]", r"^data/metrics/evaluate_grpo\.json: expected a JSON object"),
+    ("data/details/sft.json", '{"steps": 3,', r"^data/details/sft\.json: not valid JSON \(.*\); re-run"),
+    ("data/details/evaluate_grpo.json", "[1, 2]", r"^data/details/evaluate_grpo\.json: expected a JSON object"),
     ("data/plots/sft/train.tsv", "step\tloss\n5\t0.9\n10\tabc\n", r"^data/plots/sft/train\.tsv:3: loss = 'abc' is not"),
     ("data/plots/grpo/kl.csv", "step,kl\n1,0.1,7\n", r"^data/plots/grpo/kl\.csv:2: 3 cells, the header has 2"),
     ("benchmarks/results/paradigm.json", "\xff", r"^benchmarks/results/paradigm\.json: not valid JSON"),
@@ -139,7 +139,7 @@ def test_dvc_yaml_deps_are_exactly_what_it_reads(params: ReportParams) -> None:
     stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["report"]
     data_deps = [d for d in stage["deps"] if not d.endswith(".py")]
     assert data_deps == [str(p) for p in input_files(params)]
-    assert stage["outs"] == ["data/report"] and stage["params"] == ["report"]
+    assert stage["outs"] == ["data/report", {"data/details/report.json": {"cache": False}}] and stage["params"] == ["report"]
     assert list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])[-1] == "report"  # the last stage
 
 
@@ -174,7 +174,7 @@ def test_unexpected_shapes_in_valid_json_never_raise(project: Path, params: Repo
     monkeypatch.setattr(figures, "_uri", lambda fig: "data:image/png;base64,")
 
     write_fake_run(project)
-    files = sorted((project / "data/metrics").glob("*.json")) + sorted((project / "benchmarks/results").glob("*.json"))
+    files = sorted((project / "data/details").glob("*.json")) + sorted((project / "benchmarks/results").glob("*.json"))
     originals = {f: json.loads(f.read_text()) for f in files}
     for depth in range(4):
         for f, obj in originals.items():

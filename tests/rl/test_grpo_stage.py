@@ -36,6 +36,7 @@ def tiny_params(**over) -> GrpoParams:
         heldout=dict(every=0, problems_file="data/generated/problems/test.jsonl", limit=4, max_new_tokens=12), offload_idle_models=True, share_prompt_prefix=True,
         vllm_gpu_memory_utilization=0.1, vllm_enable_sleep_mode=False, precision="fp32",
         deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
+        launcher=dict(nproc_per_node=1, nnodes=1, kind="none", rdzv_endpoint=None, hostfile=None, retries=0, retry_delay_s=0.0),
         ppo=dict(value_init="policy", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=0.2, whiten=True),
     )
     raw.update(over)
@@ -51,7 +52,7 @@ def test_tiny_grpo_run_end_to_end(project):
     before, after, base = _weights(paths.SFT_MODEL), _weights(paths.GRPO_MODEL), _weights(paths.SFT_CONTINUED)
     assert any(not torch.equal(before[k], after[k]) for k in before)  # GRPO changed the policy
     assert any(not torch.equal(before[k], base[k]) for k in before)  # the baseline trained too
-    saved = json.loads(paths.metrics_file("grpo").read_text())
+    saved = json.loads(paths.details_file("grpo").read_text())
     assert saved["grpo"]["steps"] == 2 and saved["wall_s"] > 0 and saved == json.loads(json.dumps(m))
     assert saved["grpo"]["skipped_nonfinite"] == 0
     plots = paths.plots_dir("grpo")

@@ -225,7 +225,7 @@ def test_each_algorithm_runs_and_writes_the_stage_outputs(project, algorithm) ->
     m = grpo.run(p)
     before = load_file(str(paths.SFT_MODEL / "model.safetensors"))
     after = load_file(str(paths.GRPO_MODEL / "model.safetensors"))
-    saved = json.loads(paths.metrics_file("grpo").read_text())
+    saved = json.loads(paths.details_file("grpo").read_text())
     assert saved["algorithm"] == algorithm and saved["grpo"]["steps"] == 2 and saved == json.loads(json.dumps(m))
     assert json.loads((paths.GRPO_MODEL / "pipeline.json").read_text())["algorithm"] == algorithm
     curve = saved["heldout"]["accuracy_at_step"]

@@ -94,4 +94,4 @@ def test_r1_zero_run_starts_from_the_pretrained_model_with_the_template(project,
     prompts = seen[0].prompts
     assert prompts and all(x.endswith("Assistant: <think>") for x in prompts)  # rollouts and held-out alike
     assert len(prompts) == p.questions_per_step + 2 * 3  # one step's questions, held-out before and after
-    assert info["run"]["trained_parameters"]["policy"] > 0 and info["run"]["memory"]["peak_rss_mib"] > 0
+    assert info["run"]["trained_parameters"]["policy"] > 0 and m["memory"]["peak_rss_mib"] > 0  # memory: metrics only

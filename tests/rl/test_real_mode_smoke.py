@@ -118,9 +118,9 @@ def test_real_mode_smoke_qwen2(shared_data: Path, tmp_path: Path) -> None:
     walls = {s: _run(s, proj, *(["grpo"] if s == "evaluate" else [])) for s in ("sft", "grpo", "evaluate")}
     total = time.perf_counter() - t_all
 
-    sft = json.loads((proj / "data/metrics/sft.json").read_text())
+    sft = json.loads((proj / "data/details/sft.json").read_text())
     assert sft["world_size"] == 1 and sft["steps_run"] == 3 and sft["precision"] == "fp32"
-    g = json.loads((proj / "data/metrics/grpo.json").read_text())
+    g = json.loads((proj / "data/details/grpo.json").read_text())
     assert g["generation_backend"] == "vllm" and g["deepspeed_zero_stage"] == 2 and g["grpo"]["steps"] == 2
     assert list(g["heldout"]["accuracy_at_step"]) == ["0", "1", "2"] and g["heldout"]["n"] == N_TEST
     cfg = json.loads((proj / "data/models/grpo/config.json").read_text())
@@ -137,7 +137,7 @@ def test_real_mode_smoke_qwen2(shared_data: Path, tmp_path: Path) -> None:
     mismatch, kl = curve("mismatch_abs_mean"), curve("kl")
     assert len(mismatch) == 2 and max(mismatch) < 1e-3, mismatch
     assert kl[1] > 1e-3, kl  # the policy moved (k3 KL to the start model), so stale engine weights would show
-    ev = json.loads((proj / "data/metrics/evaluate_grpo.json").read_text())
+    ev = json.loads((proj / "data/details/evaluate_grpo.json").read_text())
     assert "gsm8k" in json.dumps(ev)
     print(f"\nreal-mode smoke wall time: {total:.1f}s (sft {walls['sft']:.1f}s, grpo {walls['grpo']:.1f}s, "
           f"evaluate {walls['evaluate']:.1f}s; shared machine)")

@@ -26,7 +26,7 @@ def rm_params(**over) -> RewardModelParams:
 @pytest.mark.parametrize("labels", ["values", "rollouts"])
 def test_reward_model_stage_writes_model_examples_and_metrics(project, labels):
     m = reward_model.run(rm_params(labels=labels))
-    saved = json.loads(paths.metrics_file("reward_model").read_text())
+    saved = json.loads(paths.details_file("reward_model").read_text())
     assert saved == json.loads(json.dumps(m))
     assert saved["n_train_examples"] == 8 and saved["n_heldout_examples"] == 4  # 4 + 2 questions x 2 samples
     for key in ("outcome_auc", "step_auc", "wall_s", "loss_per_epoch", "heldout_before_training"):

@@ -58,6 +58,11 @@ def build_tiny_world(root: Path) -> dict[str, Path]:
     }
 
 
+LAUNCHER: dict[str, Any] = {"nproc_per_node": 1, "nnodes": 1, "kind": "none", "rdzv_endpoint": None, "hostfile": None,
+                            "retries": 0, "retry_delay_s": 0.0}
+"""One process (the launcher block every training section has)."""
+
+
 def loop_params(**kw: Any) -> TrainLoopParams:
     """Small, fast loop settings (fp32, one thread); override any field."""
     ds = kw.pop("deepspeed", {"enabled": False, "zero_stage": 0, "offload_optimizer": False})
@@ -72,7 +77,7 @@ def loop_params(**kw: Any) -> TrainLoopParams:
 def pretrain_params(world: dict[str, Path], **kw: Any) -> PretrainParams:
     train = kw.pop("train", {})
     raw: dict[str, Any] = dict(enabled=True, mixture=[{"path": str(world["math"]), "ratio": 0.75}, {"path": str(world["general"]), "ratio": 0.25}],
-                               eval_docs=10, eval_tokens=512, train=loop_params(**train).model_dump())
+                               eval_docs=10, eval_tokens=512, train=loop_params(**train).model_dump(), launcher=LAUNCHER)
     raw.update(kw)
     return PretrainParams.model_validate(raw)
 
@@ -81,6 +86,7 @@ def sft_params(world: dict[str, Path], **kw: Any) -> SftParams:
     train = kw.pop("train", {})
     raw: dict[str, Any] = dict(enabled=True, problems=str(world["problems"]), formats={"cot": 0.6, "pot": 0.2, "tir": 0.2},
                                verify_programs=False, val_problems=16, pack=True,
-                               train=loop_params(**{"seq_len": 256, "eval_every": 2, **train}).model_dump())
+                               train=loop_params(**{"seq_len": 256, "eval_every": 2, **train}).model_dump(),
+                               launcher=LAUNCHER)
     raw.update(kw)
     return SftParams.model_validate(raw)

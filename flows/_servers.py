@@ -1,0 +1,352 @@
+"""The project's servers, shared by every stage of a run and started on demand: one Prefect API server and one
+stage server (flows/_stage_server.py), for ``python -m flows.pipeline`` and for a plain ``dvc repro`` alike.
+
+Why: a Prefect flow needs an API. Without ``PREFECT_API_URL``, Prefect starts a temporary server inside every flow
+process (measured: a few seconds each, ~15 s on a fresh ``.prefect/`` while the database is created), so a plain
+``dvc repro`` of the default pipeline's twelve stage commands paid it twelve times, and each command also imported
+torch, transformers and prefect itself.
+
+How: the first stage process that needs the API (:func:`api_url`) starts ``python -m flows._servers api PORT`` in a
+session of its own and records it in ``.prefect/servers/api.json``; later stage processes find it there and use it.
+Under DVC it also starts the stage server for the commands that follow (:func:`ensure_stage_server`). Each process
+using the servers holds a *lease* (``.prefect/servers/leases/<pid>.json``) naming itself and its *owner*: the
+``dvc`` (or ``python -m flows.pipeline``) process that runs it, found among its ancestors. A server stops by itself
+:data:`GRACE_S` seconds after the last lease's client and owner are gone (``dvc repro`` finished or was killed), or
+after ``DSM_SERVER_IDLE_S`` seconds (default :data:`IDLE_S`) without any client process. A server that does not
+answer its health check is replaced (and terminated when it is still alive). ``PREFECT_API_URL`` set by the user
+(a ``prefect server start`` of their own, a Prefect Cloud workspace) is used as is and nothing is started.
+
+Nothing here changes what a stage computes (dvc.yaml does not list it as a code dep).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from flows._process import alive, command_line, parent_of, server_started
+
+GRACE_S = 1.0
+"""A server outlives its last client and owner by this long (the gap between two stage commands of a run is
+covered by the owner, the dvc process, which lives across them)."""
+IDLE_S = 300.0
+"""A server with live owners but no client for this long stops anyway (``DSM_SERVER_IDLE_S`` overrides)."""
+STARTUP_TIMEOUT_S = 120.0
+_SHELLS = {"sh", "bash", "dash", "zsh", "fish", "ksh"}
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def state_dir() -> Path:
+    """``.prefect/servers`` under PREFECT_HOME (the project's ``.prefect`` unless the user set another)."""
+    return Path(os.environ.get("PREFECT_HOME", str(_ROOT / ".prefect"))) / "servers"
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _read(name: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((state_dir() / name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write(name: str, info: dict[str, Any]) -> None:
+    f = state_dir() / name
+    tmp = f.with_name(f".{name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(info) + "\n")
+    os.replace(tmp, f)
+
+
+def _is_ours(pid: int, module: str) -> bool:
+    """``pid`` runs ``python -m <module>`` (a server of ours, not an unrelated process that reused the pid)."""
+    return module in command_line(pid)
+
+
+# ---------------------------------------------------------------------------------------------
+# leases
+
+
+def owner_of(pid: int) -> int | None:
+    """The ``dvc`` / ``python -m flows.pipeline`` process running ``pid`` (its nearest such ancestor, shells
+    skipped), or None when it was started otherwise (a terminal, a test)."""
+    p = parent_of(pid)
+    for _ in range(6):
+        if p is None or p <= 1:
+            return None
+        cmd = command_line(p)
+        exe = os.path.basename(cmd[0]) if cmd else ""
+        if exe in _SHELLS:
+            p = parent_of(p)
+            continue
+        words = [os.path.basename(a) for a in cmd[:4]]
+        if "dvc" in words or "flows.pipeline" in cmd or ("-m" in cmd and "dvc" in cmd):
+            return p
+        return None
+    return None
+
+
+def take_lease(client: int | None = None, owner: int | None = None) -> None:
+    """Record that ``client`` (default: this process) uses the project servers, on behalf of ``owner`` (default: its
+    dvc / pipeline ancestor). Released by :func:`release_lease` or when both processes are gone."""
+    client = os.getpid() if client is None else client
+    if owner is None:
+        start = int(os.environ.get("DSM_CLIENT_PID", client))  # a stage forked by the stage server: its client's
+        owner = owner_of(start)
+    d = state_dir() / "leases"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{client}.json").write_text(json.dumps({"client": client, "owner": owner}) + "\n")
+
+
+def release_lease(client: int | None = None) -> None:
+    with contextlib.suppress(OSError):
+        (state_dir() / "leases" / f"{os.getpid() if client is None else client}.json").unlink()
+
+
+def leases() -> tuple[bool, bool]:
+    """(some lease's client or owner is alive, some lease's client is alive); stale lease files are removed."""
+    any_alive = any_client = False
+    d = state_dir() / "leases"
+    for f in d.glob("*.json") if d.is_dir() else []:
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        c, o = alive(int(info["client"])), info.get("owner") is not None and alive(int(info["owner"]))
+        any_client |= c
+        any_alive |= c or o
+        if not (c or o):
+            with contextlib.suppress(OSError):
+                f.unlink()
+    return any_alive, any_client
+
+
+def watch_leases(stop: Callable[[], None], started: float | None = None, interval_s: float = 0.25) -> threading.Thread:
+    """A daemon thread that calls ``stop()`` once the server is not needed any more (module docstring)."""
+    idle_s = float(os.environ.get("DSM_SERVER_IDLE_S", IDLE_S))
+
+    def run() -> None:
+        last_any = last_client = started or time.monotonic()
+        while True:
+            time.sleep(interval_s)
+            now = time.monotonic()
+            any_alive, any_client = leases()
+            if any_alive:
+                last_any = now
+            if any_client:
+                last_client = now
+            if now - last_any > GRACE_S or now - last_client > idle_s:
+                stop()
+                return
+
+    t = threading.Thread(target=run, name="watch-leases", daemon=True)
+    t.start()
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# the Prefect API server
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout) as r:
+            return r.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(args: Sequence[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    # not DVC's variables: a server outlives the stage command that starts it (and flows/__init__.py must not take
+    # the server for a stage command)
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("DVC_")}
+    log = open(state_dir() / log_name, "ab")  # noqa: SIM115 (handed to the child)
+    try:
+        return subprocess.Popen([sys.executable, *args], cwd=str(_ROOT), env=env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True)
+    finally:
+        log.close()
+
+
+def api_url(*, take: bool = True) -> str:
+    """The Prefect API for this process: ``PREFECT_API_URL`` when set, else the project's shared server (started
+    here when none answers). Takes a lease on it unless ``take`` is false."""
+    url, wait = start_api(take=take)
+    wait()
+    return url
+
+
+def start_api(*, take: bool = True) -> tuple[str, Callable[[], None]]:
+    """:func:`api_url` in two steps: the URL now (a server is started when none answers), and a function that
+    waits until it answers (so the caller can do other work, e.g. start the stage server, meanwhile)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"], lambda: None
+    with _locked():
+        if take:
+            take_lease()
+        info = _read("api.json")
+        if info is not None and alive(int(info["pid"])) and _is_ours(int(info["pid"]), "flows._servers"):
+            pid, url = int(info["pid"]), str(info["url"])
+            if _healthy(url, timeout=2.0):
+                return url, lambda: None
+            if time.time() - float(info.get("started", 0)) < STARTUP_TIMEOUT_S:
+                return url, lambda: _wait_healthy(url, pid)  # another stage process is starting it right now
+            from flows._process import terminate
+
+            terminate([pid], grace_s=2.0)  # a wedged server (e.g. one whose clients were killed with kill -9)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}/api"
+        proc = _spawn(["-m", "flows._servers", "api", str(port)], "api.log")
+        server_started(proc.pid)
+        _write("api.json", {"pid": proc.pid, "url": url, "started": time.time()})
+    return url, lambda: _wait_healthy(url, proc.pid, proc)
+
+
+def _wait_healthy(url: str, pid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < STARTUP_TIMEOUT_S:
+        if (proc.poll() is not None) if proc is not None else not alive(pid):
+            raise RuntimeError(f"the Prefect API server exited (status {proc.returncode if proc else '?'}); see "
+                               f"{state_dir() / 'api.log'}")
+        if _healthy(url, timeout=1.0):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the Prefect API server did not answer within {STARTUP_TIMEOUT_S:.0f} s; see "
+                       f"{state_dir() / 'api.log'}")
+
+
+def stop_servers(started_after: float | None = None, grace_s: float = 5.0, keep: int | None = None) -> None:
+    """Stop the project's servers now (the pipeline does at its end; ``started_after``: only those it started).
+    ``keep``: a server left running (the stage server a stage runs in: it passes the stage's exit status to the
+    stage command, then stops by itself, its leases gone)."""
+    from flows._process import terminate
+
+    pids = []
+    for name, module in (("stage.json", "flows._stage_server"), ("api.json", "flows._servers")):
+        info = _read(name)
+        if info is None:
+            continue
+        pid = int(info["pid"])
+        if started_after is not None and float(info.get("started", 0)) < started_after:
+            continue
+        if pid == keep:
+            continue
+        if alive(pid) and _is_ours(pid, module):
+            pids.append(pid)
+        with contextlib.suppress(OSError):
+            (state_dir() / name).unlink()
+    terminate(pids, grace_s=grace_s)
+
+
+def stop_servers_of(owner: int | None) -> None:
+    """Stop the project's servers now when every process using them works for ``owner`` (the dvc run a stage
+    command belongs to): a stage interrupted under ``dvc repro`` ends that run, so its servers go with it instead
+    of idling out. Servers that other runs (other owners, live clients) use are left alone."""
+    if owner is None:
+        return
+    d = state_dir() / "leases"
+    for f in d.glob("*.json") if d.is_dir() else []:
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        c, o = int(info["client"]), info.get("owner")
+        if (alive(c) and c != os.getpid() and o != owner) or (o is not None and o != owner and alive(int(o))):
+            return
+    stop_servers(grace_s=0.8, keep=os.getppid())
+
+
+def serve_api(port: int) -> None:
+    """``python -m flows._servers api PORT``: the Prefect API (as Prefect's own temporary server runs it: no UI, no
+    background services) until the leases say it is not needed."""
+    os.environ.update({"PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_UI_ENABLED": "false", "PREFECT__SERVER_EPHEMERAL": "1",
+                       "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    started = time.monotonic()
+    import uvicorn
+
+    config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=port,
+                            log_level="error", lifespan="on")
+    server = uvicorn.Server(config)
+
+    def stop() -> None:
+        server.should_exit = True
+
+    watch_leases(stop, started=started)
+    try:
+        server.run()
+    finally:
+        info = _read("api.json")
+        if info is not None and int(info["pid"]) == os.getpid():
+            with contextlib.suppress(OSError):
+                (state_dir() / "api.json").unlink()
+    sys.stderr.flush()
+    os._exit(0)  # uvicorn has shut the app down (database closed); the libraries' exit hooks only cost time
+
+
+# ---------------------------------------------------------------------------------------------
+# the stage server, on demand
+
+
+def stage_server_socket() -> str | None:
+    """The socket of the project's running stage server, if any (read by flows/__init__.py under DVC)."""
+    info = _read("stage.json")
+    if info is None or not alive(int(info["pid"])) or not os.path.exists(info["sock"]):
+        return None
+    return str(info["sock"])
+
+
+def ensure_stage_server(modules: Sequence[str], env: dict[str, str]) -> bool:
+    """Start the project's stage server for the stage commands that follow this one, when none runs: it imports
+    ``modules`` and serves commands whose environment is ``env`` (this command's, as DVC gave it). Returns True
+    when one was started."""
+    from flows._stage_server import ENV_VAR
+
+    with _locked():
+        if stage_server_socket() is not None:
+            return False
+        sock = os.path.join("/tmp" if os.path.isdir("/tmp") else str(state_dir()),
+                            f"dsm-stage-server-{os.getpid()}-{int(time.time() * 1000) % 10**8}.sock")
+        env = {k: v for k, v in env.items() if k != ENV_VAR}
+        proc = _spawn(["-m", "flows._stage_server", sock, str(state_dir() / "stage-server.log"), "--leases", *modules],
+                      "stage-server.out", env=env)
+        server_started(proc.pid)
+        _write("stage.json", {"pid": proc.pid, "sock": sock, "started": time.time()})
+        return True
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["api"] and len(argv) == 2:
+        serve_api(int(argv[1]))
+        return 0
+    print("usage: python -m flows._servers api PORT", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
