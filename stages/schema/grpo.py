@@ -221,7 +221,7 @@ class GrpoParams(Section):
     """PPO's value model and GAE (algorithm ppo only)."""
     deepspeed: DeepSpeedParams
     """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
-    when launched by deepspeed / torchrun (README, Real mode). ZeRO-3 is refused (see the validator)."""
+    when launched by deepspeed / torchrun (docs/real-mode.md). ZeRO-3 is refused (see the validator)."""
 
     @field_validator("algorithm")
     @classmethod
