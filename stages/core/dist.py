@@ -65,3 +65,10 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=dev)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM if op == "sum" else torch.distributed.ReduceOp.MAX)
     return [float(x) for x in t.cpu()]
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op without an initialised process group of several ranks)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()

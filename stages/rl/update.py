@@ -40,17 +40,21 @@ def on_device(module: torch.nn.Module | None, device: torch.device, offload: boo
             torch.cuda.empty_cache()
 
 
-def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None) -> Updater:
+def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None, weight_decay: float | None = None,
+               micro_batch_size: int | None = None) -> Updater:
     """The :class:`Updater` of ``model`` from the grpo params ``p``: AdamW at ``lr`` (default ``p.lr``) with
-    ``p.weight_decay``, clipping ``p.max_grad_norm``, DeepSpeed as the module docstring says."""
+    ``weight_decay`` (default ``p.weight_decay``), clipping ``p.max_grad_norm``, DeepSpeed as the module docstring
+    says (micro-batch ``micro_batch_size``, default ``p.micro_batch_size``)."""
     ds_cfg = None
     if use_deepspeed(p.deepspeed.enabled):
         if p.deepspeed.zero_stage == 3:
             raise ValueError("the grpo stage's update does not support ZeRO-3")
         ds_cfg = build_deepspeed_config(zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
-                                        micro_batch_size=p.micro_batch_size, grad_accum=1, grad_clip=p.max_grad_norm,
+                                        micro_batch_size=micro_batch_size or p.micro_batch_size, grad_accum=1,
+                                        grad_clip=p.max_grad_norm,
                                         bf16=use_bf16(p.precision, train_device()))
-    opt = torch.optim.AdamW(model.parameters(), lr=p.lr if lr is None else lr, weight_decay=p.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=p.lr if lr is None else lr,
+                            weight_decay=p.weight_decay if weight_decay is None else weight_decay)
     return Updater(model, optimizer=opt, max_grad_norm=p.max_grad_norm, deepspeed=ds_cfg)
 
 
