@@ -65,7 +65,7 @@ from stages.rl.paradigm import RftPool, build_rft_pool, run_questions
 from stages.rl.rewards import RewardSet, accuracy_reward
 from stages.rl.rollout import Rollout
 from stages.rl.step import StepContext, run_step
-from stages.rl.update import as_updater, rl_updater
+from stages.rl.update import as_updater, release_memory, rl_updater
 from stages.schema.grpo import GrpoParams
 from stages.train.loop import use_bf16
 from stages.train.update import use_deepspeed
@@ -349,15 +349,6 @@ def load_policy(path: Any, p: GrpoParams) -> Any:
                       attn_implementation=p.attn_implementation)
 
 
-def release_memory() -> None:
-    """Collect garbage (a finished DeepSpeed engine holds reference cycles) and return cached accelerator memory."""
-    import gc
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def _wake(generator: Any) -> None:
     fn = getattr(generator, "wake_up", None)
     if callable(fn):
@@ -457,10 +448,9 @@ def run(p: GrpoParams) -> dict[str, Any]:
         history, samples, info = train_sft(model, tokenizer, rows, p, heldout=heldout)
     else:
         # Algorithm 1 (stages.rl.iterative): iterative.iterations x steps steps; iterations = 1 is plain GRPO
-        train_fn = functools.partial(train_grpo, heldout=heldout, cache={},
-                                     rft_steps=p.steps * p.iterative.iterations)
+        train_fn = functools.partial(train_grpo, heldout=heldout, rft_steps=p.steps * p.iterative.iterations)
         history, samples, info = run_iterations(model, tokenizer, rows, p, train_fn=train_fn, ckpt_dir=ckpt_dir,
-                                                rm_dir=rm_dir, out_dir=paths.GRPO_ITERS)
+                                                rm_dir=rm_dir, out_dir=paths.GRPO_ITERS, cache={}, heldout=heldout)
     main = is_main_process()
     t_grpo = time.perf_counter() - t_start
     if main:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import torch
 
@@ -72,3 +73,21 @@ def barrier() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
+
+
+def block(n: int) -> tuple[int, int]:
+    """This rank's contiguous share ``[start, end)`` of ``n`` items (the first ``n % world`` ranks take one more)."""
+    w, r = world_size(), rank()
+    base, extra = divmod(n, w)
+    start = r * base + min(r, extra)
+    return start, start + base + (1 if r < extra else 0)
+
+
+def all_gather_list(local: list[Any]) -> list[Any]:
+    """The concatenation, in rank order, of every rank's ``local`` list (picklable items); ``local`` on one process."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
+            torch.distributed.get_world_size() == 1:
+        return list(local)
+    parts: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, list(local))
+    return [x for part in parts for x in part]

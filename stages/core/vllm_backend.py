@@ -175,7 +175,7 @@ class VLLMGenerator:
                 temperature=sp.temperature,
                 top_p=sp.top_p,
                 top_k=sp.top_k,
-                seed=None if sp.greedy else sample_seed(sp.seed, i),
+                seed=None if sp.greedy else sample_seed(sp.seed, sp.index_offset + i),
                 max_tokens=limit,
                 stop=list(sp.stop) or None,
                 include_stop_str_in_output=True,

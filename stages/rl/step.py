@@ -417,9 +417,15 @@ def make_critic(ctx: StepContext, cache: dict[str, Any]) -> Critic:
     if cache.get("critic") is not None:
         return cache["critic"]
     from stages.core import paths
+    from stages.core.modeling import enable_checkpointing
+    from stages.rl.checkpoint import load_updaters
 
     ppo = ctx.p.ppo
     vm = init_value_model(ctx.model, ppo.value_init, paths.REWARD_MODEL)
+    enable_checkpointing(vm, ctx.p.gradient_checkpointing)
     critic = Critic(vm, rl_updater(vm, ctx.p, lr=ppo.value_lr), ppo.value_clip)
     cache["critic"] = critic
+    resume = cache.pop("critic_resume", None)  # a run resumed after an iteration (stages.rl.iterative)
+    if resume is not None:
+        load_updaters(resume, {"critic": critic.updater})
     return critic

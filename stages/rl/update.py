@@ -41,21 +41,31 @@ def on_device(module: torch.nn.Module | None, device: torch.device, offload: boo
 
 
 def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None, weight_decay: float | None = None,
-               micro_batch_size: int | None = None) -> Updater:
+               micro_batch_size: int | None = None, max_grad_norm: float | None = None) -> Updater:
     """The :class:`Updater` of ``model`` from the grpo params ``p``: AdamW at ``lr`` (default ``p.lr``) with
-    ``weight_decay`` (default ``p.weight_decay``), clipping ``p.max_grad_norm``, DeepSpeed as the module docstring
+    ``weight_decay`` (default ``p.weight_decay``), clipping at ``max_grad_norm`` (default ``p.max_grad_norm``), DeepSpeed as the module docstring
     says (micro-batch ``micro_batch_size``, default ``p.micro_batch_size``)."""
     ds_cfg = None
+    clip = p.max_grad_norm if max_grad_norm is None else max_grad_norm
     if use_deepspeed(p.deepspeed.enabled):
         if p.deepspeed.zero_stage == 3:
             raise ValueError("the grpo stage's update does not support ZeRO-3")
         ds_cfg = build_deepspeed_config(zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
                                         micro_batch_size=micro_batch_size or p.micro_batch_size, grad_accum=1,
-                                        grad_clip=p.max_grad_norm,
+                                        grad_clip=clip,
                                         bf16=use_bf16(p.precision, train_device()))
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr if lr is None else lr,
                             weight_decay=p.weight_decay if weight_decay is None else weight_decay)
-    return Updater(model, optimizer=opt, max_grad_norm=p.max_grad_norm, deepspeed=ds_cfg)
+    return Updater(model, optimizer=opt, max_grad_norm=clip, deepspeed=ds_cfg)
+
+
+def release_memory() -> None:
+    """Collect garbage (a finished DeepSpeed engine holds reference cycles) and return cached accelerator memory."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def as_updater(model: torch.nn.Module, optimizer: Any, p: Any) -> Updater:

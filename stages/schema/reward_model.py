@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from pydantic import model_validator
+
 from stages.schema.base import RUNTIME, ExistingFile, Fraction, NonNegInt, PosFloat, PosInt, Section
 from stages.schema.train import AttnImplementation, DeepSpeedParams
 
@@ -58,3 +60,10 @@ class RewardModelParams(Section):
     deepspeed: DeepSpeedParams
     """DeepSpeed ZeRO 0-3 for the RM's training (stages/train/ds_config.py); used when enabled or when launched by
     deepspeed / torchrun (``deepspeed --module stages.reward_model``: each rank samples and trains on its share)."""
+
+    @model_validator(mode="after")
+    def _no_zero3(self) -> RewardModelParams:
+        if self.deepspeed.zero_stage == 3:
+            raise ValueError("deepspeed.zero_stage 3 is not supported by the reward_model stage (its ranks score "
+                             "shares of different sizes, and ZeRO-3 makes every forward a collective); use 0-2")
+        return self

@@ -58,6 +58,8 @@ class Updater:
         self.rank, self.world = 0, 1
         self.bf16 = bool(deepspeed is not None and deepspeed.get("bf16", {}).get("enabled"))
         self.device = train_device()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL collectives and object gathers use the current device
         model.to(self.device)
         opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
         if deepspeed is not None:
