@@ -255,8 +255,11 @@ def test_ppo_trains_every_valid_output_and_resumes_with_its_value_model(project)
     cache: dict = {}
     hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, cache=cache)
     assert info["resumed_from_step"] == 1 and [r["step"] for r in hist] == [0, 1, 2]
-    state = torch.load(sorted(ckpt.iterdir())[0] / "state.pt", weights_only=False)
-    saved_head = state["extra"]["critic"]["model"]["score.weight"]
+    from safetensors.torch import load_file
+
+    first = sorted(ckpt.iterdir())[0]
+    assert torch.load(first / "state.pt", weights_only=False)["updaters"] == ["critic", "policy"]
+    saved_head = load_file(str(first / "critic" / "model.safetensors"))["score.weight"]  # the critic's Updater state
     assert not torch.equal(saved_head, value_model_from(load_model(paths.SFT_MODEL)).score.weight)  # trained
     assert cache["critic"].model.score.weight.shape == saved_head.shape
 
