@@ -192,7 +192,9 @@ def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list
                       bf16: bool = False) -> Any:
     """The rollout generator of ``p.backend``: hf (decodes with the policy object itself) or a vLLM engine sized by
     ``vllm_gpu_memory_utilization`` and ``max_model_len`` (see :func:`max_model_len`), with sleep mode on a GPU
-    when ``vllm_enable_sleep_mode``; bfloat16 when the update trains in bf16."""
+    when ``vllm_enable_sleep_mode``; bfloat16 when the update trains in bf16. Built after the update path, so
+    under a multi-rank launch the engine joins its process group (stages.core.vllm_backend: external launcher,
+    this rank's device, ``vllm_tensor_parallel_size`` ranks per engine) and starts from the policy in memory."""
     if resolve_backend(p.backend) == "hf":
         return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size)
     kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed,
@@ -204,6 +206,8 @@ def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list
             log.info("grpo.vllm_enable_sleep_mode: ignored on CPU (vLLM sleeps on CUDA only)")
     if bf16:
         kw["dtype"] = "bfloat16"
+    if p.vllm_tensor_parallel_size > 1:
+        kw["tensor_parallel_size"] = p.vllm_tensor_parallel_size
     return make_generator("vllm", model, tokenizer, **kw)
 
 
