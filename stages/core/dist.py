@@ -75,8 +75,21 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
+def ensure_process_group() -> None:
+    """Join the launch's process group (NCCL on CUDA, else gloo) when several ranks were launched and nothing has
+    joined it yet; DeepSpeed's initialisation later reuses it. A no-op for a single process."""
+    if world_size() == 1 or not torch.distributed.is_available() or torch.distributed.is_initialized():
+        return
+    init_distributed_env()
+    dev = train_device()
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+
+
 def block(n: int) -> tuple[int, int]:
     """This rank's contiguous share ``[start, end)`` of ``n`` items (the first ``n % world`` ranks take one more)."""
+    ensure_process_group()
     w, r = world_size(), rank()
     base, extra = divmod(n, w)
     start = r * base + min(r, extra)
@@ -85,9 +98,9 @@ def block(n: int) -> tuple[int, int]:
 
 def all_gather_list(local: list[Any]) -> list[Any]:
     """The concatenation, in rank order, of every rank's ``local`` list (picklable items); ``local`` on one process."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
-            torch.distributed.get_world_size() == 1:
+    if world_size() == 1:
         return list(local)
+    ensure_process_group()
     parts: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(parts, list(local))
     return [x for part in parts for x in part]

@@ -79,7 +79,8 @@ def init_reward_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torc
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     src = resolve_model(path)
-    cfg = AutoConfig.from_pretrained(src, num_labels=1, classifier_dropout=0.0)
+    cfg = AutoConfig.from_pretrained(src, num_labels=1)
+    cfg.classifier_dropout = 0.0  # set as an attribute: from_pretrained drops keys the config class does not declare
     try:
         return load_model(src, dtype=dtype, device=device, attn_implementation=attn_implementation,
                           ds_config=ds_config, auto_class=AutoModelForTokenClassification, config=cfg)
