@@ -65,7 +65,7 @@ def loop_params(**kw: Any) -> TrainLoopParams:
                                 schedule="constant", warmup_steps=2, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
                                 adam_eps=1e-8, grad_clip=1.0, precision="fp32", num_threads=1, checkpoint_every=2,
                                 eval_every=0, log_every=1, attn_implementation="sdpa",
-                                gradient_checkpointing=False, logprob_chunk_tokens=1024, deepspeed=ds)
+                                gradient_checkpointing=False, logprob_chunk_tokens=256, deepspeed=ds)
     base.update(kw)
     return TrainLoopParams.model_validate(base)
 
