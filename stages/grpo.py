@@ -195,8 +195,9 @@ def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list
     when ``vllm_enable_sleep_mode``; bfloat16 when the update trains in bf16. Built after the update path, so
     under a multi-rank launch the engine joins its process group (stages.core.vllm_backend: external launcher,
     this rank's device, ``vllm_tensor_parallel_size`` ranks per engine) and starts from the policy in memory."""
-    if resolve_backend(p.backend) == "hf":
-        return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size)
+    if resolve_backend(p.backend) == "hf":  # bf16: a bf16 copy of an fp32 policy (refreshed by sync_weights)
+        return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size,
+                              dtype="bfloat16" if bf16 else None)
     kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed,
                           "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens)}
     if p.vllm_enable_sleep_mode:
@@ -274,7 +275,7 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     upd = rl_updater(model, p)
     questions = [r["question"] for r in rows] + ([r["question"] for r in heldout.rows] if heldout else [])
     gen_len = max(p.max_new_tokens, heldout.max_new_tokens if heldout else 0)
-    generator = rollout_generator(p, model, tokenizer, questions, gen_len, bf16=upd.bf16)
+    generator = rollout_generator(p, model, tokenizer, questions, gen_len, bf16=upd.bf16 or upd.autocast_bf16)
     info: dict[str, Any] = {"resumed_from_step": None, "generation_backend": resolve_backend(p.backend)}
     pool: RftPool | None = None
     if algo.name == "rft":  # the offline pool, before any checkpoint is loaded

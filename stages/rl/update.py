@@ -4,7 +4,8 @@ value model) from the grpo params, and moving idle models between CPU and GPU me
 DeepSpeed (ZeRO 0-2; ``grpo.deepspeed``, or a deepspeed / torchrun launch): the config comes from
 ``stages.train.ds_config.build_deepspeed_config`` (the training stages' builder): micro-batch
 ``grpo.micro_batch_size``, clipping ``grpo.max_grad_norm``, ZeRO stage / optimizer offload from ``grpo.deepspeed``,
-bf16 from ``grpo.precision`` (``auto``: CUDA with bf16, AMX CPUs). The optimizer is torch AdamW. Several ranks:
+bf16 from ``grpo.precision`` (``auto``: CUDA with bf16, AMX CPUs). The optimizer is torch AdamW. Without DeepSpeed the
+update is fp32, or bf16 autocast with fp32 weights when ``grpo.precision`` is ``bf16`` (not ``auto``). Several ranks:
 each samples and scores its share of the step's questions (whole groups, so group advantages stay local); the loss
 normalisers are summed over ranks and the update pads with dummy passes (stages/rl/step.py). ZeRO-3 is not
 supported (the ranks' log-prob passes differ in number, and ZeRO-3 makes every forward a collective).
@@ -56,7 +57,8 @@ def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None, weigh
                                         bf16=use_bf16(p.precision, train_device()))
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr if lr is None else lr,
                             weight_decay=p.weight_decay if weight_decay is None else weight_decay)
-    return Updater(model, optimizer=opt, max_grad_norm=clip, deepspeed=ds_cfg)
+    return Updater(model, optimizer=opt, max_grad_norm=clip, deepspeed=ds_cfg,
+                   autocast_bf16=ds_cfg is None and p.precision == "bf16")
 
 
 def release_memory() -> None:

@@ -216,7 +216,9 @@ class GrpoParams(Section):
     precision: Literal["auto", "bf16", "fp32"]
     """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
     master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is
-    fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32."""
+    fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32, or with ``bf16`` (not
+    ``auto``) under bf16 autocast with fp32 weights and optimizer (the log-prob passes too; hf rollouts from a bf16
+    copy of the policy)."""
     attn_implementation: AttnImplementation
     """Attention kernel of every model of the stage (transformers' attn_implementation): sdpa, eager,
     flash_attention_2 (a CUDA GPU and the flash-attn package), auto = flash_attention_2 where installed, else sdpa."""

@@ -47,12 +47,14 @@ class Updater:
         scheduler: an LR scheduler stepped once per optimizer step, skipped or not (None: constant LR).
         deepspeed: a DeepSpeed config dict (stages.train.ds_config), or None for plain PyTorch.
         lr, weight_decay: the default optimizer's settings.
+        autocast_bf16: plain PyTorch only: forward passes under bf16 autocast (:meth:`autocast`).
     """
 
     def __init__(self, model: torch.nn.Module, *, max_grad_norm: float, optimizer: torch.optim.Optimizer | None = None,
                  scheduler: Any = None, deepspeed: dict[str, Any] | None = None, lr: float = 1e-5,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, autocast_bf16: bool = False) -> None:
         self.model = model
+        self.autocast_bf16 = bool(autocast_bf16) and deepspeed is None  # DeepSpeed's bf16 mode replaces autocast
         self.max_grad_norm = max_grad_norm
         self.engine: Any = None
         self.rank, self.world = 0, 1
@@ -74,6 +76,11 @@ class Updater:
         self.optimizer = opt
         self.scheduler = scheduler
         self._params = [q for q in model.parameters() if q.requires_grad]
+
+    def autocast(self) -> Any:
+        """The context the model's forward passes run in: bf16 autocast (fp32 weights and optimizer) when the plain
+        updater was built with ``autocast_bf16``, else a no-op."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_bf16)
 
     @property
     def distributed(self) -> bool:
