@@ -212,7 +212,10 @@ def train_memory(m: ModelShape, s: TrainSetup) -> Estimate:
     static = parts["weights"] + parts.get("master_fp32", 0) + parts["optimizer_states"] + parts.get("zero3_gathered", 0)
     phases = {
         "forward": static + A + f_head,
-        "backward": static + bucket + max(A + b_head + act["layer_backward"], grads),
+        # ZeRO-2's bucket fills while activations are still alive; ZeRO-0 flattens the gradients for its all-reduce
+        # after the backward pass, when they are free
+        "backward": static + (bucket + max(A + b_head + act["layer_backward"], grads) if s.zero >= 1 else
+                              max(A + b_head + act["layer_backward"], grads + bucket)),
         "optimizer_step": static + grads + opt_tmp,
     }
     if s.deepspeed and s.zero in (1, 2):
