@@ -5,7 +5,9 @@
 3. no stage exceeds 1.5x its budget (each stage's own `wall_s` in its metrics JSON);
 4. a second `dvc repro` does nothing, in under 5 s;
 5. held-out greedy CoT accuracy RL > SFT > pretrained (when the evaluate metrics are there);
-6. for the whole pipeline: total within 1.5x 15 minutes, orchestration within 1.5x its budget.
+6. for the whole pipeline: total within 1.5x 15 minutes, orchestration within 1.5x its budget;
+7. the run's report page (data/report/index.html) renders in headless chromium: every image loaded, no console
+   errors, nothing fetched (stages/report/browser.py); its screenshot goes beside $CHECK_OUT (*.report.png).
 Prints a summary table and writes it as JSON to $CHECK_OUT (default: pipeline-check.json here).
 """
 
@@ -29,8 +31,9 @@ from pathlib import Path
 #   Prefect API server's start (~15 s with DB migrations on a fresh PREFECT_HOME); measured 134 s in all.
 #   Then the stage server (flows/_stage_server.py) paid the imports once per run: reduced pipeline of
 #   benchmarks/orchestration.py, 128.1 s -> 45.6 s of overhead; 70 s is 10% of a ~700 s full run.
+# - report 30: reads the metrics and curves, draws eight matplotlib figures (measured 2-4 s; 30 s leaves room).
 BUDGETS_S = {"data": 20, "corpus": 90, "base_model": 30, "pretrain": 180, "sft": 180, "reward_model": 60,
-             "grpo": 240, "evaluate": 160}
+             "grpo": 240, "evaluate": 160, "report": 30}
 SLACK = 1.5
 # Every stage's budget is enforced with 1.5x slack (CI machines are noisy), and so are the whole
 # pipeline's 15 minutes and orchestration's budget. --no-enforce-learning reports the learning check
@@ -60,6 +63,20 @@ def greedy_accuracy(metrics_dir: Path) -> dict[str, float]:
         if acc is not None:
             out[f.stem.removeprefix("evaluate_")] = acc
     return out
+
+
+def check_report(clone: Path, env: dict[str, str]) -> str:
+    """Render the clone's data/report/index.html in headless chromium; one line: what it saw, or FAILED: why."""
+    shot = Path(os.environ.get("CHECK_OUT", "pipeline-check.json")).resolve().with_suffix(".report.png")
+    proc = subprocess.run([sys.executable, "-c", "from stages.report.browser import find_browser as f; "
+                           "import selenium; assert f()"], cwd=clone, env=env, capture_output=True)
+    if proc.returncode != 0:
+        why = "chromium, chromedriver or selenium missing (bash .ci/setup installs them)"
+        return f"FAILED: {why}" if os.environ.get("REQUIRE_BROWSER") == "1" else f"skipped: {why}"
+    proc = subprocess.run([sys.executable, "-m", "stages.report.browser", "data/report/index.html",
+                           "--screenshot", str(shot)], cwd=clone, env=env, capture_output=True, text=True)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    return out if proc.returncode == 0 else f"FAILED: report page check: {out[-1500:]}"
 
 
 def main() -> int:
@@ -103,6 +120,9 @@ def main() -> int:
             failures.append("second dvc repro was not a no-op")
         if noop > 5.0:
             failures.append(f"no-op dvc repro took {noop:.1f} s > 5 s")
+        report_check = check_report(clone, env) if not targets or "report" in targets else "not run"
+        if report_check.startswith("FAILED"):
+            failures.append(report_check)
         acc = greedy_accuracy(metrics_dir)
         learning = []
         if {"grpo", "sft", "pretrain"} <= set(acc):
@@ -116,11 +136,12 @@ def main() -> int:
             print("learning check (reported, not yet enforced): " + "; ".join(learning))
         summary = {"pipeline_wall_s": round(total, 1), "orchestration_s": round(orchestration, 1),
                    "orchestration_budget_s": ORCHESTRATION_BUDGET_S, "noop_repro_s": round(noop, 2),
-                   "stages": rows, "greedy_accuracy": acc, "failures": failures}
+                   "stages": rows, "greedy_accuracy": acc, "report_page": report_check, "failures": failures}
     print(f"{'stage':<14}{'wall_s':>8}{'budget':>8}  ok")
     for r in rows:
         print(f"{r['stage']:<14}{r['wall_s']:>8}{r['budget_s'] or '-':>8}  {r['ok']}")
     print(f"pipeline {total:.1f} s, orchestration {orchestration:.1f} s, no-op repro {noop:.2f} s, accuracy {acc}")
+    print(f"report page: {report_check}")
     Path(os.environ.get("CHECK_OUT", "pipeline-check.json")).write_text(json.dumps(summary, indent=2) + "\n")
     if failures:
         print("FAILURES:\n  " + "\n  ".join(failures))

@@ -50,17 +50,24 @@ METHODS: dict[str, dict[str, str]] = {
     "grpo_ps": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rule"},
     "grpo_os_rm": {"grpo.algorithm": "grpo", "grpo.reward_source": "outcome_rm"},
     "grpo_ps_rm": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rm"},
+    # issue 17: PPO on the same data (G outputs per question, the rule reward), and GRPO from the pretrained model
+    # with DeepSeek-R1-Zero's template and format reward (no SFT)
+    "ppo_os": {"grpo.algorithm": "ppo", "grpo.advantage_estimator": "gae", "grpo.reward_source": "rule"},
+    "grpo_zero": {"grpo.algorithm": "grpo", "grpo.reward_source": "rule", "grpo.start": "pretrain",
+                  "grpo.template": "r1", "grpo.reward.format_weight": "1.0"},
 }
 LABELS = {"rft": "RFT", "online_rft": "Online RFT", "grpo_os": "GRPO+OS", "grpo_ps": "GRPO+PS",
-          "grpo_os_rm": "GRPO+OS(RM)", "grpo_ps_rm": "GRPO+PS(RM)"}
+          "grpo_os_rm": "GRPO+OS(RM)", "grpo_ps_rm": "GRPO+PS(RM)", "ppo_os": "PPO+OS",
+          "grpo_zero": "GRPO-Zero (R1)"}
 PAPER_ORDER = ("grpo_ps", "grpo_os", "online_rft", "rft")  # Figure 5, best first (exact labels as the supervision)
 # the same order with trained reward models as the supervision, as in the paper's runs
 PAPER_ORDER_RM = ("grpo_ps_rm", "grpo_os_rm", "online_rft", "rft")
 CHAINS = {"exact": PAPER_ORDER, "reward_model": PAPER_ORDER_RM}
-_RANK = ("grpo_ps", "grpo_ps_rm", "grpo_os", "grpo_os_rm", "online_rft", "rft")  # tie-break, paper's best first
+_RANK = ("grpo_ps", "grpo_ps_rm", "grpo_os", "grpo_os_rm", "online_rft", "rft", "ppo_os", "grpo_zero")  # tie-break
 # the grpo stage's inputs, as directories: DVC's -C copies a file only into an existing directory
 UPSTREAM = ("data", "corpus", "sft", "reward_model")  # the stages whose outputs the grpo stage reads
-GRPO_INPUTS = ("data/models/sft", "data/models/reward_model", "data/corpus/problems", "data/generated/problems")
+GRPO_INPUTS = ("data/models/sft", "data/models/pretrain", "data/models/reward_model", "data/corpus/problems",
+               "data/generated/problems")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,10 +133,22 @@ def extract_runs(exp_show: Any, tag: str) -> list[dict[str, Any]]:
                "status": data.get("status") or node.get("status"),
                "steps": [s for s, _ in curve] or None, "accuracy": [a for _, a in curve] or None,
                "n_heldout": held.get("n"),
-               "wall_s": metrics.get("wall_s"), "error": node.get("error") or data.get("error")}
+               "wall_s": metrics.get("wall_s"), "error": node.get("error") or data.get("error"),
+               **run_stats({"step_s_mean": (metrics.get("grpo") or {}).get("step_s_mean"),
+                            "grpo_wall_s": metrics.get("grpo_wall_s"), "memory": metrics.get("memory"),
+                            "trained_parameters": metrics.get("trained_parameters")})}
         if name not in runs or (run["accuracy"] is not None and runs[name]["accuracy"] is None):
             runs[name] = run
     return sorted(runs.values(), key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
+
+
+def run_stats(run: dict[str, Any] | None) -> dict[str, Any]:
+    """Time per step, peak memory and trained parameters of one run (its metrics, or pipeline.json's ``run``)."""
+    run = run or {}
+    mem = run.get("memory") or {}
+    return {"step_s_mean": run.get("step_s_mean"), "grpo_wall_s": run.get("grpo_wall_s"),
+            "peak_rss_mib": mem.get("peak_rss_mib"), "peak_cuda_allocated_mib": mem.get("peak_cuda_allocated_mib"),
+            "trained_parameters": run.get("trained_parameters")}
 
 
 def read_model_curves(project: Path, runs: list[dict[str, Any]]) -> None:
@@ -151,6 +170,8 @@ def read_model_curves(project: Path, runs: list[dict[str, Any]]) -> None:
         if curve:
             r["steps"], r["accuracy"], r["n_heldout"] = [s for s, _ in curve], [a for _, a in curve], held.get("n")
             r["curve_from"] = "data/models/grpo/pipeline.json"
+            if info.get("run"):
+                r.update({k: v for k, v in run_stats(info["run"]).items() if v is not None})
 
 
 def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
@@ -177,6 +198,13 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             sds.append(sd)
         out[method] = {"seeds": [r["seed"] for r in done], "steps": common, "mean": means, "sd": sds,
                        "final_mean": means[-1] if means else math.nan, "final_sd": sds[-1] if sds else math.nan}
+        for key in ("step_s_mean", "peak_rss_mib", "peak_cuda_allocated_mib"):
+            vals = [r[key] for r in done if r.get(key) is not None]
+            if vals:
+                out[method][key] = _mean_sd(vals)[0]
+        params = [r["trained_parameters"] for r in done if r.get("trained_parameters")]
+        if params:
+            out[method]["trained_parameters"] = params[0]
     return out
 
 
@@ -229,6 +257,19 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
             else:
                 cells.append(f"{'-':>13}")
         lines.append(f"{LABELS[m]:<12}{len(v['seeds']):>6} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def cost_table(summary: dict[str, dict[str, Any]]) -> str:
+    """Per method: seconds per step, peak resident memory and trained parameters (means over its runs)."""
+    lines = [f"{'method':<16}{'s/step':>8}{'peak RSS MiB':>14}{'trained params':>26}"]
+    for m, v in summary.items():
+        tp = v.get("trained_parameters") or {}
+        params = " + ".join(f"{k} {n / 1e6:.2f}M" for k, n in tp.items()) or "-"
+        s = v.get("step_s_mean")
+        rss = v.get("peak_rss_mib")
+        lines.append(f"{LABELS[m]:<16}{'-' if s is None else f'{s:.2f}':>8}{'-' if rss is None else f'{rss:.0f}':>14}"
+                     f"{params:>26}")
     return "\n".join(lines)
 
 
@@ -418,6 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(summary, png, f"Held-out accuracy vs step ({args.tag})")
     print("\nheld-out greedy accuracy, mean ± sd over seeds")
     print(table(summary) if summary else "(no finished run)")
+    print("\n" + cost_table(summary))
     print(f"\nmeasured order: {order_text(summary)}")
     for k, cmp in cmps.items():
         print(f"\n[{k}] paper order: {' > '.join(LABELS[m] for m in cmp['paper_order'])}; measured: "

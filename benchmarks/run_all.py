@@ -57,8 +57,10 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 
 
-# Not part of the CPU suite: gpu_check needs a GPU and a model; paradigm queues hours of `dvc exp` runs.
-NOT_IN_SUITE = {"run_all", "gpu_check", "paradigm"}
+# Not part of the CPU suite: gpu_check needs a GPU and a model; paradigm queues hours of `dvc exp` runs;
+# sandbox_syscalls is an audit under strace (the evidence for the sandbox's seccomp allow-list), not a timing;
+# sandbox_ab compares two checkouts (it needs a second one).
+NOT_IN_SUITE = {"run_all", "gpu_check", "paradigm", "sandbox_syscalls", "sandbox_ab"}
 
 
 def discover() -> list[str]:

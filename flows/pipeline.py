@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'total':<34}{total:>8.1f}")
     if any(r["status"] != "skipped" for r in rows):
         print("to record this run in git: git add dvc.lock data/.gitignore && git commit (`dvc push` shares the outputs)")
+    from flows.report import print_headline  # last: held-out accuracy per model and the report's path
+
+    print_headline()
     return 0
 
 

@@ -48,20 +48,20 @@ from typing import Any
 import torch
 
 from stages.core import paths
-from stages.core.dist import is_main_process, rank, train_device, world_size
+from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
 from stages.core.io import atomic_path, write_json
 from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
-from stages.core.prompts import chat_prompt
+from stages.core.prompts import rl_prompt
 from stages.rl.algorithms import get_algorithm, rule_reward_set
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, load_updaters, run_dir, save_checkpoint
 from stages.rl.data import load_prompts, step_questions
 from stages.rl.iterative import mean_finite, run_iterations
 from stages.rl.losses import grpo_loss
-from stages.rl.paradigm import RftPool, build_rft_pool, run_questions
+from stages.rl.paradigm import RftPool
 from stages.rl.rewards import RewardSet, accuracy_reward
 from stages.rl.rollout import Rollout
 from stages.rl.step import StepContext, run_step
@@ -73,6 +73,9 @@ from stages.train.update import use_deepspeed
 __all__ = ["accuracy_reward", "grpo_loss", "rule_reward_set", "step_questions"]  # also read from here by tests
 
 log = logging.getLogger(__name__)
+
+START_MODELS = {"sft": paths.SFT_MODEL, "pretrain": paths.PRETRAIN_MODEL}
+"""``grpo.start`` -> the model RL starts from (and the baseline and the reference model)."""
 
 PLOT_METRICS = (
     "reward_mean", "reward_std", "accuracy", "zero_std_frac", "kl", "clip_frac_low", "clip_frac_high", "entropy",
@@ -141,20 +144,22 @@ class HeldoutEval:
     (synced to the policy): before the first step, every ``every`` steps and after the last. Records
     ``{"step": steps done, "heldout_accuracy": share correct}`` (the rule reward: extracted answer == gold)."""
 
-    def __init__(self, rows: list[dict[str, Any]], every: int, max_new_tokens: int) -> None:
+    def __init__(self, rows: list[dict[str, Any]], every: int, max_new_tokens: int,
+                 template: str = "deepseekmath") -> None:
         self.rows = rows
         self.every = every
         self.max_new_tokens = max_new_tokens
+        self.template = template
         self.records: list[dict[str, Any]] = []
 
     @classmethod
-    def from_params(cls, h: Any) -> HeldoutEval | None:
-        """None when ``h.every`` is 0 (off)."""
+    def from_params(cls, h: Any, template: str = "deepseekmath") -> HeldoutEval | None:
+        """None when ``h.every`` is 0 (off); prompts in the RL ``template`` (the one the policy is trained with)."""
         if not h.every:
             return None
         problems = load_problem_file(h.problems_file or paths.problems_file("test"), h.limit)
         rows = [{"id": q.id, "question": q.question, "answer": q.gold} for q in problems]
-        return cls(rows, h.every, h.max_new_tokens)
+        return cls(rows, h.every, h.max_new_tokens, template)
 
     def due(self, done: int, total: int) -> bool:
         """Whether the policy after ``done`` of ``total`` steps is evaluated (and was not yet)."""
@@ -163,7 +168,7 @@ class HeldoutEval:
 
     def evaluate(self, done: int, generator: Any) -> float:
         """Evaluate now (``generator`` holds the current weights); record and return the accuracy."""
-        outs = generator.generate([chat_prompt(r["question"], "cot") for r in self.rows],
+        outs = generator.generate([rl_prompt(r["question"], self.template) for r in self.rows],
                                   SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens))
         ok = sum(accuracy_reward(completion=o[0].text, answer=r["answer"]) for o, r in zip(outs, self.rows, strict=True))
         acc = ok / len(self.rows)
@@ -180,10 +185,11 @@ class HeldoutEval:
                 "accuracy_at_step": {str(r["step"]): a for r, a in zip(self.records, acc, strict=True)}}
 
 
-def max_model_len(tokenizer: Any, model: Any, questions: list[str], max_new_tokens: int) -> int:
-    """Longest prompt (CoT chat prompt of ``questions``) plus ``max_new_tokens``, capped by the model's context:
+def max_model_len(tokenizer: Any, model: Any, questions: list[str], max_new_tokens: int,
+                  template: str = "deepseekmath") -> int:
+    """Longest prompt (``questions`` in the RL ``template``) plus ``max_new_tokens``, capped by the model's context:
     the vLLM engine's ``max_model_len`` (its KV-cache reservation follows it)."""
-    longest = max((len(ids) for ids in tokenizer([chat_prompt(q, "cot") for q in questions])["input_ids"]), default=1)
+    longest = max((len(ids) for ids in tokenizer([rl_prompt(q, template) for q in questions])["input_ids"]), default=1)
     cap = model_max_length(model.config) or (longest + max_new_tokens)
     return int(min(cap, longest + max_new_tokens))
 
@@ -199,7 +205,7 @@ def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list
         return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size,
                               dtype="bfloat16" if bf16 else None)
     kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed,
-                          "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens)}
+                          "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens, p.template)}
     if p.vllm_enable_sleep_mode:
         if torch.cuda.is_available():
             kw["enable_sleep_mode"] = True
@@ -230,17 +236,6 @@ def frozen_copy(model: Any, device: str | torch.device | None = None) -> Any:
     for prm in ref.parameters():
         prm.requires_grad_(False)
     return ref
-
-
-def build_pool(model: Any, generator: Any, rows: list[dict[str, Any]], p: GrpoParams, total_steps: int) -> RftPool:
-    """rft's offline samples: ``group_size`` outputs of ``model`` (the SFT model) for every question of steps
-    0 .. total_steps - 1 (this rank's share), the correct ones kept once each (stages.rl.paradigm)."""
-    qidx = run_questions(len(rows), total_steps, p.questions_per_step, p.seed, rank=rank(), world=world_size())
-    sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size, max_new_tokens=p.max_new_tokens,
-                        seed=p.seed * 1_000_003 - 1)
-    model.eval()
-    return build_rft_pool(generator, rows, qidx, [chat_prompt(rows[q]["question"], "cot") for q in qidx], sp,
-                          lambda row, c: accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
 
 
 def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoParams, *, ckpt_dir: Path | None,
@@ -278,12 +273,13 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     generator = rollout_generator(p, model, tokenizer, questions, gen_len, bf16=upd.bf16 or upd.autocast_bf16)
     info: dict[str, Any] = {"resumed_from_step": None, "generation_backend": resolve_backend(p.backend)}
     pool: RftPool | None = None
-    if algo.name == "rft":  # the offline pool, before any checkpoint is loaded
-        if cache.get("pool") is None:
-            t0 = time.perf_counter()
-            cache["pool"] = build_pool(model, generator, rows, p, rft_steps or p.steps)
+    if cache.get("pool") is None:  # rft's offline samples, drawn before any checkpoint is loaded
+        t0 = time.perf_counter()
+        cache["pool"] = algo.offline_pool(model, generator, rows, p, rft_steps or p.steps)
+        if cache["pool"] is not None:
             info["rft_pool_s"] = round(time.perf_counter() - t0, 2)
-        pool = cache["pool"]
+    pool = cache["pool"]
+    if pool is not None:
         info["rft_pool"] = pool.summary()
     history: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
@@ -298,6 +294,7 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
         info["resumed_from_step"] = start
     info["deepspeed_zero_stage"] = upd.zero_stage if upd.distributed else None
     info["world_size"] = upd.world
+    info["trained_parameters"] = {"policy": _n_trainable(model)}
     if ref_model is not None:
         if upd.bf16:
             ref_model.to(torch.bfloat16)
@@ -308,6 +305,8 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     ctx = StepContext(p=p, model=model, tokenizer=tokenizer, generator=generator, updater=upd, rows=rows,
                       reward_set=reward_set, source=scorer, ref_model=ref_model, pool=pool, offload=offload)
     ctx.critic = algo.make_critic(ctx, cache)
+    if ctx.critic is not None:
+        info["trained_parameters"]["value_model"] = _n_trainable(ctx.critic.model)
     if ctx.critic is not None and state is not None and "critic" in state.get("updaters", []):
         load_updaters(state, {"critic": ctx.critic.updater})
     logger = _logger()
@@ -352,6 +351,22 @@ def load_policy(path: Any, p: GrpoParams) -> Any:
     bf16 = use_deepspeed(p.deepspeed.enabled) and use_bf16(p.precision, dev)
     return load_model(path, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev,
                       attn_implementation=p.attn_implementation)
+
+
+def _n_trainable(model: Any) -> int:
+    return sum(q.numel() for q in model.parameters() if q.requires_grad)
+
+
+def peak_memory() -> dict[str, float]:
+    """This process's peak resident memory (MiB, ``ru_maxrss``) and, on a GPU, torch's peak allocated memory."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
+    out = {"peak_rss_mib": round(rss, 1)}
+    if torch.cuda.is_available():
+        out["peak_cuda_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
 
 
 def _wake(generator: Any) -> None:
@@ -436,20 +451,22 @@ def run(p: GrpoParams) -> dict[str, Any]:
         torch.set_num_threads(p.num_threads)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
-    RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom, p.reward.custom_weights)
+    algo = get_algorithm(p.algorithm)
+    algo.reward_functions(p)  # a bad custom reward path fails here, before any work
     if p.baseline.enabled and any("cot" not in r for r in rows):
         raise PipelineError("grpo.baseline.enabled: the prompt rows have no 'cot' solutions; set it to false or add them")
-    if p.algorithm == "sft" and any("cot" not in r for r in rows):
-        raise PipelineError("grpo.algorithm sft trains on the prompt rows' 'cot' solutions, and some rows have none")
-    init = paths.SFT_MODEL
+    if not algo.samples and any("cot" not in r for r in rows):  # sft: continued SFT on the gold solutions
+        raise PipelineError(f"grpo.algorithm {p.algorithm} trains on the prompt rows' 'cot' solutions, and some rows "
+                            "have none")
+    init = START_MODELS[p.start]
     tokenizer = load_tokenizer(init)
     model = load_policy(init, p)
     check_compatible(model, tokenizer, str(init))
     torch.manual_seed(p.seed)
-    heldout = HeldoutEval.from_params(p.heldout)
+    heldout = HeldoutEval.from_params(p.heldout, p.template)
     rm_dir = paths.REWARD_MODEL if p.reward_source in ("outcome_rm", "process_rm") else None
     ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), [init, prompts_path] + ([rm_dir] if rm_dir else []))
-    if p.algorithm == "sft":
+    if not algo.samples:
         history, samples, info = train_sft(model, tokenizer, rows, p, heldout=heldout)
     else:
         # Algorithm 1 (stages.rl.iterative): iterative.iterations x steps steps; iterations = 1 is plain GRPO
@@ -458,22 +475,25 @@ def run(p: GrpoParams) -> dict[str, Any]:
                                                 rm_dir=rm_dir, out_dir=paths.GRPO_ITERS, cache={}, heldout=heldout)
     main = is_main_process()
     t_grpo = time.perf_counter() - t_start
+    info["memory"] = peak_memory()  # of the RL part (before the baseline)
+    summary = summarize(history)
     if main:
         with atomic_path(paths.GRPO_MODEL) as tmp:
             model.to("cpu").save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             # the held-out curve also travels with the (DVC-cached) model: benchmarks/paradigm.py reads it from there
             # when the git-ignored metrics file is not part of an experiment's commit
-            (tmp / "pipeline.json").write_text(json.dumps({"stage": "grpo", "algorithm": p.algorithm,
-                                                           "init": str(init), "params": p.tracked_dump(),
-                                                           "heldout": heldout.metrics() if heldout else None},
-                                                          indent=2) + "\n")
+            (tmp / "pipeline.json").write_text(json.dumps({
+                "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
+                "heldout": heldout.metrics() if heldout else None,
+                "run": {"step_s_mean": summary.get("step_s_mean"), "grpo_wall_s": round(t_grpo, 2),
+                        "memory": info["memory"], "trained_parameters": info.get("trained_parameters")}},
+                indent=2) + "\n")
             with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
                 for s in samples:
                     f.write(json.dumps(s, ensure_ascii=False) + "\n")
-        plot_dir = paths.plots_dir("grpo")
-        write_plots(plot_dir, history, PLOT_METRICS + ("sft_loss", "nll"))
-    metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summarize(history), "grpo_wall_s": round(t_grpo, 2),
+        write_plots(paths.plots_dir("grpo"), history, PLOT_METRICS + ("sft_loss", "nll"))
+    metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summary, "grpo_wall_s": round(t_grpo, 2),
                                **info}
     if heldout is not None and main:
         write_plots(paths.plots_dir("grpo"), heldout.records, ("heldout_accuracy",))

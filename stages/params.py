@@ -37,6 +37,7 @@ from stages.schema.grpo import (
     GrpoRewardParams,
 )
 from stages.schema.pretrain import MixtureSource, PretrainParams
+from stages.schema.report import ReportParams
 from stages.schema.reward_model import RewardModelParams
 from stages.schema.sft import SftFormatMix, SftParams
 from stages.schema.train import DeepSpeedParams, TrainLoopParams
@@ -46,7 +47,7 @@ __all__ = [
     "DedupParams", "DeepSpeedParams", "DomainParams", "EvalCommonParams", "EvalMode", "EvalModelParams",
     "EvaluateParams", "GrpoBaselineParams", "GrpoHeldoutParams", "GrpoIterativeParams", "GrpoParams",
     "GrpoRewardParams", "MixtureSource", "Params", "PretrainParams", "ProblemParams", "RecallParams",
-    "RewardModelParams", "Section", "SftFormatMix", "SftParams", "TrainLoopParams", "load_params", "parse_params",
+    "ReportParams", "RewardModelParams", "Section", "SftFormatMix", "SftParams", "TrainLoopParams", "load_params", "parse_params",
 ]
 
 
@@ -67,6 +68,8 @@ class Params(BaseModel):
     """GRPO from the SFT model (paper section 4), with a continued-SFT baseline."""
     pretrain: PretrainParams
     """Continual pretraining on the corpus mixture (paper section 2.3)."""
+    report: ReportParams
+    """The one-page HTML report of the whole run (the last stage)."""
     reward_model: RewardModelParams
     """Neural outcome / process reward model for GRPO (paper sections 4.1.3-4.1.4)."""
     sft: SftParams
@@ -93,9 +96,14 @@ def parse_params(raw: Any, source: str = "params") -> Params:
     merged = {name: merge_runtime(classes[name], raw[name], runtime.get(name), name, source) if name in classes
               and name in raw else value for name, value in raw.items()}
     try:
-        return Params.model_validate(merged)
+        params = Params.model_validate(merged)
     except ValidationError as e:
         raise PipelineError(format_error(source, e)) from None
+    unknown = [m for m in params.report.models if m not in params.evaluate.models]
+    if unknown:
+        raise PipelineError(f"{source}: report.models: {unknown} not in evaluate.models ({sorted(params.evaluate.models)});"
+                            " list only evaluated models")
+    return params
 
 
 def load_params(path: str | os.PathLike[str] = "params.yaml") -> Params:

@@ -3,6 +3,8 @@
 - ``shared_data``: the real data sets in ../shared/data. Absent on a user's fresh clone, so tests
   that need it skip with a reason; CI sets REQUIRE_SHARED_DATA=1, which turns that skip into a failure.
 - ``tiny_llama``: a tiny random Llama with a tiny tokenizer saved as a HF directory (session-scoped).
+- ``browser``: Debian's chromium + chromedriver and selenium, for tests marked ``browser`` (the report page);
+  skip when absent, and CI sets REQUIRE_BROWSER=1, which turns that skip into a failure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,25 @@ def shared_data() -> Path:
             pytest.fail(msg + "; REQUIRE_SHARED_DATA=1 makes this a failure")
         pytest.skip(msg)
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def browser() -> tuple[str, str]:
+    """(chromium, chromedriver) paths; skip, or fail under REQUIRE_BROWSER=1, when they or selenium are absent."""
+    from stages.report.browser import find_browser
+
+    found = find_browser()
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        found, why = None, "selenium not installed (pip install -e '.[dev]')"
+    else:
+        why = "chromium / chromedriver not found (bash .ci/setup installs them: apt-get install chromium chromium-driver)"
+    if found is None:
+        if os.environ.get("REQUIRE_BROWSER") == "1":
+            pytest.fail(why + "; REQUIRE_BROWSER=1 makes this a failure")
+        pytest.skip(why)
+    return found
 
 
 @pytest.fixture(scope="session")

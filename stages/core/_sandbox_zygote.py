@@ -15,8 +15,8 @@ Process tree of one sandbox (``Z`` = this zygote, root, host namespaces)::
                    closes the "life" pipe (timeout, client gone), it SIGKILLs every other process of the
                    namespace (double-forked daemons included), reaps them all and reports ``D``.
       I --fork--> U  waits (pre-forked) for the request on a pipe, applies limits, drops to a fresh
-                     unprivileged uid, sets no_new_privs and a seccomp filter, clears the environment,
-                     then runs the program as ``__main__``.
+                     unprivileged uid, sets no_new_privs and the seccomp allow-list, clears the
+                     environment, then runs the program as ``__main__``.
 
 If I itself dies (the zygote died: PR_SET_PDEATHSIG), the kernel kills the whole namespace.
 
@@ -78,16 +78,20 @@ SECCOMP_MODE_FILTER = 2
 
 # Mechanisms, in the order of the report. "uid" = drop to a fresh unprivileged uid per sandbox.
 MECHANISMS = (
-    "uid", "no_new_privs", "seccomp", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns",
-    "ro_root", "private_tmp", "shared_quota", "hide_paths", "minimal_dev", "proc", "cgroup_pids",
-    "cgroup_memory", "rlimits", "empty_env", "fresh_process",
+    "uid", "no_new_privs", "seccomp", "unix_stream_only", "no_file_locks", "no_fs_notify", "pidns", "netns",
+    "mountns", "ipcns", "utsns", "cgroupns", "ro_root", "nodev", "private_tmp", "shared_quota", "hide_paths",
+    "minimal_dev", "proc", "cgroup_pids", "cgroup_memory", "rlimits", "empty_env", "fresh_process",
 )
 # What a mechanism needs: disabling the key disables the values.
 DEPENDS = {
     "mountns": ("ro_root", "private_tmp", "shared_quota", "hide_paths", "minimal_dev", "proc"),
+    "ro_root": ("nodev",),
     "pidns": ("proc",),
     "no_new_privs": ("seccomp",),
+    "seccomp": ("unix_stream_only", "no_file_locks", "no_fs_notify"),
 }
+M_ARENA_MAX = -8  # mallopt
+THREAD_STACK_MAX = 8 << 20  # default stack of a new thread, at most (glibc takes RLIMIT_STACK's soft limit)
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -144,24 +148,131 @@ def prctl(mech: str, option: int, arg2: int = 0, arg3: int = 0) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# seccomp: a deny-list filter (x86_64). Denied calls fail with EPERM (clone3: ENOSYS, so glibc falls back
-# to clone, whose namespace flags are checked); a foreign architecture or the x32 ABI kills the process.
-_X86_64_DENY = {
-    "socket": 41, "connect": 42, "ptrace": 101, "syslog": 103, "personality": 135, "vhangup": 153,
-    "pivot_root": 155, "adjtimex": 159, "chroot": 161, "acct": 163, "settimeofday": 164, "mount": 165,
-    "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "sethostname": 170, "setdomainname": 171,
-    "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176, "quotactl": 179, "clock_settime": 227,
-    "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
-    "name_to_handle_at": 303, "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308,
-    "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320,
-    "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443, "execve": 59, "execveat": 322,
+# seccomp: an allow-list filter (x86_64 only; on another architecture the mechanism is reported inactive,
+# with its reason, and none of the restrictions below apply). A system call that is not on the list fails
+# with EPERM (Python raises PermissionError), whatever its number: calls newer than this list included.
+# clone3 fails with ENOSYS instead, so that glibc falls back to clone, whose flags the filter can read. A
+# foreign architecture's calls kill the process; x32-ABI calls fail with EPERM.
+#
+# The list is what CPython, numpy, scipy, sympy and the math standard library really call, measured by
+# benchmarks/sandbox_syscalls.py (strace of the sandboxes over the tests' programs, the PAL / GSM-Hard and
+# ToRA programs and typical model-written math programs; results/sandbox_syscalls.json), plus, under "not
+# measured", the few calls that the same functions make with another glibc version, or that a common
+# standard-library function makes.
+_X86_64_ALLOW: dict[str, dict[str, int]] = {
+    # the program's own files and pipes (the host is mounted read-only; the working directory is private)
+    # (pwrite64, fdatasync: sqlite, measured with no_file_locks disabled)
+    # not measured: pipe (glibc's pipe()), dup, dup3 (os.dup2(inheritable=False)), readv, writev (os.readv /
+    # writev, C stdio), ftruncate (file.truncate()), copy_file_range (shutil, Python >= 3.14)
+    "file descriptors": {
+        "read": 0, "write": 1, "close": 3, "fstat": 5, "lseek": 8, "pread64": 17, "pwrite64": 18, "readv": 19,
+        "writev": 20, "pipe": 22, "dup": 32, "dup2": 33, "sendfile": 40, "fsync": 74, "fdatasync": 75,
+        "ftruncate": 77, "getdents64": 217, "dup3": 292, "pipe2": 293, "copy_file_range": 326, "close_range": 436,
+    },
+    # file names (listxattr: shutil.copy2 gives up only on ENOTSUP/ENODATA/EINVAL; setting attributes is denied)
+    # not measured: stat, lstat (glibc < 2.33), access, faccessat2 (os.access), chdir, symlink, umask,
+    # getxattr, lgetxattr, llistxattr (shutil.copy2 of a file with attributes, of a symlink)
+    "paths": {
+        "open": 2, "stat": 4, "lstat": 6, "access": 21, "getcwd": 79, "chdir": 80, "rename": 82, "mkdir": 83,
+        "rmdir": 84, "link": 86, "unlink": 87, "symlink": 88, "readlink": 89, "chmod": 90, "umask": 95,
+        "statfs": 137, "getxattr": 191, "lgetxattr": 192, "listxattr": 194, "llistxattr": 195, "openat": 257,
+        "newfstatat": 262, "unlinkat": 263, "readlinkat": 267, "utimensat": 280, "faccessat2": 439,
+    },
+    # memory (mbind: OpenBLAS's buffers; madvise is argument-checked below)
+    # not measured: mremap (glibc's realloc() of large blocks)
+    "memory": {"mmap": 9, "mprotect": 10, "munmap": 11, "brk": 12, "mremap": 25, "msync": 26, "mbind": 237},
+    # processes and threads (clone and prctl are argument-checked below; vfork: _posixsubprocess)
+    # not measured: sched_yield (OpenBLAS's waiting threads)
+    "processes and threads": {
+        "sched_yield": 24, "vfork": 58, "exit": 60, "wait4": 61, "futex": 202, "sched_getaffinity": 204,
+        "exit_group": 231, "set_robust_list": 273, "rseq": 334,
+    },
+    # identity, limits and machine facts (the program's own; setsid: daemonising code)
+    # not measured: getegid
+    "identity and limits": {
+        "getpid": 39, "uname": 63, "getrusage": 98, "sysinfo": 99, "times": 100, "getuid": 102, "getgid": 104,
+        "geteuid": 107, "getegid": 108, "getppid": 110, "setsid": 112, "getgroups": 115, "gettid": 186,
+        "prlimit64": 302,
+    },
+    # signals and timers (kill: the uid and the PID namespace confine it to the program's own processes)
+    # not measured: restart_syscall (the kernel resumes an interrupted sleep with it), tgkill (abort(),
+    # raise(), signal.pthread_kill), pause, rt_sigtimedwait (signal.pause / sigwait / sigtimedwait)
+    "signals": {
+        "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15, "pause": 34, "alarm": 37, "setitimer": 38,
+        "kill": 62, "rt_sigtimedwait": 128, "sigaltstack": 131, "restart_syscall": 219, "tgkill": 234,
+    },
+    # clocks (mostly answered by the vDSO without a system call; CPU-time clocks always make one)
+    # not measured: nanosleep (older glibc's sleep()), gettimeofday, time (without the vDSO), clock_getres
+    "time": {"nanosleep": 35, "gettimeofday": 96, "time": 201, "clock_gettime": 228, "clock_getres": 229,
+             "clock_nanosleep": 230},
+    # waiting on file descriptors (asyncio, selectors, subprocess, multiprocessing)
+    # not measured: select (older glibc's select())
+    "polling": {"poll": 7, "select": 23, "epoll_wait": 232, "epoll_ctl": 233, "pselect6": 270, "epoll_create1": 291},
+    # the ends of a socketpair (socketpair and sendto are argument-checked below; no socket(), connect(),
+    # bind(), accept(), sendmsg())
+    # not measured: shutdown (socket.shutdown), getpeername (asyncio's transports)
+    "socketpair ends": {"recvfrom": 45, "shutdown": 48, "getsockname": 51, "getpeername": 52},
+    "randomness": {"getrandom": 318},
 }
-_X86_64_CLONE, _X86_64_CLONE3 = 56, 435
+# Checked arguments (the kernel reads these arguments as 32-bit ints: the filter compares the low half).
+_X86_64_CLONE, _X86_64_CLONE3, _X86_64_SOCKETPAIR, _X86_64_SENDTO = 56, 435, 53, 44
+_X86_64_FCNTL, _X86_64_IOCTL, _X86_64_PRCTL, _X86_64_MADVISE = 72, 16, 157, 28
+AF_UNIX, SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 1, 5, 0xF
+# fcntl: descriptor and status flags, duplication, pipe size. Not: record / OFD locks and leases (a lock
+# on a world-readable host file blocks host processes), F_NOTIFY (directory change signals), F_SETOWN.
+_FCNTL_ALLOW = {"F_DUPFD": 0, "F_GETFD": 1, "F_SETFD": 2, "F_GETFL": 3, "F_SETFL": 4, "F_DUPFD_CLOEXEC": 1030,
+                "F_GETPIPE_SZ": 1032}
+_FCNTL_LOCKS = {"F_GETLK": 5, "F_SETLK": 6, "F_SETLKW": 7, "F_OFD_GETLK": 36, "F_OFD_SETLK": 37,
+                "F_OFD_SETLKW": 38, "F_SETLEASE": 1024, "F_GETLEASE": 1025}
+_FCNTL_NOTIFY = {"F_NOTIFY": 1026}
+# ioctl: the terminal queries isatty() and get_terminal_size() make (stdio are pipes: ENOTTY) and the
+# close-on-exec / non-blocking / bytes-available requests. Not: TIOCSTI, file-system or device requests.
+_IOCTL_ALLOW = {"TCGETS": 0x5401, "TIOCGWINSZ": 0x5413, "FIONREAD": 0x541B, "FIONBIO": 0x5421,
+                "FIONCLEX": 0x5450, "FIOCLEX": 0x5451}
+# prctl: naming threads and mappings, and libcap's start-up probe of the bounding set (read only).
+_PRCTL_ALLOW = {"PR_SET_NAME": 15, "PR_GET_NAME": 16, "PR_CAPBSET_READ": 23, "PR_SET_VMA": 0x53564D41}
+# madvise: every advice but KSM merging (a memory-deduplication timing channel) and the hwpoison ones (>= 100)
+_MADV_DENY = {"MADV_MERGEABLE": 12, "MADV_UNMERGEABLE": 13}
+# Sub-mechanisms of the filter (each can be disabled on its own, e.g. "no_file_locks" for sqlite files).
+_X86_64_LOCKS = {"flock": 73}
+_X86_64_NOTIFY = {"inotify_init": 253, "inotify_add_watch": 254, "inotify_rm_watch": 255, "inotify_init1": 294,
+                  "fanotify_init": 300, "fanotify_mark": 301}
+# Not on the list on purpose (a few of the calls programs tried; every other call is denied as well).
+DENIED_ON_PURPOSE = {
+    "socket": "no network, no host AF_UNIX socket", "connect": "no host socket", "bind": "no host socket",
+    "sendmsg": "no destination address to check", "recvmsg": "pairs with sendmsg",
+    "execve": "no other binary, no shell", "execveat": "no other binary, no shell",
+    "flock": "no lock on host files (no_file_locks)", "inotify_init1": "no file-change events (no_fs_notify)",
+    "inotify_init": "no file-change events", "inotify_add_watch": "no file-change events",
+    "fanotify_init": "no file-change events", "ptrace": "no debugging of other processes",
+    "mknod": "no device nodes", "mknodat": "no device nodes", "mincore": "page-cache residency of host files",
+    "preadv2": "RWF_NOWAIT reveals the page cache", "memfd_create": "memory outside the tmpfs quota",
+    "sync": "host-wide I/O", "syncfs": "host-wide I/O", "unshare": "no namespaces", "setns": "no namespaces",
+    "mount": "no mounts", "io_uring_setup": "kernel surface", "bpf": "kernel surface", "userfaultfd": "kernel surface",
+    "perf_event_open": "kernel surface", "open_tree": "no mounts", "fsopen": "no mounts",
+}
 AUDIT_ARCH_X86_64 = 0xC000003E
 SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _NS_CLONE_MASK = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+SECCOMP_SUBMECHANISMS = ("unix_stream_only", "no_file_locks", "no_fs_notify")
+
+
+def allowed_syscalls(*, locks: bool = False, notify: bool = False) -> dict[str, int]:
+    """Every unconditionally allowed x86_64 system call, ``{name: number}`` (``locks`` / ``notify``: with
+    the sub-mechanism ``no_file_locks`` / ``no_fs_notify`` disabled)."""
+    out = {name: nr for group in _X86_64_ALLOW.values() for name, nr in group.items()}
+    if locks:
+        out.update(_X86_64_LOCKS)
+    if notify:
+        out.update(_X86_64_NOTIFY)
+    return out
+
+
+def checked_syscalls() -> dict[str, int]:
+    """The system calls the filter allows depending on their arguments (clone3: always ENOSYS)."""
+    return {"clone": _X86_64_CLONE, "clone3": _X86_64_CLONE3, "socketpair": _X86_64_SOCKETPAIR,
+            "sendto": _X86_64_SENDTO, "fcntl": _X86_64_FCNTL, "ioctl": _X86_64_IOCTL, "prctl": _X86_64_PRCTL,
+            "madvise": _X86_64_MADVISE}
 
 
 class _SockFilter(ctypes.Structure):
@@ -176,33 +287,70 @@ def seccomp_supported() -> bool:
     return platform.machine() in ("x86_64", "AMD64")
 
 
-def build_seccomp() -> tuple[_SockFprog, ctypes.Array]:
-    """The deny-list filter program (built once in the zygote; sandboxes only install it)."""
+# classic BPF: A = 32-bit word at offset k of struct seccomp_data (nr @0, arch @4, args[i] @16 + 8 i)
+_LD, _AND, _JEQ, _JGE, _JSET, _RET = 0x20, 0x54, 0x15, 0x35, 0x45, 0x06
+_ALLOW, _EPERM, _ENOSYS = ("ret", SECCOMP_RET_ALLOW), ("ret", SECCOMP_RET_ERRNO | 1), ("ret", SECCOMP_RET_ERRNO | 38)
+
+
+def _arg_lo(i: int) -> tuple[int, int, int, int]:
+    return (_LD, 0, 0, 16 + 8 * i)
+
+
+def _arg_hi(i: int) -> tuple[int, int, int, int]:
+    return (_LD, 0, 0, 20 + 8 * i)
+
+
+def _one_of(values: list[int]) -> list:
+    """A in ``values`` -> allow, else EPERM."""
+    n = len(values)
+    return [(_JEQ, n - i, 0, v) for i, v in enumerate(values)] + [_EPERM, _ALLOW]
+
+
+def build_seccomp(*, unix_stream_only: bool = True, no_file_locks: bool = True,
+                  no_fs_notify: bool = True) -> tuple[_SockFprog, ctypes.Array]:
+    """The allow-list filter program (built once in the zygote; sandboxes only install it)."""
     if not seccomp_supported():
         raise SetupError("seccomp", f"no syscall table for {platform.machine()}")
-    ld_w_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    eperm, enosys = SECCOMP_RET_ERRNO | 1, SECCOMP_RET_ERRNO | 38
-    prog = [
-        (ld_w_abs, 0, 0, 4),  # A = arch
-        (jeq, 1, 0, AUDIT_ARCH_X86_64),
-        (ret, 0, 0, SECCOMP_RET_KILL_PROCESS),
-        (ld_w_abs, 0, 0, 0),  # A = syscall number
-        (jge, 0, 1, 0x40000000),  # x32 ABI
-        (ret, 0, 0, eperm),
+    fcntl_ok = dict(_FCNTL_ALLOW)
+    if not no_file_locks:
+        fcntl_ok.update(_FCNTL_LOCKS)
+    if not no_fs_notify:
+        fcntl_ok.update(_FCNTL_NOTIFY)
+    checked: dict[int, list] = {
+        _X86_64_CLONE3: [_ENOSYS],
+        _X86_64_CLONE: [_arg_lo(0), (_JSET, 0, 1, _NS_CLONE_MASK), _EPERM, _ALLOW],
+        _X86_64_FCNTL: [_arg_lo(1), *_one_of(sorted(fcntl_ok.values()))],
+        _X86_64_IOCTL: [_arg_lo(1), *_one_of(sorted(_IOCTL_ALLOW.values()))],
+        _X86_64_PRCTL: [_arg_lo(0), *_one_of(sorted(_PRCTL_ALLOW.values()))],
+        _X86_64_MADVISE: [_arg_lo(2), *[(_JEQ, 2 - i, 0, v) for i, v in enumerate(sorted(_MADV_DENY.values()))],
+                          (_JGE, 0, 1, 100), _EPERM, _ALLOW],
+    }
+    if unix_stream_only:
+        # socketpair(AF_UNIX, SOCK_STREAM | SOCK_SEQPACKET [| flags]): no datagram end, whose sendto() with
+        # an address would reach any host AF_UNIX datagram socket the program can see
+        checked[_X86_64_SOCKETPAIR] = [_arg_lo(0), (_JEQ, 1, 0, AF_UNIX), _EPERM, _arg_lo(1),
+                                       (_AND, 0, 0, SOCK_TYPE_MASK), *_one_of([SOCK_STREAM, SOCK_SEQPACKET])]
+        # sendto(fd, buf, len, flags, dest_addr = NULL, addrlen): no destination address (64-bit pointer)
+        checked[_X86_64_SENDTO] = [_arg_lo(4), (_JEQ, 0, 2, 0), _arg_hi(4), (_JEQ, 1, 0, 0), _EPERM, _ALLOW]
+    allowed = allowed_syscalls(locks=not no_file_locks, notify=not no_fs_notify)
+    if not unix_stream_only:
+        allowed.update({"socketpair": _X86_64_SOCKETPAIR, "sendto": _X86_64_SENDTO})
+    prog: list = [
+        (_LD, 0, 0, 4),  # A = arch
+        (_JEQ, 1, 0, AUDIT_ARCH_X86_64),
+        ("ret", SECCOMP_RET_KILL_PROCESS),
+        (_LD, 0, 0, 0),  # A = syscall number
+        (_JGE, 0, 1, 0x40000000),  # x32 ABI
+        _EPERM,
     ]
-    for nr in sorted(_X86_64_DENY.values()):
-        prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
-    prog += [(jeq, 0, 1, _X86_64_CLONE3), (ret, 0, 0, enosys)]
-    prog += [
-        (jeq, 0, 4, _X86_64_CLONE),
-        (ld_w_abs, 0, 0, 16),  # A = low 32 bits of args[0] (clone flags)
-        (jset, 0, 1, _NS_CLONE_MASK),
-        (ret, 0, 0, eperm),
-        (ret, 0, 0, SECCOMP_RET_ALLOW),
-        (ret, 0, 0, SECCOMP_RET_ALLOW),
-    ]
-    arr = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
-    return _SockFprog(len(prog), arr), arr
+    for nr, block in checked.items():  # each block ends in a return on every path
+        prog += [(_JEQ, 0, len(block), nr), *block]
+    for nr in sorted(set(allowed.values())):  # the kernel caches these verdicts (no filter run per call)
+        prog += [(_JEQ, 0, 1, nr), _ALLOW]
+    prog.append(_EPERM)
+    ins = [_SockFilter(_RET, 0, 0, i[1]) if i[0] == "ret" else _SockFilter(*i) for i in prog]
+    arr = (_SockFilter * len(ins))(*ins)
+    return _SockFprog(len(ins), arr), arr
 
 
 def install_seccomp(fprog: _SockFprog) -> None:
@@ -358,9 +506,10 @@ class Zygote:
             except OSError as e:
                 self.disable("pidns", f"cannot open /proc/self/ns/pid: {e}")
         if not seccomp_supported():
-            self.disable("seccomp", f"no syscall table for {platform.machine()}")
-        else:
-            self.seccomp_prog = build_seccomp()
+            self.disable("seccomp", f"no syscall table for {platform.machine()} (the allow-list is x86_64's)")
+        elif self.enabled["seccomp"]:
+            self.seccomp_prog = build_seccomp(**{m: self.enabled[m] for m in SECCOMP_SUBMECHANISMS})
+        self.threads = self._thread_limits()
         for mod in self.cfg.get("preload", []):
             try:
                 __import__(mod)
@@ -374,6 +523,34 @@ class Zygote:
         self._plan_paths()
         self._setup_cgroups()
         self._probe()
+
+    def _thread_limits(self) -> dict:
+        """Make threads cheap in address space, which ``RLIMIT_AS`` counts (sandboxes inherit both settings).
+
+        glibc gives each new thread that allocates its own malloc arena and reserves 64 MiB of address space
+        for it: at ``memory_mb=512`` only ~7 threads could start. One arena (mallopt ``M_ARENA_MAX``) is
+        shared by all threads instead. A thread's default stack is capped at :data:`THREAD_STACK_MAX`
+        (glibc uses the caller's ``RLIMIT_STACK``, which may be larger)."""
+        out: dict = {"malloc_arena_max": None, "thread_stack_bytes": None}
+        if libc.mallopt(M_ARENA_MAX, 1) == 1:
+            out["malloc_arena_max"] = 1
+        else:
+            self.warnings.append("mallopt(M_ARENA_MAX, 1) failed: each thread reserves a 64 MiB malloc arena")
+        try:
+            attr = ctypes.create_string_buffer(128)  # a pthread_attr_t (56 bytes on x86_64, 64 on aarch64)
+            size = ctypes.c_size_t()
+            if libc.pthread_getattr_default_np(attr) != 0 or libc.pthread_attr_getstacksize(attr, ctypes.byref(size)):
+                raise OSError("pthread_getattr_default_np failed")
+            if size.value == 0 or size.value > THREAD_STACK_MAX:
+                if libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(THREAD_STACK_MAX)) or \
+                        libc.pthread_setattr_default_np(attr):
+                    raise OSError("pthread_setattr_default_np failed")
+                size.value = THREAD_STACK_MAX
+            libc.pthread_attr_destroy(attr)
+            out["thread_stack_bytes"] = size.value
+        except (AttributeError, OSError) as e:
+            self.warnings.append(f"thread stack size unknown: {e}")
+        return out
 
     def _plan_paths(self) -> None:
         """Which host directories to hide behind empty tmpfs, and which Python directories to re-expose."""
@@ -599,6 +776,12 @@ class Zygote:
             "hidden_paths": self.hide,
             "exposed_paths": self.expose,
             "uid_base": self.uid_base if self.enabled["uid"] else None,
+            "seccomp": None if not self.enabled["seccomp"] else {
+                "policy": "allow-list (anything else fails with EPERM)", "arch": "x86_64",
+                "allowed_syscalls": len(allowed_syscalls(locks=not self.enabled["no_file_locks"],
+                                                         notify=not self.enabled["no_fs_notify"])),
+                "argument_checked": sorted(checked_syscalls())},
+            "threads": self.threads,
             "zygote_pid": os.getpid(),
             "kernel": platform.release(),
             "python": sys.version.split()[0],
@@ -845,8 +1028,13 @@ class Sandbox:
                 if os.path.exists(f"/dev/{name}"):
                     devs.append((name, open_tree("minimal_dev", f"/dev/{name}", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)))
         if self.on["ro_root"]:
-            mount_setattr("ro_root", AT_FDCWD, "/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)
-            for _, fd in exposed + devs:
+            # nodev: a device node anywhere on the host (outside the minimal /dev) cannot be opened
+            attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | (MOUNT_ATTR_NODEV if self.on["nodev"] else 0)
+            mech = "nodev" if self.on["nodev"] else "ro_root"
+            mount_setattr(mech, AT_FDCWD, "/", AT_RECURSIVE, attrs)
+            for _, fd in exposed:
+                mount_setattr(mech, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, attrs)
+            for _, fd in devs:  # the five device nodes of /dev keep working
                 mount_setattr("ro_root", fd, "", AT_EMPTY_PATH | AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)
         if self.on["hide_paths"]:
             for h in self.z.hide:
@@ -860,7 +1048,7 @@ class Sandbox:
                         os.close(fd)
                 mount("hide_paths", None, h, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         if self.on["minimal_dev"]:
-            mount("minimal_dev", "tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=0755")
+            mount("minimal_dev", "tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
             for name, fd in devs:
                 open(f"/dev/{name}", "w").close()
                 move_mount("minimal_dev", fd, f"/dev/{name}")
@@ -884,7 +1072,7 @@ class Sandbox:
                     if self.uid is not None:
                         os.chown(self.tmp_workdir, self.uid, self.uid)
         if self.on["minimal_dev"]:
-            mount("minimal_dev", None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+            mount("minimal_dev", None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
     def mount_work(self, disk_mb: int) -> None:
         """One size-limited tmpfs shown at /tmp (the working directory) and /dev/shm: one quota for both."""

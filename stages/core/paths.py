@@ -44,6 +44,16 @@ CHECKPOINTS = Path("checkpoints")
 # evaluate stage: one directory of completions per evaluated model (evaluate.models.<name>)
 EVAL = DATA / "eval"
 
+# report stage: one self-contained HTML page of the whole run (+ its markdown summary)
+REPORT = DATA / "report"
+REPORT_HTML = REPORT / "index.html"
+REPORT_SUMMARY = REPORT / "summary.md"
+
+# committed results of the benchmark scripts that the report shows when present (benchmarks/SUMMARY.md)
+BENCH_RESULTS = Path("benchmarks") / "results"
+PARADIGM_RESULT = BENCH_RESULTS / "paradigm.json"  # benchmarks/paradigm.py: Figure 5 (unified paradigm)
+ITERATIVE_RESULT = BENCH_RESULTS / "iterative_rl.json"  # benchmarks/iterative_rl.py: Figure 6 (iterative RL)
+
 
 def problems_file(split: str) -> Path:
     """The JSONL file of one problem split: ``sft``, ``rl`` or ``test``."""

@@ -31,6 +31,35 @@ def chat_prompt(question: str, mode: Mode = "cot") -> str:
     return f"User: {question}\n{INSTRUCTIONS[mode]}\n\nAssistant:"
 
 
+# ---------------------------------------------------------------------------------------------
+# RL prompt templates (``grpo.template``): the DeepSeekMath chat prompt above, or DeepSeek-R1-Zero's template
+# (DeepSeek-R1, Guo et al. 2025, Table 1) with two departures: the answer goes in \boxed{} rather than
+# <answer> tags (the rule reward and the evaluation read boxed answers; R1 asks for "a specified format (e.g. a
+# box)"), and the prompt ends with the opening <think> so that the model continues inside the reasoning block (as
+# open R1-Zero reproductions do); the completion is then "reasoning </think> answer".
+
+R1_TEMPLATE = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant "
+    "first thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning "
+    "process is enclosed within <think> </think> tags and the final answer follows within \\boxed{}, i.e., <think> "
+    "reasoning process here </think> The answer is \\boxed{answer here}. User: {question} Assistant: <think>"
+)
+
+
+def r1_prompt(question: str) -> str:
+    """DeepSeek-R1-Zero's template around ``question`` (see :data:`R1_TEMPLATE`)."""
+    return R1_TEMPLATE.replace("{question}", question.strip())
+
+
+RL_TEMPLATES = {"deepseekmath": lambda q: chat_prompt(q, "cot"), "r1": r1_prompt}
+"""``grpo.template`` -> prompt builder of the RL rollouts and the held-out curve."""
+
+
+def rl_prompt(question: str, template: str = "deepseekmath") -> str:
+    """The RL prompt of ``question`` in ``template`` (:data:`RL_TEMPLATES`)."""
+    return RL_TEMPLATES[template](question)
+
+
 def response_text(solution: str) -> str:
     """The training/target response for a solution: a space, then the solution (EOS added by the tokenizer step)."""
     return " " + solution.strip()

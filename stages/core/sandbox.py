@@ -11,13 +11,22 @@ that could not be set up is logged as a warning when the zygote starts, never sk
 - ``uid``: the program runs as a fresh unprivileged uid (``uid_base`` + a pid; no supplementary groups, no
   capabilities), so it cannot signal, ptrace or read ``/proc/<pid>/environ`` of anything else, and rlimits
   such as ``RLIMIT_NPROC`` apply (they do not for root);
-- ``no_new_privs`` and a ``seccomp`` deny-list (x86_64): no ``execve`` (no shell, no other binary), no
-  ``socket``/``connect`` (``socketpair`` works), no ``ptrace``, ``mount``, ``unshare``/namespace clones,
-  ``bpf``, ``io_uring``, keyrings, kernel modules, ...; foreign-ABI syscalls kill the process;
+- ``no_new_privs`` and a ``seccomp`` allow-list (x86_64): the ~110 system calls that CPython, numpy, scipy
+  and sympy programs make (measured by ``benchmarks/sandbox_syscalls.py``); any other call fails with EPERM
+  (Python raises ``PermissionError``), calls newer than the list included: no ``execve`` (no shell, no
+  other binary), no ``socket``/``connect``/``bind``, ``ptrace``, ``mount``, ``unshare``/namespace clones,
+  ``bpf``, ``io_uring``, ``mincore``, keyrings, ...; ``clone`` without namespace flags, ``fcntl``,
+  ``ioctl``, ``prctl`` and ``madvise`` for listed requests only; foreign-ABI syscalls kill the process.
+  Three parts of the filter are reported (and can be disabled) on their own: ``unix_stream_only``
+  (``socketpair`` only for AF_UNIX stream / seqpacket, ``sendto`` without an address, no ``sendmsg``: no
+  datagram reaches a host AF_UNIX socket), ``no_file_locks`` (no ``flock``, record / OFD locks or leases,
+  which on a world-readable host file would block host processes; a program using an sqlite *file* needs
+  this one disabled) and ``no_fs_notify`` (no inotify, fanotify or ``F_NOTIFY``);
 - namespaces: ``pidns`` (the program sees only its own processes; when it exits, or on timeout, the kernel
   kills every process it started, double-forked ones included, before :func:`run_python` returns),
   ``netns`` (no network interface but a down loopback), ``mountns``, ``ipcns``, ``utsns``, ``cgroupns``;
-- file system: the host is mounted read-only (``ro_root``); ``/root``, ``/home``, ``/run``, ``/var/tmp``,
+- file system: the host is mounted read-only and ``nodev`` (``ro_root``, ``nodev``: a device node outside
+  the minimal ``/dev`` cannot be opened); ``/root``, ``/home``, ``/run``, ``/var/tmp``,
   ``/sys/fs/cgroup`` and any directory an unprivileged user cannot enter on the way to the Python
   installation are replaced by empty read-only directories, except the
   Python installation, which is re-exposed read-only (``hide_paths``); ``/dev`` holds only null, zero, full,
@@ -27,7 +36,9 @@ that could not be set up is logged as a warning when the zygote starts, never sk
 - limits: wall clock (``timeout_s``), CPU seconds (``RLIMIT_CPU``), memory (``RLIMIT_AS`` = the interpreter's
   own address space + ``memory_mb``, and a memory cgroup for the whole tree), processes and threads
   (``RLIMIT_NPROC`` and a pids cgroup), file size, 256 open files, no core dumps; the program is the
-  out-of-memory killer's first choice (``oom_score_adj`` 1000);
+  out-of-memory killer's first choice (``oom_score_adj`` 1000). Threads share one malloc arena and get
+  stacks of at most 8 MiB, so a thread costs 8 MiB of address space, not 72: at ``memory_mb=512`` a pool of
+  32 threads starts (``max_procs`` counts threads);
 - an empty environment (the zygote itself starts with a minimal one, so ``/proc/self/environ`` holds no
   secret of the caller either), stdin is ``/dev/null``;
 - output: stdout and stderr are captured separately, decoded as UTF-8 with replacement characters, and cut
@@ -36,7 +47,9 @@ that could not be set up is logged as a warning when the zygote starts, never sk
 
 Not guaranteed: the program can read world-readable host files outside the hidden directories (read-only);
 it can use up to its limits of CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the
-surface, it does not remove it); without root (or on another architecture, or with cgroup v2) the
+surface, it does not remove it; the kernel lets ``uretprobe``/``uprobe``, 335/336, bypass every filter,
+and they kill a caller outside a probe trampoline); timing side channels (CPU caches, the page cache by
+timing) are not closed; without root (or on another architecture, or with cgroup v2) the
 corresponding mechanisms are missing and reported as such (there is no user-namespace mode for non-root
 callers: they get rlimits, no_new_privs, seccomp, an empty environment, a fresh host working directory
 and a process-group kill).
@@ -491,7 +504,9 @@ def default_workers() -> int:
 
 def isolation_report() -> dict[str, Any]:
     """Which isolation mechanisms are active here: ``{"mechanisms": {name: bool}, "active": [...],
-    "inactive": [...], "reasons": {name: why}, "warnings": [...], ...}``."""
+    "inactive": [...], "reasons": {name: why}, "warnings": [...], "seccomp": {"policy", "arch",
+    "allowed_syscalls", "argument_checked"} or None, "threads": {"malloc_arena_max", "thread_stack_bytes"},
+    ...}``."""
     return get_executor().report()
 
 

@@ -379,3 +379,21 @@ def gae_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
     T = adv.shape[-1]
     return Advantages(adv.view(Q, G, T), valid, group.n_zero_std_groups, group.group_std, rewards=r.output,
                       returns=ret.view(Q, G, T))
+
+
+@register_estimator("rloo")
+def rloo_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024): each output's baseline is the mean reward
+    of the other valid outputs of its group, A_i = r_i - (sum_{j != i} r_j) / (n - 1), with n the group's valid
+    outputs; no std scaling. Per-output rewards (a per-step source's mean step reward); an invalid reward, or a group
+    with fewer than 2 valid or all-equal rewards, gets 0. Not in the paper."""
+    r = inp.rewards.output.to(torch.float64)
+    valid = torch.isfinite(r)
+    _, std, n = _nan_mean_std(r, dim=1)
+    total = torch.where(valid, r, torch.zeros_like(r)).sum(1, keepdim=True)
+    adv = torch.where(valid, r - (total - torch.where(valid, r, torch.zeros_like(r))) / (n - 1).clamp(min=1), 0.0)
+    degenerate = (n.squeeze(1) < 2) | _all_equal(r, valid, 1).squeeze(1)
+    adv = torch.where(degenerate.unsqueeze(1), torch.zeros_like(adv), adv)
+    return Advantages(adv, valid, int(degenerate.sum()),
+                      torch.where(degenerate, torch.zeros_like(std.squeeze(1)), std.squeeze(1)).float(),
+                      rewards=inp.rewards.output)

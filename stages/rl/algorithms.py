@@ -115,7 +115,7 @@ class Algorithm:
         """The rule / custom reward functions of the run (the rewards of ``reward_source: rule``, and the accuracy
         metric with every source)."""
         return RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom,
-                                     p.reward.custom_weights)
+                                     p.reward.custom_weights, template=p.template)
 
     def uses_reference(self, p: Any) -> bool:
         """Whether the step needs the frozen reference model pi_ref."""
@@ -134,6 +134,10 @@ class Algorithm:
 
     def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Any:
         """A value model with its updater (PPO), or None."""
+        return None
+
+    def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
+        """Samples drawn once, before training, from the start model (rft's pool), or None."""
         return None
 
     def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
@@ -206,15 +210,31 @@ class Rft(Algorithm):
         return rule_reward_set()
 
     def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
-        from stages.core.prompts import chat_prompt
+        from stages.core.prompts import rl_prompt
         from stages.rl.rollout import build_rollout
 
         if ctx.pool is None:
             raise ValueError("grpo_step: algorithm rft needs the RFT pool")
         kept = ctx.pool.step_samples(questions)
         rows = [ctx.rows[q] for q, _ in kept]
-        return build_rollout(rows, [chat_prompt(r["question"], "cot") for r in rows], [[c] for _, c in kept],
+        return build_rollout(rows, [rl_prompt(r["question"], ctx.p.template) for r in rows], [[c] for _, c in kept],
                              ctx.tokenizer, mask_truncated=ctx.p.mask_truncated) if kept else None
+
+    def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
+        """``group_size`` outputs of ``model`` (the SFT model) for every question of steps 0 .. total_steps - 1 (this
+        rank's share), the correct ones kept once each (stages.rl.paradigm.build_rft_pool)."""
+        from stages.core.dist import rank, world_size
+        from stages.core.generation import SamplingParams
+        from stages.core.prompts import rl_prompt
+        from stages.rl.paradigm import build_rft_pool, run_questions
+        from stages.rl.rewards import accuracy_reward
+
+        qidx = run_questions(len(rows), total_steps, p.questions_per_step, p.seed, rank=rank(), world=world_size())
+        sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size, max_new_tokens=p.max_new_tokens,
+                            seed=p.seed * 1_000_003 - 1)
+        model.eval()
+        return build_rft_pool(generator, rows, qidx, [rl_prompt(rows[q]["question"], p.template) for q in qidx], sp,
+                              lambda row, c: accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
 
     def score(self, ctx: StepContext, batch: Batch) -> Rewards:
         n = 0 if batch.rollout is None else len(batch.rollout.texts)

@@ -95,6 +95,20 @@ def format_reward(*, completion: str, finish_reason: str, **_: Any) -> float:
     return 1.0 if finish_reason == "stop" and len(_BOXED.findall(completion)) == 1 else 0.0
 
 
+def r1_format_reward(*, completion: str, finish_reason: str, **_: Any) -> float:
+    """DeepSeek-R1's format reward for the ``r1`` template (stages.core.prompts.R1_TEMPLATE, whose prompt ends with
+    the opening <think>): 1.0 when the output stopped by itself and is ``reasoning </think> answer`` with non-empty
+    reasoning and answer, one ``</think>`` and no other ``<think>``; else 0.0."""
+    if finish_reason != "stop" or completion.count("</think>") != 1 or "<think>" in completion:
+        return 0.0
+    thought, _, answer = completion.partition("</think>")
+    return 1.0 if thought.strip() and answer.strip() else 0.0
+
+
+FORMAT_REWARDS: dict[str, RewardFn] = {"deepseekmath": format_reward, "r1": r1_format_reward}
+"""``grpo.template`` -> its format reward (``grpo.reward.format_weight``)."""
+
+
 def import_reward(path: str) -> RewardFn:
     """Import ``module:function``; a bad path is a one-line PipelineError."""
     mod_name, sep, fn_name = path.partition(":")
@@ -118,7 +132,9 @@ class RewardSet:
 
     @classmethod
     def from_params(cls, accuracy_weight: float, format_weight: float, custom: Sequence[str],
-                    custom_weights: Sequence[float]) -> RewardSet:
+                    custom_weights: Sequence[float], *, template: str = "deepseekmath") -> RewardSet:
+        """The rule reward, the format reward of ``template`` (:data:`FORMAT_REWARDS`) and the custom functions,
+        each with its weight (0: left out)."""
         if len(custom) != len(custom_weights):
             raise PipelineError(
                 f"grpo.reward: custom has {len(custom)} entries but custom_weights {len(custom_weights)}; give one weight per function"
@@ -127,7 +143,7 @@ class RewardSet:
         if accuracy_weight:
             fns.append(("accuracy", accuracy_reward, accuracy_weight))
         if format_weight:
-            fns.append(("format", format_reward, format_weight))
+            fns.append(("format", FORMAT_REWARDS[template], format_weight))
         for path, w in zip(custom, custom_weights, strict=True):
             fns.append((path, import_reward(path), w))
         if not fns:

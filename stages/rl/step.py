@@ -35,7 +35,7 @@ from torch import Tensor
 
 from stages.core.dist import all_reduce
 from stages.core.generation import SamplingParams
-from stages.core.prompts import chat_prompt
+from stages.core.prompts import rl_prompt
 from stages.rl.algorithms import Algorithm, RewardStats, Targets, get_algorithm
 from stages.rl.data import step_questions
 from stages.rl.losses import POLICY_LOSSES, LossNormalizer, value_loss
@@ -160,7 +160,7 @@ def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout
     """G outputs per question from the current policy through the generator (seeded by seed and step)."""
     p = ctx.p
     batch = [ctx.rows[i] for i in questions]
-    prompts = [chat_prompt(r["question"], "cot") for r in batch]
+    prompts = [rl_prompt(r["question"], p.template) for r in batch]
     ctx.model.eval()
     sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size, max_new_tokens=p.max_new_tokens,
                         seed=p.seed * 1_000_003 + step)

@@ -16,7 +16,9 @@ class GrpoRewardParams(Section):
     accuracy_weight: float
     """Weight of the rule reward: 1 when the extracted final answer equals the gold answer (stages.core.answers), else 0."""
     format_weight: float
-    """Weight of the format reward: 1 when the output ends with EOS and holds exactly one \\boxed{}, else 0; 0 = off."""
+    """Weight of the template's format reward (grpo.template; 0 = off): deepseekmath: 1 when the output ends with EOS
+    and holds exactly one \\boxed{}; r1: 1 when it ends with EOS and is "reasoning </think> answer" (R1's format
+    reward); else 0."""
     custom: list[str]
     """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
     custom_weights: list[float]
@@ -128,12 +130,21 @@ class GrpoParams(Section):
     (answer correctness) and no KL term. ppo = PPO with a value model (section 4.1.1; grpo.ppo)."""
     advantage_estimator: str
     """A registered advantage estimator (stages/rl/advantages.py) for grpo / ppo: grpo = group-relative (outcome or
-    process supervision by reward_source; paper 4.1.2-4.1.3), gae = PPO's generalised advantage estimation (ppo
-    needs it, grpo cannot use it: it has no value model). Unused by sft / rft / online_rft."""
+    process supervision by reward_source; paper 4.1.2-4.1.3), rloo = leave-one-out baseline (not in the paper),
+    gae = PPO's generalised advantage estimation (ppo needs it, grpo cannot use it: it has no value model). Unused by
+    sft / rft / online_rft."""
     policy_loss: str
     """A registered policy loss (stages/rl/losses.py) for grpo / ppo: clipped = the clipped surrogate (eq. 1 / 3;
     grpo adds beta x k3 KL to it). sft / rft / online_rft always use the SFT loss (nll; their gradient coefficient
     defines them)."""
+    start: Literal["sft", "pretrain"]
+    """The model RL starts from: sft = data/models/sft (the paper); pretrain = data/models/pretrain, no SFT
+    (DeepSeek-R1-Zero's setting; pair it with template: r1 and a format reward). The baseline and the reference
+    model start there too."""
+    template: Literal["deepseekmath", "r1"]
+    """Prompt template of the rollouts and the held-out curve (stages/core/prompts.py): deepseekmath = the chat
+    prompt the SFT data uses; r1 = DeepSeek-R1-Zero's (<think> reasoning </think> then the answer in \\boxed{}).
+    reward.format_weight weighs the template's format reward (stages/rl/rewards.py)."""
     seed: NonNegInt
     """Seed for question order, sampling and the baseline."""
     prompts_file: ExistingFile

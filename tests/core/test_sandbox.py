@@ -245,6 +245,40 @@ print(json.dumps(info))
         assert set(info["root_home"]) <= {p.split("/")[2] for p in rep["exposed_paths"] if p.startswith("/root/")}
 
 
+def test_isolation_report_describes_the_filter_and_the_thread_settings():
+    rep = isolation_report()
+    assert {"unix_stream_only", "no_file_locks", "no_fs_notify", "nodev"} <= set(rep["mechanisms"])
+    if rep["mechanisms"]["seccomp"]:
+        assert rep["seccomp"]["policy"].startswith("allow-list") and rep["seccomp"]["arch"] == "x86_64"
+        assert 50 < rep["seccomp"]["allowed_syscalls"] < 200
+        assert {"clone", "fcntl", "socketpair", "sendto"} <= set(rep["seccomp"]["argument_checked"])
+    else:
+        assert rep["seccomp"] is None
+        assert not {"unix_stream_only", "no_file_locks", "no_fs_notify"} & set(rep["active"])  # parts of it
+    assert rep["threads"]["malloc_arena_max"] == 1
+    assert 0 < rep["threads"]["thread_stack_bytes"] <= 8 << 20
+
+
+def test_a_part_of_the_filter_can_be_disabled_alone():
+    # sqlite locks its database file: with no_file_locks (the default) only ":memory:" databases work
+    code = "import sqlite3\ndb = sqlite3.connect('t.db')\ndb.execute('create table t(x)')\ndb.commit()\nprint('ok')"
+    if isolation_report()["mechanisms"]["no_file_locks"]:
+        r = run_python(code)
+        assert r.status == "error" and "sqlite3.OperationalError" in r.stderr, r.stderr
+    ex = sandbox.SandboxExecutor(disable=["no_file_locks"], preload=["math"], prefork=1)
+    try:
+        rep = ex.report()
+        assert not rep["mechanisms"]["no_file_locks"] and rep["reasons"]["no_file_locks"] == "disabled by configuration"
+        assert rep["mechanisms"]["seccomp"] == isolation_report()["mechanisms"]["seccomp"]
+        res, _ = ex.run(code)
+        assert res.ok and res.stdout == "ok\n", res.stderr
+        res, _ = ex.run("import ctypes\nprint(ctypes.CDLL(None).inotify_init1(0))")
+        if rep["mechanisms"]["no_fs_notify"]:
+            assert res.stdout == "-1\n"  # the other parts stay on
+    finally:
+        ex.close()
+
+
 def test_degraded_mechanism_is_logged_and_reported(caplog):
     ex = sandbox.SandboxExecutor(disable=["netns", "seccomp"], preload=["math"], prefork=1)
     try:

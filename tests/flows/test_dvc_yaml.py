@@ -104,7 +104,7 @@ def test_params_name_schema_sections() -> None:
 
 def test_stage_order_follows_the_data_flow() -> None:
     names = list(_stages())
-    order = ["data", "corpus", "base_model", "pretrain", "sft", "reward_model", "grpo", "evaluate"]
+    order = ["data", "corpus", "base_model", "pretrain", "sft", "reward_model", "grpo", "evaluate", "report"]
     present = [n for n in order if n in names]
     assert [n for n in names if n in order] == present
 

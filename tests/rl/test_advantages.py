@@ -105,3 +105,20 @@ def test_step_end_indices():
     assert step_end_indices(["a", " b\n", "c", ".\n", "d", "e"]) == [1, 3, 5]
     assert step_end_indices(["a", "\n"]) == [1]
     assert step_end_indices([]) == []
+
+
+def test_rloo_is_the_leave_one_out_baseline():
+    """The registered 'rloo' estimator against a loop: r_i minus the mean of the group's other valid rewards."""
+    from stages.rl.advantages import AdvantageConfig, AdvantageInput, estimate_advantages
+    from stages.rl.rewards import Rewards
+
+    g = torch.Generator().manual_seed(5)
+    r = torch.rand(4, 6, generator=g, dtype=torch.float64)
+    r[0], r[1, 2], r[2, 1:] = 1.0, float("nan"), float("nan")  # all equal; one failed; one valid only
+    got = estimate_advantages("rloo", AdvantageInput(Rewards(r), torch.ones(24, 3)), AdvantageConfig())
+    for q, row in enumerate(r.tolist()):
+        v = [x for x in row if not math.isnan(x)]
+        for i, x in enumerate(row):
+            want = 0.0 if math.isnan(x) or len(set(v)) < 2 else x - (sum(v) - x) / (len(v) - 1)
+            assert float(got.advantages[q, i]) == pytest.approx(want, abs=1e-12)
+    assert got.n_zero_std_groups == 2 and got.valid.tolist() == torch.isfinite(r).tolist()

@@ -21,7 +21,8 @@ torch.set_num_threads(1)
 
 def tiny_params(**over) -> GrpoParams:
     raw = dict(
-        algorithm="grpo", advantage_estimator="grpo", policy_loss="clipped", seed=0, prompts_file=None, steps=2, questions_per_step=3, group_size=4, temperature=1.0, top_p=1.0,
+        algorithm="grpo", advantage_estimator="grpo", policy_loss="clipped", start="sft", template="deepseekmath",
+        seed=0, prompts_file=None, steps=2, questions_per_step=3, group_size=4, temperature=1.0, top_p=1.0,
         max_new_tokens=12, backend="hf", lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, mu=1, minibatches=1,
         micro_batch_size=5, clip_eps=0.2, clip_eps_high=None, beta=0.04, aggregation="seq-mean-token-mean",
         scale_rewards="group", adv_eps=1e-4, mask_truncated=False, skip_zero_std_groups=True,

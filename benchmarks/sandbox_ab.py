@@ -1,0 +1,152 @@
+"""Paired A/B throughput of two versions of the code sandbox (this checkout's and another's), in one process.
+
+    git worktree add /tmp/sandbox-main main      # the version to compare against (any checkout)
+    python benchmarks/sandbox_ab.py --baseline /tmp/sandbox-main [--rounds 20] [--batch 40]
+
+Both versions' executors (each with its own zygote) stay alive side by side; every round runs one batch of
+each workload through each of them, in random order, so that the other jobs of a shared machine slow both
+alike. Workloads as in benchmarks/sandbox.py: ``print(1)`` and PAL / GSM-Hard ``solution()`` programs
+(../shared/data when present, else built-in ones), serial and over 2 threads, and a sympy TIR program.
+Reports per workload the median programs per second of each version, their ratio and the median of the
+per-round ratios, and the cost of each version's seccomp filter in a forked child: installing it, and 1000
+calls of an unconditionally allowed syscall (``getppid``) and of an argument-checked one (``fcntl(F_GETFL)``);
+writes benchmarks/results/sandbox_ab.json. Not part of benchmarks/run_all.py (it needs a
+second checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.sandbox import SYMPY_TIR, pot_programs  # noqa: E402
+
+
+def load_sandbox(checkout: Path, name: str) -> ModuleType:
+    """stages/core/sandbox.py of ``checkout`` as module ``name`` (its zygote script is the file beside it)."""
+    spec = importlib.util.spec_from_file_location(name, checkout / "stages" / "core" / "sandbox.py")
+    assert spec and spec.loader, checkout
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_zygote(checkout: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, checkout / "stages" / "core" / "_sandbox_zygote.py")
+    assert spec and spec.loader, checkout
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def filter_cost(zygotes: dict[str, ModuleType], reps: int = 200) -> dict[str, dict[str, float]]:
+    """Median microseconds to install each version's filter, and nanoseconds per call under it."""
+    progs = {k: z.build_seccomp() for k, z in zygotes.items()}
+    got: dict[str, list[list[int]]] = {k: [] for k in progs}
+    for _ in range(reps):
+        for k, (fprog, _arr) in progs.items():
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child installs the filter, times a few calls, reports and exits
+                z = zygotes[k]
+                z.libc.prctl(z.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+                t0 = time.perf_counter_ns()
+                z.install_seccomp(fprog)
+                t1 = time.perf_counter_ns()
+                for _ in range(1000):
+                    os.getppid()
+                t2 = time.perf_counter_ns()
+                for _ in range(1000):
+                    os.get_blocking(w)
+                t3 = time.perf_counter_ns()
+                os.write(w, f"{t1 - t0} {t2 - t1} {t3 - t2}".encode())
+                os._exit(0)
+            os.close(w)
+            got[k].append([int(x) for x in os.read(r, 100).split()])
+            os.close(r)
+            os.waitpid(pid, 0)
+    return {k: {"instructions": progs[k][0].len,
+                "install_us": round(statistics.median(x[0] for x in v) / 1000, 1),
+                "getppid_ns": round(statistics.median(x[1] for x in v) / 1000, 1),
+                "fcntl_getfl_ns": round(statistics.median(x[2] for x in v) / 1000, 1)} for k, v in got.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", type=Path, required=True, help="root of the checkout to compare against")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=40, help="programs per batch (sympy: a quarter)")
+    args = ap.parse_args()
+    n = args.batch
+    versions = {"baseline": load_sandbox(args.baseline.resolve(), "sandbox_baseline"),
+                "this": load_sandbox(ROOT, "sandbox_this")}
+    ex = {k: m.SandboxExecutor() for k, m in versions.items()}
+    active = {k: e.report()["active"] for k, e in ex.items()}
+    pal, src = pot_programs(n * args.rounds)
+
+    def serial(e, codes: list[str], call: str | None = None) -> list[bool]:
+        return [e.run(c, call=call)[0].ok for c in codes]
+
+    def pooled(e, codes: list[str], call: str | None = None) -> list[bool]:
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(lambda c: e.run(c, call=call)[0].ok, codes))
+
+    loads = {
+        "trivial serial": lambda e, i: serial(e, ["print(1)"] * n),
+        "trivial pooled x2": lambda e, i: pooled(e, ["print(1)"] * n),
+        f"PoT ({src}) serial": lambda e, i: serial(e, pal[i * n:(i + 1) * n], "solution"),
+        f"PoT ({src}) pooled x2": lambda e, i: pooled(e, pal[i * n:(i + 1) * n], "solution"),
+        "TIR with sympy pooled x2": lambda e, i: pooled(e, [SYMPY_TIR] * max(2, n // 4)),
+    }
+    for e in ex.values():
+        serial(e, ["print(1)"] * 5)  # warm
+    rates: dict[str, dict[str, list[float]]] = {k: {"baseline": [], "this": []} for k in loads}
+    load_start = os.getloadavg()
+    for i in range(args.rounds):
+        for name, fn in loads.items():
+            order = list(ex)
+            random.shuffle(order)
+            for v in order:
+                t0 = time.perf_counter()
+                oks = fn(ex[v], i)
+                dt = time.perf_counter() - t0
+                if not all(oks):
+                    sys.exit(f"{name}: a program failed in the {v} sandbox")
+                rates[name][v].append(len(oks) / dt)
+    load_end = os.getloadavg()
+    for e in ex.values():
+        e.close()
+    cost = filter_cost({"baseline": load_zygote(args.baseline.resolve(), "zygote_baseline"),
+                        "this": load_zygote(ROOT, "zygote_this")})
+    for k, c in cost.items():
+        print(f"seccomp filter, {k}: {c}")
+    results = {}
+    for name, d in rates.items():
+        b, t = statistics.median(d["baseline"]), statistics.median(d["this"])
+        per_round = statistics.median(y / x for x, y in zip(d["baseline"], d["this"], strict=True))
+        results[name] = {"baseline_programs_per_s": round(b, 1), "this_programs_per_s": round(t, 1),
+                         "ratio_of_medians": round(t / b, 3), "median_of_round_ratios": round(per_round, 3)}
+        print(f"{name:34} baseline {b:6.1f}/s  this {t:6.1f}/s  ratio {t / b:.3f}  per-round median {per_round:.3f}")
+    out = {"baseline": str(args.baseline), "rounds": args.rounds, "batch": n,
+           "load_average_start": [round(x, 2) for x in load_start], "load_average_end": [round(x, 2) for x in load_end],
+           "active_mechanisms": active, "results": results, "seccomp_filter_cost": cost}
+    path = ROOT / "benchmarks" / "results" / "sandbox_ab.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"load average {load_start[0]:.1f} -> {load_end[0]:.1f}; wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

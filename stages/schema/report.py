@@ -1,0 +1,33 @@
+"""Schema of params.yaml's ``report`` section: the one-page HTML report of the whole run."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+from stages.schema.base import Section
+
+
+def _unique(models: list[str]) -> list[str]:
+    dup = sorted({m for m in models if models.count(m) > 1})
+    if dup:
+        raise ValueError(f"models listed twice: {dup}; list each evaluated model once")
+    return models
+
+
+class ReportParams(Section):
+    """Section ``report``: a static, self-contained page (data/report/index.html) of every stage's key metrics,
+    curves and the paper's reference numbers beside ours (stages/report/)."""
+
+    SECTION = "report"
+
+    title: Annotated[str, Field(min_length=1)]
+    """Heading of the page (say which run it describes: the tiny default, a 7B run)."""
+    models: Annotated[list[str], Field(min_length=1), AfterValidator(_unique)]
+    """Evaluated models shown in the headline table, in this order: keys of evaluate.models (the report reads
+    data/metrics/evaluate_<model>.json of each; dvc.yaml's report stage lists those files as deps)."""
+    benchmark_results: bool
+    """Show the committed comparison results (benchmarks/results/paradigm.json: Figure 5, iterative_rl.json:
+    Figure 6; measured on the tiny default by benchmarks/paradigm.py and benchmarks/iterative_rl.py); false for
+    a run they do not describe (a 7B run)."""
