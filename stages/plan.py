@@ -405,14 +405,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from types import SimpleNamespace
 
-    from stages.params import section_classes
     from stages.schema.base import read_params_file, validate_section
+    from stages.schema.base_model import BaseModelParams
+    from stages.schema.grpo import GrpoParams
+    from stages.schema.pretrain import PretrainParams
+    from stages.schema.reward_model import RewardModelParams
+    from stages.schema.sft import SftParams
 
     params_file = Path(args.params)
     raw = read_params_file(params_file)
-    classes = section_classes()  # only the sections that hold models (the evaluate section names data files)
-    p = SimpleNamespace(**{name: validate_section(classes[name], raw, str(params_file))
-                           for name in ("base_model", "pretrain", "sft", "grpo", "reward_model")})
+    # only the sections that hold models (the evaluate section names data files that may be elsewhere)
+    p = SimpleNamespace(**{c.SECTION: validate_section(c, raw, str(params_file))
+                           for c in (BaseModelParams, PretrainParams, SftParams, GrpoParams, RewardModelParams)})
     if args.model_config:
         m, src = ModelShape.from_config(json.loads(Path(args.model_config).read_text())), args.model_config
     else:
