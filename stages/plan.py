@@ -270,10 +270,13 @@ class StagePlan:
     max_micro_batch: int | None
     flops: float
     notes: list[str] = field(default_factory=list)
+    rollout_flops: float = 0.0
+    """Model FLOPs of sampling (autoregressive decoding, far from a GPU's peak: its own MFU)."""
 
-    def gpu_hours(self, mfu: float, tflops: float) -> float:
-        """GPU-hours of the stage's model FLOPs at ``mfu`` of ``tflops`` per GPU (summed over the GPUs)."""
-        return self.flops / (mfu * tflops * 1e12) / 3600
+    def gpu_hours(self, mfu: float, tflops: float, rollout_mfu: float) -> float:
+        """GPU-hours of the stage's model FLOPs at ``mfu`` (training, log-prob passes) and ``rollout_mfu``
+        (sampling) of ``tflops`` per GPU, summed over the GPUs."""
+        return (self.flops / mfu + self.rollout_flops / rollout_mfu) / (tflops * 1e12) / 3600
 
 
 def train_flops(m: ModelShape, tokens: float, seq: int, checkpointing: bool) -> float:
@@ -361,17 +364,19 @@ def plan_stages(p: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float
         kv_bytes = vllm - P * wb / g.vllm_tensor_parallel_size
         per_tok = 2 * m.layers * m.kv * wb / g.vllm_tensor_parallel_size
         need = math.ceil(g.questions_per_step / gpus) * g.group_size * seq
-        notes.append(f"vLLM KV cache {max(kv_bytes, 0) / GIB:.1f} GiB = {max(kv_bytes, 0) / per_tok:,.0f} tokens "
-                     f"(a step's rollouts per rank: {need:,} tokens)")
+        cap = max(kv_bytes, 0) / per_tok
+        notes.append(f"vLLM KV cache {max(kv_bytes, 0) / GIB:.1f} GiB = {cap:,.0f} tokens; a step's rollouts per rank "
+                     f"({need:,} tokens at full length) run in {math.ceil(need / max(cap, 1))} waves")
         parts["vllm_engine"] = vllm
     generation = e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"] + aux + vllm
     update_extra = 0.0 if g.vllm_enable_sleep_mode else vllm
     peak = max(e.peak + aux + update_extra, logprob_pass, generation)
     rollout_tokens = g.steps * g.iterative.iterations * g.questions_per_step * g.group_size * g.max_new_tokens
     n_passes = 6 + 2 * (g.beta > 0) + 2 * (g.mu > 1) + (2 if g.gradient_checkpointing else 0)
-    flops = rollout_tokens * (2 * P) + rollout_tokens * n_passes * P  # sampling + log-prob passes and update
+    # the log-prob passes and the update (2 per pass forward, 4 backward); iterative RL's RM updates not counted
+    flops = rollout_tokens * n_passes * P
     out.append(StagePlan("grpo", peak, parts, g.micro_batch_size, largest_micro_batch(m, s, budget - aux - update_extra),
-                         flops, notes))
+                         flops, notes, rollout_flops=rollout_tokens * 2 * P))
 
     r = p.reward_model
     rds = r.deepspeed.enabled or gpus > 1
@@ -384,10 +389,17 @@ def plan_stages(p: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float
     rparts = dict(re.parts)
     rparts["weights"] += m.vocab * m.hidden * (2 if rs.bf16 else 4)  # the embedding table stays
     n_samples = r.questions * r.samples_per_question
-    out.append(StagePlan("reward_model", re.peak + m.vocab * m.hidden * (2 if rs.bf16 else 4), rparts, rs.micro_batch,
-                         None, n_samples * r.max_new_tokens * 2 * P * (1 + r.rollouts_per_step * (r.labels == "rollouts"))
-                         + train_flops(m, n_samples * r.epochs * rs.seq, rs.seq, rs.checkpointing),
-                         ["sampling with the SFT policy, then the RM (a one-output head) trains"]))
+    rwb = 2 if rs.bf16 else 4
+    # sampling: the SFT policy and (on a GPU with vllm) an engine at vLLM's default half of the memory; both are
+    # released before the RM trains
+    sampling = P * rwb + (0.5 * gpu_mem if r.backend in ("vllm", "auto") and device == "cuda" else
+                          hf_generation_memory(m, min(256, n_samples), 512 + r.max_new_tokens, wb=rwb))
+    rparts["sampling_phase"] = sampling
+    rollouts = n_samples * r.max_new_tokens * (1 + r.rollouts_per_step * (r.labels == "rollouts"))
+    out.append(StagePlan("reward_model", max(re.peak + m.vocab * m.hidden * rwb, sampling), rparts, rs.micro_batch,
+                         None, train_flops(m, n_samples * r.epochs * rs.seq, rs.seq, rs.checkpointing),
+                         ["sampling: samples x (1 + rollouts_per_step) full-length outputs (Math-Shepherd rollouts "
+                          "counted for one step prefix per solution); then the RM (a one-output head) trains"], rollout_flops=rollouts * 2 * P))
     return out
 
 
@@ -398,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) of the launch")
     ap.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU")
     ap.add_argument("--reserve", type=float, default=2.0, help="GiB per GPU kept for the CUDA context and slack")
-    ap.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation assumed for GPU-hours")
+    ap.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation of training and log-prob passes")
+    ap.add_argument("--rollout-mfu", type=float, default=0.05,
+                    help="model FLOP utilisation of sampling (decoding is memory-bound)")
     ap.add_argument("--gpu-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100 SXM: 989)")
     ap.add_argument("--model-config", default=None, help="a config.json to plan for instead of base_model's")
     ap.add_argument("--json", default=None, help="also write the plan to this file")
@@ -424,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = (args.gpu_mem - args.reserve) * GIB
     plans = plan_stages(p, m, args.gpus, args.gpu_mem * GIB, args.reserve * GIB)
     print(f"model: {m.n_params() / 1e9:.2f}B parameters ({src}); {args.gpus} GPU(s) of {args.gpu_mem:g} GiB "
-          f"({args.reserve:g} GiB reserved); GPU-hours at {args.mfu:.0%} MFU of {args.gpu_tflops:g} TFLOP/s")
+          f"({args.reserve:g} GiB reserved); GPU-hours at {args.mfu:.0%} MFU (sampling {args.rollout_mfu:.0%}) of "
+          f"{args.gpu_tflops:g} TFLOP/s")
     print(f"{'stage':<13}{'peak GiB':>9} {'fits':>5} {'micro-batch':>12} {'largest':>8} {'GPU-h':>9}  parts (GiB)")
     rows = []
     for sp in plans:
@@ -432,12 +447,12 @@ def main(argv: list[str] | None = None) -> int:
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sp.parts.items() if v >= 0.05 * GIB)
         print(f"{sp.stage:<13}{sp.peak / GIB:>9.1f} {'yes' if fits else 'NO':>5} {sp.micro_batch:>12} "
               f"{'-' if sp.max_micro_batch is None else sp.max_micro_batch:>8} "
-              f"{sp.gpu_hours(args.mfu, args.gpu_tflops):>9.1f}  {parts}")
+              f"{sp.gpu_hours(args.mfu, args.gpu_tflops, args.rollout_mfu):>9.1f}  {parts}")
         for n in sp.notes:
             print(f"{'':<13}  {n}")
         rows.append({"stage": sp.stage, "peak_gib": round(sp.peak / GIB, 2), "fits": fits,
                      "micro_batch": sp.micro_batch, "largest_micro_batch": sp.max_micro_batch,
-                     "gpu_hours": round(sp.gpu_hours(args.mfu, args.gpu_tflops), 2),
+                     "gpu_hours": round(sp.gpu_hours(args.mfu, args.gpu_tflops, args.rollout_mfu), 2),
                      "parts_gib": {k: round(v / GIB, 3) for k, v in sp.parts.items()}, "notes": sp.notes})
     if args.json:
         Path(args.json).write_text(json.dumps({"n_params": m.n_params(), "gpus": args.gpus, "gpu_mem_gib": args.gpu_mem,

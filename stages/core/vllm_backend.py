@@ -73,6 +73,36 @@ def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]
         worker.model_runner.model.load_weights(weights=iter(weights))
 
 
+def _keep_default_process_group() -> None:
+    """Make vLLM's teardown leave the launch's default process group alone (idempotent, for this process).
+
+    Under the external launcher vLLM's engine shutdown (which also runs when the engine is garbage-collected) ends
+    with ``destroy_distributed_environment()``, which destroys the default process group: the one the launch, the
+    update path (DeepSpeed) and later engines use. The wrapper destroys vLLM's own groups as before and skips that
+    last call."""
+    from vllm.distributed import parallel_state as ps
+
+    if getattr(ps.destroy_distributed_environment, "_keeps_default_group", False):
+        return
+    real = ps.destroy_distributed_environment
+
+    def destroy_distributed_environment() -> None:
+        saved = torch.distributed.destroy_process_group
+
+        def destroy(group: Any = None) -> None:
+            if group is not None:
+                saved(group)
+
+        torch.distributed.destroy_process_group = destroy  # type: ignore[assignment]
+        try:
+            real()
+        finally:
+            torch.distributed.destroy_process_group = saved
+
+    destroy_distributed_environment._keeps_default_group = True  # type: ignore[attr-defined]
+    ps.destroy_distributed_environment = destroy_distributed_environment
+
+
 class VLLMGenerator:
     """The ``vllm`` backend.
 
@@ -101,6 +131,7 @@ class VLLMGenerator:
         self.in_process = in_process
         self.tp = int(tensor_parallel_size)
         self._tp_group: Any = None
+        self._launched = False
         policy = model_or_path if isinstance(model_or_path, torch.nn.Module) else None
         if policy is not None:
             # the engine starts from random ("dummy") weights and gets the policy's tensors in memory below: only
@@ -134,7 +165,9 @@ class VLLMGenerator:
             engine_kwargs.setdefault("enable_chunked_prefill", False)
         launched = torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1
+        self._launched = launched
         if launched:
+            _keep_default_process_group()
             # colocated under deepspeed / torchrun: one engine per rank (or per group of tensor_parallel_size
             # consecutive ranks), in this process, on this rank's device, inside the existing process group
             in_process = self.in_process = True
@@ -288,7 +321,8 @@ class VLLMGenerator:
             self.asleep = False
 
     def close(self) -> None:
-        """Shut the engine down and remove the temporary model directory, if any."""
+        """Shut the engine down and remove the temporary model directory, if any. Under a launch the launch's default
+        process group survives (:func:`_keep_default_process_group`)."""
         llm = getattr(self, "llm", None)
         if llm is not None:
             engine = getattr(llm, "llm_engine", None)

@@ -191,7 +191,8 @@ def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]
 
     start, end = block(len(rows))
     rows = list(rows)[start:end]
-    if generator is None:
+    own = generator is None
+    if own:
         kw = {"batch_size": min(256, max(1, len(rows) * cfg.samples_per_question))} if resolve_backend(cfg.backend) == "hf" \
             else dict(cfg.generator_kwargs)
         generator = make_generator(cfg.backend, policy, tokenizer, **kw)
@@ -227,6 +228,8 @@ def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]
             ex = examples[ei]
             gold = ex["answer"]
             ex["step_labels"][j] = int(any(accuracy_reward(completion=prefix + c.text, answer=gold) == 1.0 for c in group))
+    if own and resolve_backend(cfg.backend) == "vllm":
+        generator.close()  # its memory goes back before the RM trains
     return all_gather_list(examples)
 
 
