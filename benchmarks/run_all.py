@@ -55,10 +55,11 @@ QUICK_ARGS: dict[str, list[str]] = {
     "corpus": ["--quick"],
     "decontam": ["--quick"],
     "iterative_rl": ["--steps", "2", "--seeds", "0", "--test", "50", "--iterations", "1"],
+    "memory": ["--n", "4"],  # the materialised logits of 8 x 512 tokens at 152k peak near 10 GB
 }
 
 
-# Not part of the CPU suite: gpu_check needs a GPU and a model; paradigm queues hours of `dvc exp` runs;
+# Not part of the CPU suite: gpu_check needs a GPU; paradigm queues hours of `dvc exp` runs;
 # sandbox_syscalls is an audit under strace (the evidence for the sandbox's seccomp allow-list), not a timing;
 # sandbox_ab compares two checkouts (it needs a second one).
 NOT_IN_SUITE = {"run_all", "gpu_check", "paradigm", "sandbox_syscalls", "sandbox_ab"}

@@ -52,12 +52,12 @@ from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
 from stages.core.io import atomic_path, write_metrics
-from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
+from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
 from stages.core.prompts import rl_prompt
 from stages.rl.algorithms import get_algorithm, rule_reward_set
 from stages.rl.baseline import continued_sft
-from stages.rl.checkpoint import load_latest, run_dir, save_checkpoint
+from stages.rl.checkpoint import load_latest, load_updaters, run_dir, save_checkpoint
 from stages.rl.data import load_prompts, step_questions
 from stages.rl.iterative import mean_finite, run_iterations
 from stages.rl.losses import grpo_loss
@@ -65,9 +65,10 @@ from stages.rl.paradigm import RftPool
 from stages.rl.rewards import RewardSet, accuracy_reward
 from stages.rl.rollout import Rollout
 from stages.rl.step import StepContext, run_step
-from stages.rl.update import as_updater, rl_updater
+from stages.rl.update import as_updater, release_memory, rl_updater
 from stages.schema.grpo import GrpoParams
 from stages.train.loop import use_bf16
+from stages.train.update import use_deepspeed
 
 __all__ = ["accuracy_reward", "grpo_loss", "rule_reward_set", "step_questions"]  # also read from here by tests
 
@@ -198,9 +199,12 @@ def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list
                       bf16: bool = False) -> Any:
     """The rollout generator of ``p.backend``: hf (decodes with the policy object itself) or a vLLM engine sized by
     ``vllm_gpu_memory_utilization`` and ``max_model_len`` (see :func:`max_model_len`), with sleep mode on a GPU
-    when ``vllm_enable_sleep_mode``; bfloat16 when the update trains in bf16."""
-    if resolve_backend(p.backend) == "hf":
-        return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size)
+    when ``vllm_enable_sleep_mode``; bfloat16 when the update trains in bf16. Built after the update path, so
+    under a multi-rank launch the engine joins its process group (stages.core.vllm_backend: external launcher,
+    this rank's device, ``vllm_tensor_parallel_size`` ranks per engine) and starts from the policy in memory."""
+    if resolve_backend(p.backend) == "hf":  # bf16: a bf16 copy of an fp32 policy (refreshed by sync_weights)
+        return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size,
+                              dtype="bfloat16" if bf16 else None)
     kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed,
                           "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens, p.template)}
     if p.vllm_enable_sleep_mode:
@@ -210,12 +214,26 @@ def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list
             log.info("grpo.vllm_enable_sleep_mode: ignored on CPU (vLLM sleeps on CUDA only)")
     if bf16:
         kw["dtype"] = "bfloat16"
+    if p.vllm_tensor_parallel_size > 1:
+        kw["tensor_parallel_size"] = p.vllm_tensor_parallel_size
     return make_generator("vllm", model, tokenizer, **kw)
 
 
-def frozen_copy(model: Any) -> Any:
-    """A copy of ``model`` with no gradients, in eval mode (the reference model pi_ref)."""
-    ref = copy.deepcopy(model).eval()
+def frozen_copy(model: Any, device: str | torch.device | None = None) -> Any:
+    """A copy of ``model`` with no gradients, in eval mode (the reference model pi_ref), on ``device`` (None: the
+    model's). The copy is made tensor by tensor on ``device``, so a policy on a GPU is not duplicated there."""
+    if device is None:
+        ref = copy.deepcopy(model)
+    else:
+        with torch.device("meta"):
+            ref = type(model)(model.config)
+        ref.load_state_dict({k: v.detach().to(device, copy=True) for k, v in model.state_dict().items()},
+                            assign=True, strict=False)
+        for name, buf in model.named_buffers():  # non-persistent buffers too (rotary frequencies)
+            owner, _, leaf = name.rpartition(".")
+            ref.get_submodule(owner)._buffers[leaf] = buf.detach().to(device, copy=True)
+        ref.tie_weights()
+    ref.eval()
     for prm in ref.parameters():
         prm.requires_grad_(False)
     return ref
@@ -242,15 +260,18 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
         raise ValueError(f"train_grpo: algorithm {p.algorithm} has no sampling loop; see train_sft")
     cache = {} if cache is None else cache
     reward_set = algo.reward_functions(p)
-    ref_model = frozen_copy(model) if algo.uses_reference(p) else None
+    offload = p.offload_idle_models
+    ref_model = frozen_copy(model, "cpu" if offload else None) if algo.uses_reference(p) else None
     world = world_size()
     if world > 1 and p.questions_per_step < world:
         raise PipelineError(f"grpo.questions_per_step: {p.questions_per_step} is below the {world} ranks; each rank "
                             "samples its share of a step's questions, so give at least one per rank")
+    # the update path first: under DeepSpeed it joins the process group, which the rollout engine is built in
+    enable_checkpointing(model, p.gradient_checkpointing)
+    upd = rl_updater(model, p)
     questions = [r["question"] for r in rows] + ([r["question"] for r in heldout.rows] if heldout else [])
     gen_len = max(p.max_new_tokens, heldout.max_new_tokens if heldout else 0)
-    bf16 = (p.deepspeed.enabled or world > 1) and use_bf16(p.precision, train_device())
-    generator = rollout_generator(p, model, tokenizer, questions, gen_len, bf16=bf16)
+    generator = rollout_generator(p, model, tokenizer, questions, gen_len, bf16=upd.bf16 or upd.autocast_bf16)
     info: dict[str, Any] = {"resumed_from_step": None, "generation_backend": resolve_backend(p.backend)}
     pool: RftPool | None = None
     if cache.get("pool") is None:  # rft's offline samples, drawn before any checkpoint is loaded
@@ -266,35 +287,29 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     start = first_step
     state = load_latest(ckpt_dir) if ckpt_dir is not None else None
     if state is not None:
-        model.load_state_dict(state["model"])
+        load_updaters(state, {"policy": upd})
         start, history = state["step"], state["history"]
         samples = state["extra"].get("samples", [])
         if heldout is not None:
             heldout.records = list(state["extra"].get("heldout", heldout.records))
         info["resumed_from_step"] = start
-    upd = rl_updater(model, p)
-    if state is not None and state.get("optimizer") is not None and not upd.distributed:
-        upd.optimizer.load_state_dict(state["optimizer"])
     info["deepspeed_zero_stage"] = upd.zero_stage if upd.distributed else None
     info["world_size"] = upd.world
     info["trained_parameters"] = {"policy": _n_trainable(model)}
-    offload = p.offload_idle_models
     if ref_model is not None:
         if upd.bf16:
             ref_model.to(torch.bfloat16)
         if not offload:
             ref_model.to(upd.device)
-    if getattr(scorer, "rm", None) is not None and not offload:
-        scorer.rm.to(upd.device)
+    if getattr(scorer, "rm", None) is not None:
+        scorer.rm.to("cpu" if offload else upd.device)
     ctx = StepContext(p=p, model=model, tokenizer=tokenizer, generator=generator, updater=upd, rows=rows,
                       reward_set=reward_set, source=scorer, ref_model=ref_model, pool=pool, offload=offload)
     ctx.critic = algo.make_critic(ctx, cache)
     if ctx.critic is not None:
         info["trained_parameters"]["value_model"] = _n_trainable(ctx.critic.model)
-    if ctx.critic is not None and state is not None and state["extra"].get("critic") is not None:
-        ctx.critic.model.load_state_dict(state["extra"]["critic"]["model"])
-        if state["extra"]["critic"].get("optimizer") is not None and not ctx.critic.updater.distributed:
-            ctx.critic.updater.optimizer.load_state_dict(state["extra"]["critic"]["optimizer"])
+    if ctx.critic is not None and state is not None and "critic" in state.get("updaters", []):
+        load_updaters(state, {"critic": ctx.critic.updater})
     logger = _logger()
     model.eval()
     _wake(generator)
@@ -318,19 +333,25 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
             _publish_samples(step, table)
         if on_step is not None:
             on_step(row)
-        if ckpt_dir is not None and p.checkpoint_every and (done % p.checkpoint_every == 0) and done < p.steps \
-                and is_main_process():
-            extra: dict[str, Any] = {"samples": samples, "heldout": heldout.records if heldout is not None else []}
-            if ctx.critic is not None:
-                extra["critic"] = dict(zip(("model", "optimizer"), ctx.critic.updater.state_dicts(), strict=True))
-            save_checkpoint(ckpt_dir, model=model, optimizer=None if upd.distributed else upd.optimizer, step=done,
-                            history=history, extra=extra)
+        if ckpt_dir is not None and p.checkpoint_every and (done % p.checkpoint_every == 0) and done < p.steps:
+            updaters = {"policy": upd, **({"critic": ctx.critic.updater} if ctx.critic is not None else {})}
+            save_checkpoint(ckpt_dir, updaters=updaters, step=done, history=history,
+                            extra={"samples": samples, "heldout": heldout.records if heldout is not None else []})
     _wake(generator)
     close = getattr(generator, "close", None)
     if callable(close) and resolve_backend(p.backend) == "vllm":
         close()
     info["reward_failures_by_fn"] = dict(reward_set.failures)
     return history, samples, info
+
+
+def load_policy(path: Any, p: GrpoParams) -> Any:
+    """A causal LM of the stage (the policy, the baseline's start), its weights read directly in the update's dtype
+    (bf16 under DeepSpeed's bf16 mode, else float32) onto this rank's device, with ``p.attn_implementation``."""
+    dev = train_device()
+    bf16 = use_deepspeed(p.deepspeed.enabled) and use_bf16(p.precision, dev)
+    return load_model(path, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev,
+                      attn_implementation=p.attn_implementation)
 
 
 def _n_trainable(model: Any) -> int:
@@ -375,8 +396,10 @@ def train_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPar
             generator.sync_weights(model)
             heldout.evaluate(done, generator)
 
+    enable_checkpointing(model, p.gradient_checkpointing)
     hist = continued_sft(model, tokenizer, rows, steps=total, per_step=p.questions_per_step, seed=p.seed, lr=p.lr,
-                         max_grad_norm=p.max_grad_norm, micro_batch_size=p.micro_batch_size, on_step=on_step)
+                         max_grad_norm=p.max_grad_norm, micro_batch_size=p.micro_batch_size, on_step=on_step,
+                         updater=rl_updater(model, p, weight_decay=0.0), chunk_tokens=p.logprob_chunk_tokens)
     if heldout is not None:
         for r in heldout.records:
             if r["step"] > 0:
@@ -438,7 +461,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
                             "have none")
     init = START_MODELS[p.start]
     tokenizer = load_tokenizer(init)
-    model = load_model(init)
+    model = load_policy(init, p)
     check_compatible(model, tokenizer, str(init))
     torch.manual_seed(p.seed)
     heldout = HeldoutEval.from_params(p.heldout, p.template)
@@ -448,52 +471,61 @@ def run(p: GrpoParams) -> dict[str, Any]:
         history, samples, info = train_sft(model, tokenizer, rows, p, heldout=heldout)
     else:
         # Algorithm 1 (stages.rl.iterative): iterative.iterations x steps steps; iterations = 1 is plain GRPO
-        train_fn = functools.partial(train_grpo, heldout=heldout, cache={},
-                                     rft_steps=p.steps * p.iterative.iterations)
+        train_fn = functools.partial(train_grpo, heldout=heldout, rft_steps=p.steps * p.iterative.iterations)
         history, samples, info = run_iterations(model, tokenizer, rows, p, train_fn=train_fn, ckpt_dir=ckpt_dir,
-                                                rm_dir=rm_dir, out_dir=paths.GRPO_ITERS)
-    if not is_main_process():
-        return {}
+                                                rm_dir=rm_dir, out_dir=paths.GRPO_ITERS, cache={}, heldout=heldout)
+    main = is_main_process()
     t_grpo = time.perf_counter() - t_start
     info["memory"] = peak_memory()  # of the RL part (before the baseline)
     summary = summarize(history)
-    with atomic_path(paths.GRPO_MODEL) as tmp:
-        model.to("cpu").save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        # the held-out curve also travels with the (DVC-cached) model: benchmarks/paradigm.py reads it from there
-        # when an experiment's commit lacks the metrics file; no timings or memory peaks here (a cached output is
-        # the same bytes for the same inputs): they are in the metrics
-        (tmp / "pipeline.json").write_text(json.dumps({
-            "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
-            "heldout": heldout.metrics() if heldout else None,
-            "run": {"trained_parameters": info.get("trained_parameters")}}, indent=2) + "\n")
-        with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
-            for s in samples:
-                f.write(json.dumps(s, ensure_ascii=False) + "\n")
-    plot_dir = paths.plots_dir("grpo")
-    write_plots(plot_dir, history, PLOT_METRICS + ("sft_loss", "nll"))
+    if main:
+        with atomic_path(paths.GRPO_MODEL) as tmp:
+            model.to("cpu").save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            # the held-out curve also travels with the (DVC-cached) model: benchmarks/paradigm.py reads it from there
+            # when an experiment's commit lacks the metrics file; no timings or memory peaks here (a cached output
+            # is the same bytes for the same inputs): they are in the metrics
+            (tmp / "pipeline.json").write_text(json.dumps({
+                "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
+                "heldout": heldout.metrics() if heldout else None,
+                "run": {"trained_parameters": info.get("trained_parameters")}}, indent=2) + "\n")
+            with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
+                for s in samples:
+                    f.write(json.dumps(s, ensure_ascii=False) + "\n")
+        write_plots(paths.plots_dir("grpo"), history, PLOT_METRICS + ("sft_loss", "nll"))
     metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summary, "grpo_wall_s": round(t_grpo, 2),
                                **info}
-    if heldout is not None:
-        write_plots(plot_dir, heldout.records, ("heldout_accuracy",))
+    if heldout is not None and main:
+        write_plots(paths.plots_dir("grpo"), heldout.records, ("heldout_accuracy",))
         metrics["heldout"] = heldout.metrics()
 
+    # the continued-SFT baseline: every rank (the same update path as the policy's: DeepSpeed, bf16, accelerator)
     t0 = time.perf_counter()
     del model
-    base_model = load_model(init)
+    release_memory()
+    base_model = load_policy(init, p)
     torch.manual_seed(p.seed)
     if p.baseline.enabled:
+        enable_checkpointing(base_model, p.gradient_checkpointing)
         bh = continued_sft(base_model, tokenizer, rows, steps=p.steps * p.iterative.iterations,
                            per_step=p.questions_per_step, seed=p.seed,
-                           lr=p.baseline.lr, max_grad_norm=p.max_grad_norm, micro_batch_size=p.micro_batch_size)
-        save_model(base_model, tokenizer, paths.SFT_CONTINUED,
-                   extra={"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.tracked_dump()})
-        write_plots(plot_dir, bh, ("sft_loss",), prefix="baseline_")
+                           lr=p.baseline.lr, max_grad_norm=p.max_grad_norm, micro_batch_size=p.micro_batch_size,
+                           updater=rl_updater(base_model, p, lr=p.baseline.lr, weight_decay=0.0),
+                           chunk_tokens=p.logprob_chunk_tokens)
+        if main:
+            save_model(base_model.to("cpu"), tokenizer, paths.SFT_CONTINUED,
+                       extra={"stage": "grpo", "baseline": "continued_sft", "init": str(init),
+                              "params": p.tracked_dump()})
+            write_plots(paths.plots_dir("grpo"), bh, ("sft_loss",), prefix="baseline_")
         metrics["baseline"] = {"steps": len(bh), "sft_loss_first": round(bh[0]["sft_loss"], 4),
                                "sft_loss_last": round(bh[-1]["sft_loss"], 4)}
     else:
-        save_model(base_model, tokenizer, paths.SFT_CONTINUED, extra={"stage": "grpo", "baseline": "disabled (copy of init)"})
+        if main:
+            save_model(base_model.to("cpu"), tokenizer, paths.SFT_CONTINUED,
+                       extra={"stage": "grpo", "baseline": "disabled (copy of init)"})
         metrics["baseline"] = {"steps": 0}
+    if not main:
+        return {}
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",

@@ -24,33 +24,36 @@ from stages.train.common import (
     is_main_process,
     load_start_model,
     loop_metrics,
+    n_parameters,
+    partitioned,
     pass_through,
     write_curves,
 )
 from stages.train.data import PackedMixture, read_heldout_texts, text_eval_batches
-from stages.train.loop import eval_loss, train
+from stages.train.loop import eval_loss, gathered_params, train
 
 
 def pretrain(p: PretrainParams, *, base_dir: str | Path, out_dir: str | Path, ckpt_root: str | Path,
              plots_dir: str | Path) -> dict[str, Any]:
     """Train the model in ``base_dir`` on ``p.mixture``; save it to ``out_dir``; return metrics (no wall_s)."""
     t = p.train
-    model, tok = load_start_model(base_dir, t.seq_len, "pretrain")
+    model, tok = load_start_model(base_dir, t, "pretrain")
     sources = [(s.path, s.ratio) for s in p.mixture]
     stream = PackedMixture(sources, tok, t.seq_len, t.seed, skip_first_rows=p.eval_docs)
     heldout = text_eval_batches(read_heldout_texts(p.mixture[0].path, p.eval_docs), tok, t.seq_len, p.eval_tokens,
                                 t.micro_batch_size)
 
     def eval_fn(m: Any) -> float:
-        return eval_loss(m, heldout)
+        return eval_loss(m, heldout, chunk_tokens=t.logprob_chunk_tokens)
 
-    before = eval_fn(model) if heldout else float("nan")
+    with gathered_params(model, partitioned(model)):
+        before = eval_fn(model) if heldout else float("nan")
     rh = run_hash(p.tracked_dump(), [base_dir, *[s.path for s in p.mixture]])
     res = train(model, stream, t, Path(ckpt_root) / rh, eval_fn=eval_fn if heldout else None, desc="pretrain")
     after = res.evals[-1]["eval_loss"] if res.evals else float("nan")
     metrics: dict[str, Any] = {
         **loop_metrics(res),
-        "n_params": sum(x.numel() for x in model.parameters()),
+        "n_params": n_parameters(model),
         "heldout_tokens": sum(int((b["labels"] != -100).sum()) for b in heldout),
         "eval_loss_before": round(before, 4),
         "eval_loss_after": round(after, 4),

@@ -12,6 +12,10 @@ labelled automatically from samples of the SFT policy on RL problems.
 
 ``enabled: false``: nothing is trained; data/models/reward_model/ holds only a ``DISABLED`` note (for GRPO with
 the rule reward, which never reads it).
+Real mode: the policy and the RM load in the training dtype on the accelerator; the RM trains through the one
+update path (stages.train.update.Updater; DeepSpeed ZeRO 0-2 when ``deepspeed.enabled`` or launched with
+``deepspeed --module stages.reward_model``, bf16 per ``precision``); several ranks sample, score and train on a
+share each (stages.rl.reward_model) and rank 0 writes the outputs.
 
 Outputs: data/models/reward_model/ (HF directory, ``AutoModelForTokenClassification`` with one label, plus
 ``examples.jsonl``: the training examples, the replay history of iterative GRPO, and ``heldout.jsonl``),
@@ -26,9 +30,10 @@ from typing import Any
 import torch
 
 from stages.core import paths
+from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, write_metrics
-from stages.core.modeling import check_compatible, load_model, load_tokenizer
+from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer
 from stages.rl.data import load_prompts
 from stages.rl.reward_model import (
     SampleConfig,
@@ -39,7 +44,11 @@ from stages.rl.reward_model import (
     split_by_question,
     train_reward_model,
 )
+from stages.rl.update import release_memory
 from stages.schema.reward_model import RewardModelParams
+from stages.train.ds_config import build_deepspeed_config
+from stages.train.loop import use_bf16
+from stages.train.update import Updater, use_deepspeed
 
 
 def run(p: RewardModelParams) -> dict[str, Any]:
@@ -61,28 +70,41 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     rows = rows[: p.questions]
     init = paths.SFT_MODEL
     tokenizer = load_tokenizer(init)
-    policy = load_model(init)
+    dev = train_device()
+    ds = use_deepspeed(p.deepspeed.enabled)
+    bf16 = ds and use_bf16(p.precision, dev)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    policy = load_model(init, dtype=dtype, device=dev, attn_implementation=p.attn_implementation)
     check_compatible(policy, tokenizer, str(init))
     torch.manual_seed(p.seed)
     cfg = SampleConfig(samples_per_question=p.samples_per_question, temperature=p.temperature,
                        max_new_tokens=p.max_new_tokens, labels=p.labels, rollouts_per_step=p.rollouts_per_step,
                        seed=p.seed, backend=p.backend)
-    examples = collect_examples(policy, tokenizer, rows, cfg, origin="sft")
+    examples = collect_examples(policy, tokenizer, rows, cfg, origin="sft")  # several ranks: a block each
     del policy
+    release_memory()
     t_sample = time.perf_counter() - t_start
     train, held = split_by_question(examples, p.heldout_fraction, p.seed)
     if not train:
         raise PipelineError("reward_model: no training examples; raise questions or lower heldout_fraction")
 
     t0 = time.perf_counter()
-    rm = init_reward_model(init)
-    before = evaluate_reward_model(rm, tokenizer, held, p.batch_size)
+    rm = init_reward_model(init, dtype=dtype, device=dev, attn_implementation=p.attn_implementation)
+    enable_checkpointing(rm, p.gradient_checkpointing)
+    upd = Updater(rm, max_grad_norm=1.0, optimizer=torch.optim.AdamW(rm.parameters(), lr=p.lr, weight_decay=0.0),
+                  deepspeed=build_deepspeed_config(
+                      zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
+                      micro_batch_size=max(1, -(-p.batch_size // world_size())), grad_accum=1, grad_clip=1.0,
+                      bf16=bf16) if ds else None)
+    before = evaluate_reward_model(rm, tokenizer, held, p.batch_size, shard=True)
     losses = train_reward_model(rm, tokenizer, train, epochs=p.epochs, lr=p.lr, batch_size=p.batch_size, seed=p.seed,
-                                train_on=p.train_on)
-    after = evaluate_reward_model(rm, tokenizer, held, p.batch_size)
-    train_eval = evaluate_reward_model(rm, tokenizer, train, p.batch_size)
+                                train_on=p.train_on, updater=upd)
+    after = evaluate_reward_model(rm, tokenizer, held, p.batch_size, shard=True)
+    train_eval = evaluate_reward_model(rm, tokenizer, train, p.batch_size, shard=True)
     t_train = time.perf_counter() - t0
-    save_reward_model(rm, tokenizer, paths.REWARD_MODEL, train, held,
+    if not is_main_process():
+        return {}
+    save_reward_model(rm.to("cpu"), tokenizer, paths.REWARD_MODEL, train, held,
                       {"stage": "reward_model", "init": str(init), "labels": p.labels, "train_on": p.train_on,
                        "params": p.tracked_dump()})
     metrics: dict[str, Any] = {
@@ -100,3 +122,9 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     }
     write_metrics("reward_model", metrics, ["outcome_auc", "step_auc", "n_train_examples"])
     return metrics
+
+
+if __name__ == "__main__":  # the DeepSpeed / torchrun entry (docs/real-mode.md); dvc runs python -m flows.reward_model
+    from stages.train.common import cli
+
+    raise SystemExit(cli(RewardModelParams, run))

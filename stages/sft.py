@@ -44,11 +44,12 @@ from stages.train.common import (
     is_main_process,
     load_start_model,
     loop_metrics,
+    partitioned,
     pass_through,
     write_curves,
 )
 from stages.train.data import Example, PackedExamples, eval_batches, make_example
-from stages.train.loop import eval_loss, train
+from stages.train.loop import eval_loss, gathered_params, train
 
 FORMATS = SOLUTION_FORMATS
 _TIR_BLOCK = re.compile(r"```python\n.*?```", re.S)
@@ -153,7 +154,7 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
         ) -> dict[str, Any]:
     """Fine-tune the model in ``init_dir`` on ``p.problems``; save the best-validation checkpoint to ``out_dir``."""
     t = p.train
-    model, tok = load_start_model(init_dir, t.seq_len, "sft")
+    model, tok = load_start_model(init_dir, t, "sft")
     rows = load_sft_rows(p.problems)
     rh = run_hash(p.tracked_dump(), [init_dir, p.problems])
     run_dir = Path(ckpt_root) / rh
@@ -163,9 +164,10 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
     val = eval_batches(val_ex, t.seq_len, tok.pad_token_id, t.micro_batch_size)
 
     def eval_fn(m: Any) -> float:
-        return eval_loss(m, val)
+        return eval_loss(m, val, chunk_tokens=t.logprob_chunk_tokens)
 
-    before = eval_fn(model)
+    with gathered_params(model, partitioned(model)):
+        before = eval_fn(model)
     res = train(model, data, t, run_dir, eval_fn=eval_fn, keep_best=True, desc="sft")
     rows_per_step = t.micro_batch_size * t.grad_accum * res.world_size
     metrics: dict[str, Any] = {

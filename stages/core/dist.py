@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import torch
 
@@ -65,3 +66,41 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=dev)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM if op == "sum" else torch.distributed.ReduceOp.MAX)
     return [float(x) for x in t.cpu()]
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op without an initialised process group of several ranks)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
+
+
+def ensure_process_group() -> None:
+    """Join the launch's process group (NCCL on CUDA, else gloo) when several ranks were launched and nothing has
+    joined it yet; DeepSpeed's initialisation later reuses it. A no-op for a single process."""
+    if world_size() == 1 or not torch.distributed.is_available() or torch.distributed.is_initialized():
+        return
+    init_distributed_env()
+    dev = train_device()
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    torch.distributed.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+
+
+def block(n: int) -> tuple[int, int]:
+    """This rank's contiguous share ``[start, end)`` of ``n`` items (the first ``n % world`` ranks take one more)."""
+    ensure_process_group()
+    w, r = world_size(), rank()
+    base, extra = divmod(n, w)
+    start = r * base + min(r, extra)
+    return start, start + base + (1 if r < extra else 0)
+
+
+def all_gather_list(local: list[Any]) -> list[Any]:
+    """The concatenation, in rank order, of every rank's ``local`` list (picklable items); ``local`` on one process."""
+    if world_size() == 1:
+        return list(local)
+    ensure_process_group()
+    parts: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, list(local))
+    return [x for part in parts for x in part]

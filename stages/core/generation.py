@@ -66,6 +66,9 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int = 0
+    index_offset: int = 0
+    """Prompt i of a call is seeded as prompt ``index_offset + i`` (a rank sampling its block of a longer prompt
+    list draws what one process sampling the whole list would)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a lone string is one stop string, not one per character
@@ -461,7 +464,7 @@ class HFGenerator:
             uniforms = torch.empty((b, max_new), dtype=torch.float64)
             for k, r in enumerate(rows):
                 g = torch.Generator()
-                g.manual_seed(sample_seed(sp.seed, r.prompt_index, r.sample_index))
+                g.manual_seed(sample_seed(sp.seed, sp.index_offset + r.prompt_index, r.sample_index))
                 # always sp.max_new_tokens draws: a row's stream must not depend on its batch's length limit
                 uniforms[k] = torch.rand(sp.max_new_tokens, generator=g, dtype=torch.float64)[:max_new]
             uniforms = uniforms.to(device)

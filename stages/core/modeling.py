@@ -8,8 +8,11 @@ transformers loads (or downloads) it.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,17 +80,80 @@ def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, **kwargs: Any) -> PreTrainedModel:
-    """Load a causal LM from a model directory with AutoModelForCausalLM."""
+def resolve_attn_implementation(name: str | None) -> str | None:
+    """transformers' ``attn_implementation`` for a params value: ``auto`` = flash_attention_2 on CUDA when the
+    flash-attn package is installed, else sdpa; flash_attention_2 without it (or without CUDA) is a one-line error;
+    None leaves transformers' default."""
+    if name is None:
+        return None
+    flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+    if name == "auto":
+        return "flash_attention_2" if flash else "sdpa"
+    if name == "flash_attention_2" and not flash:
+        raise PipelineError("attn_implementation: flash_attention_2 needs a CUDA GPU and the flash-attn package "
+                            "(pip install flash-attn); use sdpa or auto")
+    return name
+
+
+@contextlib.contextmanager
+def zero3_init(ds_config: dict[str, Any] | None) -> Iterator[None]:
+    """Inside: transformers builds models under DeepSpeed's ``zero.Init`` (ZeRO-3: every rank allocates and loads only
+    its partition of the weights), when ``ds_config`` is a ZeRO-3 config; a no-op otherwise."""
+    if not ds_config or ds_config.get("zero_optimization", {}).get("stage") != 3:
+        yield
+        return
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    cfg = dict(ds_config)
+    cfg.setdefault("train_batch_size", cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+                   * int(os.environ.get("WORLD_SIZE", "1")))
+    keep = HfDeepSpeedConfig(cfg)  # transformers reads it through a weak reference while it is alive
     try:
-        return AutoModelForCausalLM.from_pretrained(resolve_model(path), dtype=dtype, **kwargs)
+        yield
+    finally:
+        unset_hf_deepspeed_config()
+        del keep
+
+
+def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+               attn_implementation: str | None = None, ds_config: dict[str, Any] | None = None,
+               auto_class: Any = None, **kwargs: Any) -> PreTrainedModel:
+    """Load a model from a model directory (AutoModelForCausalLM, or ``auto_class``), its weights read directly in
+    ``dtype`` and onto ``device`` (no float32 copy in CPU memory first; CPU when None), with ``attn_implementation``
+    (:func:`resolve_attn_implementation`). ``ds_config`` of ZeRO-3: built under ``zero.Init``, partitioned across
+    the ranks as it loads (then ``device`` is DeepSpeed's)."""
+    kw = dict(kwargs)
+    impl = resolve_attn_implementation(attn_implementation)
+    if impl is not None:
+        kw["attn_implementation"] = impl
+    zero3 = bool(ds_config) and ds_config.get("zero_optimization", {}).get("stage") == 3  # type: ignore[union-attr]
+    if device is not None and torch.device(device).type != "cpu" and not zero3:
+        kw["device_map"] = {"": torch.device(device)}
+    cls = auto_class or AutoModelForCausalLM
+    try:
+        with zero3_init(ds_config):
+            return cls.from_pretrained(resolve_model(path), dtype=dtype, **kw)
     except (OSError, ValueError) as e:
         raise PipelineError(f"{path}: cannot load model ({str(e).splitlines()[0]})") from None
 
 
+def enable_checkpointing(model: Any, on: bool) -> None:
+    """Gradient (activation) checkpointing of a transformers model's layers: each layer's activations are recomputed
+    in the backward pass instead of kept (non-reentrant, so no input needs requires_grad). A no-op when ``on`` is
+    false or the model does not support it."""
+    if on and getattr(model, "supports_gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def embedding_rows(model: Any) -> int:
+    """Rows of the input embedding table (the full count under ZeRO-3, whose local tensor is a partition)."""
+    w = model.get_input_embeddings().weight
+    return int(getattr(w, "ds_shape", w.shape)[0])
+
+
 def check_compatible(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, where: str) -> None:
     """Raise a one-line error when tokenizer ids do not fit the model's embedding table."""
-    n_emb = model.get_input_embeddings().weight.shape[0]
+    n_emb = embedding_rows(model)
     if len(tokenizer) > n_emb:
         raise PipelineError(
             f"{where}: tokenizer has {len(tokenizer)} tokens but the model embeds only {n_emb}; "

@@ -10,6 +10,13 @@ machine with vllm installed), so the rest of the pipeline runs without vllm.
   and the ``uni`` executor), as TRL's colocate mode does. :meth:`VLLMGenerator.sync_weights` then hands the
   policy's tensors to the engine's ``load_weights`` without copying them through a pipe, and resets the
   prefix cache (its KV blocks were computed with the old weights).
+- Built from a model object (the colocated policy), the engine starts from random weights (``load_format="dummy"``)
+  and gets the policy's tensors through :meth:`VLLMGenerator.sync_weights` at once: only config.json, the
+  generation config and the tokenizer go to a temporary directory, never the weights.
+- Under a deepspeed / torchrun launch (a process group of several ranks is initialised, as the update path does
+  before any engine is built), the engine uses vLLM's ``external_launcher`` executor: one engine per rank in
+  that rank's process, on ``cuda:LOCAL_RANK``, inside the launch's process group; ``tensor_parallel_size`` k > 1
+  makes one engine span k consecutive ranks (their generate calls are gathered and run by all of them).
 - Same semantics as the hf backend (module docstring of :mod:`stages.core.generation`): prompts are tokenised
   with the pipeline's tokenizer and given to vLLM as token ids, text is decoded with that tokenizer,
   EOS ids and stop strings end a sequence in the same way. Per-token log-probs come from the engine in
@@ -66,6 +73,36 @@ def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]
         worker.model_runner.model.load_weights(weights=iter(weights))
 
 
+def _keep_default_process_group() -> None:
+    """Make vLLM's teardown leave the launch's default process group alone (idempotent, for this process).
+
+    Under the external launcher vLLM's engine shutdown (which also runs when the engine is garbage-collected) ends
+    with ``destroy_distributed_environment()``, which destroys the default process group: the one the launch, the
+    update path (DeepSpeed) and later engines use. The wrapper destroys vLLM's own groups as before and skips that
+    last call."""
+    from vllm.distributed import parallel_state as ps
+
+    if getattr(ps.destroy_distributed_environment, "_keeps_default_group", False):
+        return
+    real = ps.destroy_distributed_environment
+
+    def destroy_distributed_environment() -> None:
+        saved = torch.distributed.destroy_process_group
+
+        def destroy(group: Any = None) -> None:
+            if group is not None:
+                saved(group)
+
+        torch.distributed.destroy_process_group = destroy  # type: ignore[assignment]
+        try:
+            real()
+        finally:
+            torch.distributed.destroy_process_group = saved
+
+    destroy_distributed_environment._keeps_default_group = True  # type: ignore[attr-defined]
+    ps.destroy_distributed_environment = destroy_distributed_environment
+
+
 class VLLMGenerator:
     """The ``vllm`` backend.
 
@@ -86,20 +123,31 @@ class VLLMGenerator:
     def __init__(self, model_or_path: Any, tokenizer: PreTrainedTokenizerBase, *, dtype: str | None = None,
                  gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
                  enforce_eager: bool | None = None, seed: int = 0, in_process: bool = True,
-                 **engine_kwargs: Any) -> None:
+                 tensor_parallel_size: int = 1, **engine_kwargs: Any) -> None:
         on_gpu = torch.cuda.is_available()
         self.tokenizer = tokenizer
         self._tmpdir: str | None = None
         self._sync_dir: str | None = None
         self.in_process = in_process
-        if isinstance(model_or_path, torch.nn.Module):
+        self.tp = int(tensor_parallel_size)
+        self._tp_group: Any = None
+        self._launched = False
+        policy = model_or_path if isinstance(model_or_path, torch.nn.Module) else None
+        if policy is not None:
+            # the engine starts from random ("dummy") weights and gets the policy's tensors in memory below: only
+            # the config and the tokenizer go to a temporary directory, never the weights
             self._tmpdir = tempfile.mkdtemp(prefix="vllm_model_")
             weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)  # also without close()
-            model_or_path.save_pretrained(self._tmpdir, safe_serialization=True)
+            policy.config.save_pretrained(self._tmpdir)
+            gen_config = getattr(policy, "generation_config", None)
+            if gen_config is not None:
+                gen_config.save_pretrained(self._tmpdir)
             tokenizer.save_pretrained(self._tmpdir)
             path = self._tmpdir
-            config = model_or_path.config
-            gen_config = getattr(model_or_path, "generation_config", None)
+            config = policy.config
+            engine_kwargs.setdefault("load_format", "dummy")
+            if dtype is None:  # the policy's dtype (the checkpoint's would be unknown: there is none)
+                dtype = str(policy.dtype).removeprefix("torch.") if on_gpu else "float32"
         else:
             from stages.core.modeling import resolve_model
 
@@ -115,6 +163,25 @@ class VLLMGenerator:
             # vLLM's CPU runner crashes ("CPU Generator does not use offset") when it discards the token
             # sampled for a seeded request whose prompt was only partly prefilled; whole-prompt prefills avoid it
             engine_kwargs.setdefault("enable_chunked_prefill", False)
+        launched = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1
+        self._launched = launched
+        if launched:
+            _keep_default_process_group()
+            # colocated under deepspeed / torchrun: one engine per rank (or per group of tensor_parallel_size
+            # consecutive ranks), in this process, on this rank's device, inside the existing process group
+            in_process = self.in_process = True
+            engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
+            if on_gpu:
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            if self.tp > 1:
+                world = torch.distributed.get_world_size()
+                if world % self.tp:
+                    raise PipelineError(f"vllm_tensor_parallel_size: {self.tp} does not divide the {world} ranks")
+                self._tp_group, _ = torch.distributed.new_subgroups(group_size=self.tp)
+        elif self.tp > 1:
+            raise PipelineError("vllm_tensor_parallel_size > 1 needs a deepspeed / torchrun launch with that many "
+                                "ranks per engine (the engine's ranks are the launch's)")
         saved_env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -135,6 +202,7 @@ class VLLMGenerator:
                 max_model_len=max_model_len,
                 enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
                 seed=seed,
+                tensor_parallel_size=self.tp,
                 logprobs_mode="processed_logprobs",
                 disable_log_stats=True,
                 **engine_kwargs,
@@ -149,6 +217,8 @@ class VLLMGenerator:
         self._warned_nan = False
         self.sleep_enabled = bool(engine_kwargs.get("enable_sleep_mode"))
         self.asleep = False
+        if policy is not None:
+            self.sync_weights(policy)
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -157,7 +227,24 @@ class VLLMGenerator:
         return self.generate_ids(tokenize_prompts(self.tokenizer, prompts), sp)
 
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], sp: SamplingParams) -> list[list[Completion]]:
-        """Like :meth:`generate` for prompts given as token ids."""
+        """Like :meth:`generate` for prompts given as token ids.
+
+        Tensor parallelism (the engine spans a group of ranks): every rank of the group must run the engine on the
+        same requests, so the group's calls are gathered and each rank runs all of them in rank order (keeping its
+        own results); each call keeps its own seeds."""
+        if self._tp_group is None:
+            return self._generate_ids(prompt_ids, sp)
+        calls: list[Any] = [None] * self.tp
+        torch.distributed.all_gather_object(calls, ([list(x) for x in prompt_ids], sp), group=self._tp_group)
+        mine = torch.distributed.get_rank(self._tp_group)
+        out: list[list[Completion]] = []
+        for j, (ids_j, sp_j) in enumerate(calls):
+            res = self._generate_ids(ids_j, sp_j)
+            if j == mine:
+                out = res
+        return out
+
+    def _generate_ids(self, prompt_ids: Sequence[Sequence[int]], sp: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VSamplingParams
 
         if self.asleep:
@@ -175,7 +262,7 @@ class VLLMGenerator:
                 temperature=sp.temperature,
                 top_p=sp.top_p,
                 top_k=sp.top_k,
-                seed=None if sp.greedy else sample_seed(sp.seed, i),
+                seed=None if sp.greedy else sample_seed(sp.seed, sp.index_offset + i),
                 max_tokens=limit,
                 stop=list(sp.stop) or None,
                 include_stop_str_in_output=True,
@@ -234,7 +321,8 @@ class VLLMGenerator:
             self.asleep = False
 
     def close(self) -> None:
-        """Shut the engine down and remove the temporary model directory, if any."""
+        """Shut the engine down and remove the temporary model directory, if any. Under a launch the launch's default
+        process group survives (:func:`_keep_default_process_group`)."""
         llm = getattr(self, "llm", None)
         if llm is not None:
             engine = getattr(llm, "llm_engine", None)

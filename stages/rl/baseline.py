@@ -12,10 +12,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stages.core.dist import all_reduce
 from stages.core.errors import PipelineError
 from stages.core.prompts import prompt_format
 from stages.rl.data import step_questions
-from stages.train.update import Updater
+from stages.train.losses import lm_nll_sum
+from stages.train.update import Updater, micro_slices
 
 
 def sft_batch(rows: list[dict[str, Any]], tokenizer: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -40,16 +42,24 @@ def sft_batch(rows: list[dict[str, Any]], tokenizer: Any) -> tuple[Tensor, Tenso
 
 def continued_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, steps: int, per_step: int, seed: int,
                   lr: float, max_grad_norm: float, micro_batch_size: int,
-                  on_step: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+                  on_step: Callable[[int], None] | None = None, updater: Updater | None = None,
+                  chunk_tokens: int | None = None) -> list[dict[str, float]]:
     """Train ``model`` in place for ``steps`` SFT steps over the GRPO question order; return per-step rows. The
-    update is the one update path (stages.train.update.Updater: AdamW at ``lr``, clipping at ``max_grad_norm``).
+    update is the one update path: ``updater`` (e.g. stages.rl.update.rl_updater: DeepSpeed, bf16, on the
+    accelerator) or a plain :class:`stages.train.update.Updater` (AdamW at ``lr``, clipping at ``max_grad_norm``).
+
+    Several ranks (a DeepSpeed updater in a deepspeed / torchrun launch): every rank builds the step's batch, takes
+    its rows ``rank::world`` and normalises by the whole batch's response tokens, so the update equals one
+    process's on the whole batch; a rank with fewer micro-batches pads with zero-gradient passes. The loss over the
+    vocabulary is computed in chunks of ``chunk_tokens`` positions (stages.train.losses.lm_nll_sum).
 
     ``on_step(done)`` is called after each step with the number of steps done (the grpo stage's held-out
     evaluation of ``algorithm: sft``); the model is in eval mode during the call."""
     if any("cot" not in r for r in rows):
         raise PipelineError("grpo.baseline: the prompt rows have no 'cot' reference solution; disable the baseline or add them")
-    upd = Updater(model, max_grad_norm=max_grad_norm, optimizer=torch.optim.AdamW(model.parameters(), lr=lr,
-                                                                                    weight_decay=0.0))
+    upd = updater or Updater(model, max_grad_norm=max_grad_norm,
+                             optimizer=torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0))
+    rank, world = upd.rank, upd.world
     model.train()
     history = []
     for step in range(steps):
@@ -57,19 +67,25 @@ def continued_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, ste
         batch = [rows[i] for i in step_questions(len(rows), step, per_step, seed)]
         ids, att, lab = sft_batch(batch, tokenizer)
         n_tok = int((lab[:, 1:] != -100).sum())
+        mine = torch.arange(len(batch))[rank::world]
+        slices = micro_slices(mine, micro_batch_size)
+        n_micro = -(-len(range(0, len(batch), world)) // micro_batch_size)  # rank 0 has the most rows
         upd.zero_grad()
         total = 0.0
-        slices = torch.arange(len(batch)).split(micro_batch_size)
-        for j, sl in enumerate(slices):
-            dev = upd.device
-            logits = model(input_ids=ids[sl].to(dev), attention_mask=att[sl].to(dev), use_cache=False).logits[:, :-1]
-            logits = logits.float()
-            tgt = lab[sl][:, 1:].to(dev)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                                                     ignore_index=-100, reduction="sum") / max(n_tok, 1)
-            upd.backward(loss, last=j == len(slices) - 1)
+        dev = upd.device
+        for j in range(n_micro):
+            last = j == n_micro - 1
+            if j >= len(slices):
+                upd.dummy_backward(last=last)
+                continue
+            sl = slices[j]
+            nll, _ = lm_nll_sum(upd.forward_model, lab[sl].to(dev), chunk_tokens=chunk_tokens,
+                                input_ids=ids[sl].to(dev), attention_mask=att[sl].to(dev), use_cache=False)
+            loss = nll / max(n_tok, 1)
+            upd.backward(loss, last=last)
             total += loss.item()
         gn, _ = upd.step(bad=False)  # a non-finite gradient norm skips the update
+        total = all_reduce([total])[0] if upd.distributed else total
         history.append({"step": step, "sft_loss": total, "grad_norm": gn, "step_s": time.perf_counter() - t0})
         if on_step is not None:
             model.eval()

@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from stages.core.dist import is_main_process
+from stages.core.dist import is_main_process, train_device
 from stages.core.io import write_json
-from stages.core.modeling import save_model
+from stages.core.modeling import enable_checkpointing, save_model
+from stages.rl.checkpoint import load_latest, save_checkpoint
 from stages.rl.reward_model import (
     RewardModelSource,
     SampleConfig,
@@ -45,8 +46,11 @@ from stages.rl.reward_model import (
     split_by_question,
     train_reward_model,
 )
+from stages.rl.update import release_memory, rl_updater
 
 INDEX_FILE = "iterations.json"
+ITERATIONS_DIR = "iterations"
+"""Checkpoints of completed iterations, inside the stage's checkpoint directory."""
 
 
 def rm_update_rows(rows: list[dict[str, Any]], n: int, seed: int, iteration: int) -> list[dict[str, Any]]:
@@ -60,12 +64,18 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
                         p: Any, iteration: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One RM update of Algorithm 1: new labelled samples of ``policy`` plus a replay of ``history``.
 
-    ``p`` is the grpo params section (fields of ``p.iterative``). Returns (new training examples, metrics).
-    """
+    ``p`` is the grpo params section (fields of ``p.iterative``). The RM trains through the policy's update path
+    (stages.rl.update.rl_updater: DeepSpeed when the stage uses it, bf16 per ``grpo.precision``, on the accelerator,
+    gradient checkpointing per ``grpo.gradient_checkpointing``) with a fresh AdamW at ``rm_lr`` for this update;
+    several ranks sample, score and train on a share each. Afterwards the RM goes back to CPU memory when
+    ``offload_idle_models``. Returns (new training examples, metrics)."""
     it = p.iterative
+    gen_kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed}
+    if getattr(p, "vllm_tensor_parallel_size", 1) > 1:
+        gen_kw["tensor_parallel_size"] = p.vllm_tensor_parallel_size
     cfg = SampleConfig(samples_per_question=it.rm_samples_per_question, temperature=p.temperature,
                        max_new_tokens=p.max_new_tokens, labels=it.rm_labels, rollouts_per_step=it.rm_rollouts_per_step,
-                       seed=p.seed * 31 + iteration, backend=p.backend)
+                       seed=p.seed * 31 + iteration, backend=p.backend, generator_kwargs=gen_kw)
     t0 = time.perf_counter()
     was_training = policy.training
     policy.eval()
@@ -74,10 +84,21 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
     policy.train(was_training)
     train, held = split_by_question(new, it.rm_heldout_fraction, p.seed + iteration)
     mixed, n_replay = replay_mix(train, history, it.rm_replay_fraction, p.seed + iteration)
-    before = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size)
-    losses = train_reward_model(rm, tokenizer, mixed, epochs=it.rm_epochs, lr=it.rm_lr, batch_size=it.rm_batch_size,
-                                seed=p.seed + iteration, train_on=it.rm_train_on) if mixed else []
-    after = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size)
+    dev = train_device()
+    rm.to(dev)
+    before = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, shard=True)
+    losses: list[float] = []
+    if mixed:
+        enable_checkpointing(rm, p.gradient_checkpointing)
+        upd = rl_updater(rm, p, lr=it.rm_lr, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=it.rm_batch_size)
+        losses = train_reward_model(rm, tokenizer, mixed, epochs=it.rm_epochs, lr=it.rm_lr,
+                                    batch_size=it.rm_batch_size, seed=p.seed + iteration, train_on=it.rm_train_on,
+                                    updater=upd)
+        del upd  # the optimizer (and a DeepSpeed engine) of this update only
+    after = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, shard=True)
+    if p.offload_idle_models:
+        rm.to("cpu")
+    release_memory()
     return train, {
         "n_new_examples": len(train), "n_heldout_examples": len(held), "n_history": len(history),
         "n_replayed": n_replay, "n_trained": len(mixed), "heldout_before_update": before, "heldout_after_update": after,
@@ -88,31 +109,61 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
 def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: Any, *, train_fn: Callable[..., Any],
                    ckpt_dir: Path | None, rm_dir: Path | None, out_dir: Path,
                    on_iteration: Callable[[int, Any, Any], None] | None = None,
+                   cache: dict[str, Any] | None = None, heldout: Any = None,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """Algorithm 1 (module docstring) on ``model`` in place; returns (metric rows, sample rows, info).
 
     ``train_fn`` is stages.grpo.train_grpo: ``train_fn(model, tokenizer, rows, p_k, ckpt_dir=, first_step=,
-    scorer=)`` (``scorer``: the reward source of ``p.reward_source``, stages.rl.reward_model) runs the steps first_step .. p_k.steps - 1 and copies the model it starts from as pi_ref.
+    scorer=)`` (``scorer``: the reward source of ``p.reward_source``, stages.rl.reward_model) runs the steps
+    first_step .. p_k.steps - 1 and copies the model it starts from as pi_ref; it also gets ``cache=`` when
+    ``cache`` is given (what later iterations continue with: rft's pool, PPO's value model).
     ``rm_dir``: the reward model to start from (None with the rule reward). ``on_iteration(k, model, rm)``
-    is called after each iteration's outputs are written (tests use it).
+    is called after each iteration's outputs are written (tests use it). ``heldout``: the held-out evaluation
+    whose records travel with the iteration checkpoints.
+
+    Resuming (``ckpt_dir``, with several iterations): after each iteration but the last, the policy, the RM (after
+    its update), the RM's replay history, the metric / sample rows, rft's pool and PPO's value model (with its
+    optimizer) are checkpointed in ``ckpt_dir/iterations``; a restarted run continues after the last completed
+    iteration, and inside an iteration from that iteration's GRPO checkpoints (``ckpt_dir/iter<k>``: policy and
+    optimizer; pi_ref is the policy the iteration started from, i.e. the restored one).
     """
     n_iter, M = p.iterative.iterations, p.steps
     out_dir = Path(out_dir)
     main = is_main_process()  # several ranks (DeepSpeed launch): rank 0 writes
-    if main:
+    offload = getattr(p, "offload_idle_models", False)
+    resumed = load_latest(Path(ckpt_dir) / ITERATIONS_DIR) if ckpt_dir is not None and n_iter > 1 else None
+    if main and resumed is None:
         shutil.rmtree(out_dir, ignore_errors=True)  # no stale iter<k> of an earlier run with more iterations
         out_dir.mkdir(parents=True)
     rm = scorer = None
     history_ex: list[dict[str, Any]] = []
     if p.reward_source in ("outcome_rm", "process_rm"):
         assert rm_dir is not None
-        rm = load_reward_model(rm_dir)
+        dev = train_device()
+        rm = load_reward_model(rm_dir, device="cpu" if offload else dev,
+                               attn_implementation=getattr(p, "attn_implementation", None))
         history_ex = load_examples(rm_dir)
     history: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
     info: dict[str, Any] = {"iterations": []}
     index: dict[str, Any] = {"iterations": []}
-    for k in range(1, n_iter + 1):
+    first = 1
+    if resumed is not None:
+        ex = resumed["extra"]
+        first = resumed["step"] + 1
+        model.load_state_dict(ex["policy"])
+        if rm is not None:
+            rm.load_state_dict(ex["rm"])
+            history_ex = ex["rm_history"]
+        history, samples, info, index = resumed["history"], ex["samples"], ex["info"], ex["index"]
+        if heldout is not None:
+            heldout.records = list(ex["heldout"])
+        if cache is not None:
+            cache.update(ex["cache"])
+            if "critic" in resumed.get("updaters", []):
+                cache["critic_resume"] = resumed  # make_critic loads the value model and its optimizer from it
+        info["resumed_from_iteration"] = resumed["step"]
+    for k in range(first, n_iter + 1):
         t0 = time.perf_counter()
         if rm is not None:
             kind = "outcome" if p.reward_source == "outcome_rm" else "process"
@@ -121,7 +172,8 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
             scorer = StepLabelSource(tokenizer)
         pk = p.model_copy(update={"steps": k * M})
         ck = None if ckpt_dir is None else (ckpt_dir if n_iter == 1 else Path(ckpt_dir) / f"iter{k}")
-        h, s, inf = train_fn(model, tokenizer, rows, pk, ckpt_dir=ck, first_step=(k - 1) * M, scorer=scorer)
+        kw = {"cache": cache} if cache is not None else {}
+        h, s, inf = train_fn(model, tokenizer, rows, pk, ckpt_dir=ck, first_step=(k - 1) * M, scorer=scorer, **kw)
         for r in h:
             r["iteration"] = k
         history.extend(h)
@@ -152,6 +204,8 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
             entry["reward_model"] = str(rm_out)
         info["iterations"].append(it_info)
         index["iterations"].append(entry)
+        if ckpt_dir is not None and k < n_iter:
+            _save_iteration(Path(ckpt_dir), k, model, rm, history_ex, history, samples, info, index, heldout, cache)
         if on_iteration is not None:
             on_iteration(k, model, rm)
     if main:
@@ -168,6 +222,20 @@ def _no_timings(x: Any) -> Any:
     if isinstance(x, list):
         return [_no_timings(v) for v in x]
     return x
+def _save_iteration(ckpt_dir: Path, k: int, model: Any, rm: Any, history_ex: list[dict[str, Any]],
+                    history: list[dict[str, Any]], samples: list[dict[str, Any]], info: dict[str, Any],
+                    index: dict[str, Any], heldout: Any, cache: dict[str, Any] | None) -> None:
+    """The state after iteration ``k`` (run_iterations' docstring), as checkpoint ``k`` of ``ckpt_dir/iterations``;
+    the iteration's own GRPO checkpoints are removed."""
+    critic = (cache or {}).get("critic")
+    kept = {key: v for key, v in (cache or {}).items() if key == "pool"}
+    extra = {"policy": model.state_dict(), "rm": rm.state_dict() if rm is not None else None, "rm_history": history_ex,
+             "samples": samples, "info": info, "index": index, "cache": kept,
+             "heldout": list(heldout.records) if heldout is not None else []}
+    save_checkpoint(ckpt_dir / ITERATIONS_DIR, updaters={"critic": critic.updater} if critic is not None else {},
+                    step=k, history=history, extra=extra)
+    if is_main_process():
+        shutil.rmtree(ckpt_dir / f"iter{k}", ignore_errors=True)
 
 
 def mean_finite(xs: list[Any]) -> float | None:

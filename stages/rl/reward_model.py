@@ -44,16 +44,17 @@ import os
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from stages.core.dist import all_gather_list, all_reduce, block, rank
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, read_jsonl
-from stages.core.modeling import resolve_model
+from stages.core.modeling import load_model, resolve_model
 from stages.core.prompts import prompt_format
 from stages.rl.advantages import step_end_indices
 from stages.rl.rewards import Rewards, accuracy_reward
@@ -71,27 +72,33 @@ _RESULT = re.compile(r"=\s*(-?\d+(?:\.\d+)?)\s*\.?\s*$")
 # model I/O
 
 
-def init_reward_model(path: str | os.PathLike[str]) -> Any:
-    """A 1-label token-classification model whose backbone is loaded from the causal LM at ``path``."""
+def init_reward_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: Any = None,
+                      attn_implementation: str | None = None, ds_config: dict[str, Any] | None = None) -> Any:
+    """A 1-label token-classification model whose backbone is loaded from the causal LM at ``path`` (weights read
+    in ``dtype`` onto ``device``; stages.core.modeling.load_model)."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     src = resolve_model(path)
-    cfg = AutoConfig.from_pretrained(src, num_labels=1, classifier_dropout=0.0)
+    cfg = AutoConfig.from_pretrained(src, num_labels=1)
+    cfg.classifier_dropout = 0.0  # set as an attribute: from_pretrained drops keys the config class does not declare
     try:
-        return AutoModelForTokenClassification.from_pretrained(src, config=cfg, dtype=torch.float32)
-    except (OSError, ValueError) as e:
-        raise PipelineError(f"{path}: cannot build a reward model from it ({str(e).splitlines()[0]})") from None
+        return load_model(src, dtype=dtype, device=device, attn_implementation=attn_implementation,
+                          ds_config=ds_config, auto_class=AutoModelForTokenClassification, config=cfg)
+    except PipelineError as e:
+        raise PipelineError(f"{path}: cannot build a reward model from it ({str(e).split('(', 1)[-1]}") from None
 
 
-def load_reward_model(path: str | os.PathLike[str]) -> Any:
-    """Load a reward model saved by the reward_model stage (or by iterative GRPO)."""
+def load_reward_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: Any = None,
+                      attn_implementation: str | None = None) -> Any:
+    """Load a reward model saved by the reward_model stage (or by iterative GRPO), in ``dtype`` onto ``device``."""
     from transformers import AutoModelForTokenClassification
 
     src = resolve_model(path)
     try:
-        model = AutoModelForTokenClassification.from_pretrained(src, dtype=torch.float32)
-    except (OSError, ValueError) as e:
-        raise PipelineError(f"{path}: cannot load the reward model ({str(e).splitlines()[0]})") from None
+        model = load_model(src, dtype=dtype, device=device, attn_implementation=attn_implementation,
+                           auto_class=AutoModelForTokenClassification)
+    except PipelineError as e:
+        raise PipelineError(f"{path}: cannot load the reward model ({str(e).split('(', 1)[-1]}") from None
     if model.config.num_labels != 1:
         raise PipelineError(f"{path}: not a reward model (num_labels={model.config.num_labels}, expected 1)")
     return model.eval()
@@ -169,20 +176,30 @@ class SampleConfig:
     rollouts_per_step: int
     seed: int
     backend: str = "hf"
+    generator_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options of the generator built for the sampling (vllm: gpu_memory_utilization, tensor_parallel_size, ...)."""
 
 
 def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], cfg: SampleConfig, *,
                      origin: str, generator: Any = None) -> list[dict[str, Any]]:
-    """Sample ``cfg.samples_per_question`` outputs per problem from ``policy`` and label them (module docstring)."""
+    """Sample ``cfg.samples_per_question`` outputs per problem from ``policy`` and label them (module docstring).
+
+    Several ranks: each samples and labels its contiguous block of ``rows`` (seeded by the rows' positions in the
+    whole list, ``SamplingParams.index_offset``) and every rank returns all the examples, in row order: the same
+    examples as one process."""
     from stages.core.generation import SamplingParams, make_generator, resolve_backend
 
-    if generator is None:
-        kw = {"batch_size": min(256, max(1, len(rows) * cfg.samples_per_question))} if resolve_backend(cfg.backend) == "hf" else {}
+    start, end = block(len(rows))
+    rows = list(rows)[start:end]
+    own = generator is None
+    if own:
+        kw = {"batch_size": min(256, max(1, len(rows) * cfg.samples_per_question))} if resolve_backend(cfg.backend) == "hf" \
+            else dict(cfg.generator_kwargs)
         generator = make_generator(cfg.backend, policy, tokenizer, **kw)
     fmt = prompt_format(tokenizer)
     prompts = [fmt.prompt(r["question"], "cot") for r in rows]
     sp = SamplingParams(temperature=cfg.temperature, n=cfg.samples_per_question, max_new_tokens=cfg.max_new_tokens,
-                        seed=cfg.seed)
+                        seed=cfg.seed, index_offset=start)
     outs = generator.generate(prompts, sp)
     examples: list[dict[str, Any]] = []
     pending: list[tuple[int, int, str]] = []  # (example index, step index, prefix prompt) for rollouts
@@ -203,15 +220,18 @@ def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]
                     pending.append((len(examples), j, prompt + tokenizer.decode(ids[:e + 1], skip_special_tokens=True)))
             examples.append({"id": r.get("id"), "question": r["question"], "answer": r["answer"], "completion_ids": ids,
                              "step_ends": ends, "step_labels": labels, "outcome": outcome, "origin": origin})
+    counts = all_gather_list([len(pending)])  # the rollouts are seeded by their position in the whole list
     if pending:
         sp_r = SamplingParams(temperature=cfg.temperature, n=cfg.rollouts_per_step, max_new_tokens=cfg.max_new_tokens,
-                              seed=cfg.seed + 1)
+                              seed=cfg.seed + 1, index_offset=sum(counts[:rank()]))
         rolls = generator.generate([p for _, _, p in pending], sp_r)
         for (ei, j, prefix), group in zip(pending, rolls, strict=True):
             ex = examples[ei]
             gold = ex["answer"]
             ex["step_labels"][j] = int(any(accuracy_reward(completion=prefix + c.text, answer=gold) == 1.0 for c in group))
-    return examples
+    if own and resolve_backend(cfg.backend) == "vllm":
+        generator.close()  # its memory goes back before the RM trains
+    return all_gather_list(examples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,17 +281,23 @@ def _targets(examples: Sequence[dict[str, Any]], plens: Sequence[int], train_on:
 
 def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], *, epochs: int, lr: float,
                        batch_size: int, seed: int, train_on: TrainOn, max_grad_norm: float = 1.0,
-                       weight_decay: float = 0.0) -> list[float]:
+                       weight_decay: float = 0.0, updater: Updater | None = None) -> list[float]:
     """Train ``rm`` in place with binary cross-entropy on the labelled positions; return the mean loss per epoch.
 
     ``train_on="process"``: every step end with its step label; ``"outcome"``: the last token with the
     outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``, through the one update
-    path (stages.train.update.Updater: clipping, a non-finite batch skipped).
+    path: ``updater`` (e.g. DeepSpeed on the accelerator, stages.rl.update.rl_updater) or a plain
+    :class:`stages.train.update.Updater` (clipping, a non-finite batch skipped).
+
+    Several ranks (a DeepSpeed updater in a multi-rank launch): each rank scores its share ``rank::world`` of every
+    batch, normalised by the whole batch's labelled positions, so a step equals one process's on the whole batch; a
+    rank without a share runs a zero-gradient pass.
     """
     if not examples:
         raise PipelineError("reward model: no training examples (every sampled output was empty)")
-    upd = Updater(rm, max_grad_norm=max_grad_norm,
-                  optimizer=torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay))
+    upd = updater or Updater(rm, max_grad_norm=max_grad_norm,
+                             optimizer=torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay))
+    r, w = upd.rank, upd.world
     rng = random.Random(seed)
     cache: dict[str, list[int]] = {}
     order = list(range(len(examples)))
@@ -282,36 +308,52 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
         tot, n = 0.0, 0
         for b in range(0, len(order), batch_size):
             batch = [examples[i] for i in order[b:b + batch_size]]
-            ids, att, plens = _batch(batch, tokenizer, cache)
-            pos, lab = _targets(batch, plens, train_on)
-            s = token_scores(rm, ids, att)
-            rows_, cols = zip(*pos, strict=True)
-            logit = s[list(rows_), list(cols)]
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab))
+            n_lab = sum(len(ex["step_ends"]) if train_on == "process" else 1 for ex in batch)
+            mine = batch[r::w]
             upd.zero_grad()
-            upd.backward(loss, last=True)
-            upd.step(bad=not bool(torch.isfinite(loss)))
-            tot += loss.item() * len(lab)
-            n += len(lab)
+            bad = False
+            if mine:
+                ids, att, plens = _batch(mine, tokenizer, cache)
+                pos, lab = _targets(mine, plens, train_on)
+                s = token_scores(upd.forward_model, ids, att)
+                rows_, cols = zip(*pos, strict=True)
+                logit = s[list(rows_), list(cols)]
+                loss_sum = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab),
+                                                                                reduction="sum")
+                bad = not bool(torch.isfinite(loss_sum))
+                if bad and upd.distributed:
+                    upd.dummy_backward(last=True)
+                elif not bad:
+                    upd.backward(loss_sum / n_lab, last=True)
+                tot += float(loss_sum.detach())
+            else:
+                upd.dummy_backward(last=True)
+            upd.step(bad=bad)
+            n += n_lab
+        if upd.distributed:
+            tot = all_reduce([tot])[0]
         losses.append(tot / max(n, 1))
     rm.eval()
     return losses
 
 
 @torch.no_grad()
-def example_scores(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32
-                   ) -> list[list[float]]:
-    """Per example, the RM scores (logits) at its step ends; the last one is the outcome score."""
+def example_scores(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32, *,
+                   shard: bool = False) -> list[list[float]]:
+    """Per example, the RM scores (logits) at its step ends; the last one is the outcome score. ``shard`` (every
+    rank holds the same ``examples``): each rank scores its contiguous block and every rank returns all the scores."""
     rm.eval()
     cache: dict[str, list[int]] = {}
     out: list[list[float]] = []
-    for b in range(0, len(examples), batch_size):
-        batch = examples[b:b + batch_size]
+    start, end = block(len(examples)) if shard else (0, len(examples))
+    mine = list(examples)[start:end]
+    for b in range(0, len(mine), batch_size):
+        batch = mine[b:b + batch_size]
         ids, att, plens = _batch(batch, tokenizer, cache)
         s = token_scores(rm, ids, att)
         for i, (ex, P) in enumerate(zip(batch, plens, strict=True)):
             out.append([float(s[i, P + e]) for e in ex["step_ends"]])
-    return out
+    return all_gather_list(out) if shard else out
 
 
 def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
@@ -334,12 +376,13 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     return (r_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
-def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32
-                          ) -> dict[str, float | None]:
-    """Outcome AUC (last-token score vs outcome label) and step AUC (every step end vs its label)."""
+def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32, *,
+                          shard: bool = False) -> dict[str, float | None]:
+    """Outcome AUC (last-token score vs outcome label) and step AUC (every step end vs its label); ``shard``: the
+    ranks (holding the same ``examples``) score a block each (:func:`example_scores`)."""
     if not examples:
         return {"outcome_auc": None, "step_auc": None, "n_examples": 0, "n_steps": 0}
-    sc = example_scores(rm, tokenizer, examples, batch_size)
+    sc = example_scores(rm, tokenizer, examples, batch_size, shard=shard)
     o_s = [s[-1] for s in sc]
     o_y = [int(ex["outcome"]) for ex in examples]
     st_s = [v for s in sc for v in s]

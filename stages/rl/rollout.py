@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stages.core.logprobs import IGNORE, lm_logprobs
+
 _OUTPUT_BLOCK = re.compile(r"```output\n.*?(?:```|$)", re.DOTALL)
 
 
@@ -113,63 +115,67 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
 
 
 def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float,
-                   *, entropy: bool = False, share_prompts: bool = False) -> tuple[Tensor, Tensor | None]:
+                   *, entropy: bool = False, share_prompts: bool = False, chunk_tokens: int | None = None
+                   ) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log pi(o_t | q, o_<t) of the completion tokens, from logits / temperature.
 
-    input_ids/attention_mask: (B, P + T), prompt left-padded to P. Returns (B, T) log-probs (with
+    input_ids/attention_mask: (B, P + T), prompt left-padded to P. Returns (B, T) float32 log-probs (with
     gradient if enabled) and, when ``entropy``, the (B, T) entropy of the full-vocabulary
-    distribution softmax(logits / T) (detached). Position ids follow the attention mask, as in
-    generation with left padding.
+    distribution softmax(logits / T) (detached); both are 0 at padded completion positions (attention mask 0).
+    Position ids follow the attention mask, as in generation with left padding. The vocabulary is handled in
+    chunks of ``chunk_tokens`` positions (stages.core.logprobs): no (B, T, V) tensor is made.
 
     ``share_prompts``: rows with the same prompt (a GRPO group's G outputs) run the prompt through the model
     once: one pass over the U distinct prompts fills a KV cache, whose rows are copied to the B outputs
     (differentiably: the gradient of every output flows back into its prompt's pass), then one pass over the
     completions attends to it. The same numbers as the plain pass up to float rounding (tested), with the
-    prompt tokens computed U instead of B times.
+    prompt tokens computed U instead of B times. A model training with gradient checkpointing takes the plain
+    pass when gradients are on (transformers drops the KV cache of checkpointed layers).
     """
     T = input_ids.shape[1] - prompt_len
-    if share_prompts and T > 1 and prompt_len > 0:
+    targets = input_ids[:, prompt_len:].masked_fill(attention_mask[:, prompt_len:] == 0, IGNORE)
+    kw = {"temperature": temperature, "entropy": entropy, "chunk_tokens": chunk_tokens}
+    if share_prompts and T > 1 and prompt_len > 0 and not _checkpointing(model):
         prompts = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], dim=1)
         uniq, inverse = torch.unique(prompts, dim=0, return_inverse=True)
         if uniq.shape[0] < input_ids.shape[0]:
-            logits = _shared_prompt_logits(model, uniq, inverse, input_ids, attention_mask, prompt_len)
-            return _completion_logprobs(logits, input_ids[:, prompt_len:], temperature, entropy)
+            return _shared_prompt_logprobs(model, uniq, inverse, input_ids, attention_mask, prompt_len, targets, kw)
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, logits_to_keep=T + 1, use_cache=False)
-    # position P-1+t predicts completion token t
-    return _completion_logprobs(out.logits[:, :-1, :], input_ids[:, prompt_len:], temperature, entropy)
+    # position P-1+t predicts completion token t; the last position predicts nothing
+    tgt = torch.cat([targets, targets.new_full((targets.shape[0], 1), IGNORE)], dim=1)
+    _, lp, ent = lm_logprobs(model, tgt, input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                             logits_to_keep=T + 1, use_cache=False, **kw)
+    return lp[:, :-1], (ent[:, :-1] if ent is not None else None)
 
 
-def _shared_prompt_logits(model: Any, uniq: Tensor, inverse: Tensor, input_ids: Tensor, attention_mask: Tensor,
-                          P: int) -> Tensor:
-    """(B, T, V) logits predicting the T completion tokens, the prompts run once each (``token_logprobs``)."""
+def _checkpointing(model: Any) -> bool:
+    net = getattr(model, "module", model)
+    on = getattr(net, "is_activation_checkpointing", None)  # transformers >= 5.2x; older: is_gradient_checkpointing
+    on = on if on is not None else getattr(net, "is_gradient_checkpointing", False)
+    return bool(on) and net.training and torch.is_grad_enabled()
+
+
+def _shared_prompt_logprobs(model: Any, uniq: Tensor, inverse: Tensor, input_ids: Tensor, attention_mask: Tensor,
+                            P: int, targets: Tensor, kw: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
+    """(B, T) log-probs (and entropy) of the completion tokens, the prompts run once each (``token_logprobs``)."""
     p_ids, p_att = uniq[:, :P], uniq[:, P:]
     p_pos = (p_att.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=p_ids, attention_mask=p_att, position_ids=p_pos, logits_to_keep=1, use_cache=True)
-    kw = _cache_kwarg(model)  # transformers >= 5.2x renamed past_key_values to cache
-    cache = out[kw]
+    # the last prompt position predicts token 0: the head's U rows are re-indexed to the B outputs
+    out, lp0, ent0 = lm_logprobs(model, targets[:, :1], rows=inverse, input_ids=p_ids, attention_mask=p_att,
+                                 position_ids=p_pos, logits_to_keep=1, use_cache=True, **kw)
+    ckw = _cache_kwarg(model)  # transformers >= 5.2x renamed past_key_values to cache
+    cache = out[ckw]
     cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...) rows; indexing keeps the autograd graph
-    first = out.logits[:, -1:, :].index_select(0, inverse)  # the last prompt position predicts token 0
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    rest = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, P:-1],
-                 use_cache=True, **{kw: cache}).logits  # positions P..P+T-2 predict tokens 1..T-1
-    return torch.cat([first, rest], dim=1)
+    # positions P..P+T-2 predict tokens 1..T-1
+    _, lp, ent = lm_logprobs(model, targets[:, 1:], input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
+                             position_ids=pos[:, P:-1], use_cache=True, **{ckw: cache}, **kw)
+    return torch.cat([lp0, lp], dim=1), (torch.cat([ent0, ent], dim=1) if ent is not None else None)
 
 
 def _cache_kwarg(model: Any) -> str:
     fwd = getattr(model, "module", model).forward  # a DeepSpeed engine wraps the model
     return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
-
-
-def _completion_logprobs(logits: Tensor, targets: Tensor, temperature: float, entropy: bool
-                         ) -> tuple[Tensor, Tensor | None]:
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if entropy:
-        with torch.no_grad():
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, ent
 
 
 def mismatch_metrics(sampler_logprobs: Tensor, train_logprobs: Tensor, mask: Tensor) -> dict[str, float]:

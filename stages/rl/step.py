@@ -224,17 +224,17 @@ def logprobs(ctx: StepContext, batch: Batch, tg: Targets) -> LogProbs:
                    zeros.clone() if ctx.critic is not None else None)
     if ro is None or not rows.numel() or (out.old is None and out.ref is None and out.values is None):
         return out
-    with torch.no_grad(), on_device(ctx.ref_model, dev, ctx.offload):
+    with torch.no_grad(), on_device(ctx.ref_model, dev, ctx.offload), ctx.updater.autocast():
         for sl in micro_slices(rows, p.micro_batch_size):
             ids, att, t = trim(ro, sl)
             if out.old is not None:
                 lp, _ = token_logprobs(ctx.model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature,
-                                       share_prompts=p.share_prompt_prefix)
+                                       share_prompts=p.share_prompt_prefix, chunk_tokens=p.logprob_chunk_tokens)
                 out.old[sl, :t] = lp.cpu()
             if out.ref is not None:
                 rdev = next(ctx.ref_model.parameters()).device
                 rlp, _ = token_logprobs(ctx.ref_model, ids.to(rdev), att.to(rdev), ro.prompt_len, p.temperature,
-                                        share_prompts=p.share_prompt_prefix)
+                                        share_prompts=p.share_prompt_prefix, chunk_tokens=p.logprob_chunk_tokens)
                 out.ref[sl, :t] = rlp.float().cpu()
             if out.values is not None:
                 assert ctx.critic is not None
@@ -288,8 +288,10 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
     algo = ctx.algorithm
     assert ro is not None and tg.weights is not None
     ids, att, t = trim(ro, sl)
-    lp_new, ent = token_logprobs(upd.forward_model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature,
-                                 entropy=it == 0, share_prompts=p.share_prompt_prefix)
+    with upd.autocast():
+        lp_new, ent = token_logprobs(upd.forward_model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature,
+                                     entropy=it == 0, share_prompts=p.share_prompt_prefix,
+                                     chunk_tokens=p.logprob_chunk_tokens)
     lp_new = lp_new.float()
     msk = tg.loss_mask[sl, :t].to(dev)
     old = lp_new.detach() if lp.old is None else lp.old[sl, :t].to(dev)
@@ -301,7 +303,8 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
     out, vm = [loss], None
     if critic is not None:
         assert lp.values is not None and tg.returns is not None
-        v = critic.values(ids, att, ro.prompt_len, train=True)
+        with critic.updater.autocast():
+            v = critic.values(ids, att, ro.prompt_len, train=True)
         cdev = v.device
         vl, vm = value_loss(v, lp.values[sl, :t].to(cdev), tg.returns[sl, :t].to(cdev), msk.to(cdev),
                             clip=critic.clip, aggregation=p.aggregation, normalizer=norm)
@@ -417,9 +420,15 @@ def make_critic(ctx: StepContext, cache: dict[str, Any]) -> Critic:
     if cache.get("critic") is not None:
         return cache["critic"]
     from stages.core import paths
+    from stages.core.modeling import enable_checkpointing
+    from stages.rl.checkpoint import load_updaters
 
     ppo = ctx.p.ppo
     vm = init_value_model(ctx.model, ppo.value_init, paths.REWARD_MODEL)
+    enable_checkpointing(vm, ctx.p.gradient_checkpointing)
     critic = Critic(vm, rl_updater(vm, ctx.p, lr=ppo.value_lr), ppo.value_clip)
     cache["critic"] = critic
+    resume = cache.pop("critic_resume", None)  # a run resumed after an iteration (stages.rl.iterative)
+    if resume is not None:
+        load_updaters(resume, {"critic": critic.updater})
     return critic

@@ -4,7 +4,8 @@ value model) from the grpo params, and moving idle models between CPU and GPU me
 DeepSpeed (ZeRO 0-2; ``grpo.deepspeed``, or a deepspeed / torchrun launch): the config comes from
 ``stages.train.ds_config.build_deepspeed_config`` (the training stages' builder): micro-batch
 ``grpo.micro_batch_size``, clipping ``grpo.max_grad_norm``, ZeRO stage / optimizer offload from ``grpo.deepspeed``,
-bf16 from ``grpo.precision`` (``auto``: CUDA with bf16, AMX CPUs). The optimizer is torch AdamW. Several ranks:
+bf16 from ``grpo.precision`` (``auto``: CUDA with bf16, AMX CPUs). The optimizer is torch AdamW. Without DeepSpeed the
+update is fp32, or bf16 autocast with fp32 weights when ``grpo.precision`` is ``bf16`` (not ``auto``). Several ranks:
 each samples and scores its share of the step's questions (whole groups, so group advantages stay local); the loss
 normalisers are summed over ranks and the update pads with dummy passes (stages/rl/step.py). ZeRO-3 is not
 supported (the ranks' log-prob passes differ in number, and ZeRO-3 makes every forward a collective).
@@ -40,18 +41,33 @@ def on_device(module: torch.nn.Module | None, device: torch.device, offload: boo
             torch.cuda.empty_cache()
 
 
-def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None) -> Updater:
+def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None, weight_decay: float | None = None,
+               micro_batch_size: int | None = None, max_grad_norm: float | None = None) -> Updater:
     """The :class:`Updater` of ``model`` from the grpo params ``p``: AdamW at ``lr`` (default ``p.lr``) with
-    ``p.weight_decay``, clipping ``p.max_grad_norm``, DeepSpeed as the module docstring says."""
+    ``weight_decay`` (default ``p.weight_decay``), clipping at ``max_grad_norm`` (default ``p.max_grad_norm``), DeepSpeed as the module docstring
+    says (micro-batch ``micro_batch_size``, default ``p.micro_batch_size``)."""
     ds_cfg = None
+    clip = p.max_grad_norm if max_grad_norm is None else max_grad_norm
     if use_deepspeed(p.deepspeed.enabled):
         if p.deepspeed.zero_stage == 3:
             raise ValueError("the grpo stage's update does not support ZeRO-3")
         ds_cfg = build_deepspeed_config(zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
-                                        micro_batch_size=p.micro_batch_size, grad_accum=1, grad_clip=p.max_grad_norm,
+                                        micro_batch_size=micro_batch_size or p.micro_batch_size, grad_accum=1,
+                                        grad_clip=clip,
                                         bf16=use_bf16(p.precision, train_device()))
-    opt = torch.optim.AdamW(model.parameters(), lr=p.lr if lr is None else lr, weight_decay=p.weight_decay)
-    return Updater(model, optimizer=opt, max_grad_norm=p.max_grad_norm, deepspeed=ds_cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=p.lr if lr is None else lr,
+                            weight_decay=p.weight_decay if weight_decay is None else weight_decay)
+    return Updater(model, optimizer=opt, max_grad_norm=clip, deepspeed=ds_cfg,
+                   autocast_bf16=ds_cfg is None and p.precision == "bf16")
+
+
+def release_memory() -> None:
+    """Collect garbage (a finished DeepSpeed engine holds reference cycles) and return cached accelerator memory."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def as_updater(model: torch.nn.Module, optimizer: Any, p: Any) -> Updater:

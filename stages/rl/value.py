@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from stages.rl.reward_model import load_reward_model
@@ -28,7 +27,7 @@ def value_model_from(policy: Any) -> Any:
 
     raw = {k: v for k, v in policy.config.to_dict().items() if k not in ("id2label", "label2id")}
     cfg = AutoConfig.for_model(**{**raw, "num_labels": 1, "classifier_dropout": 0.0})
-    vm = AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)
+    vm = AutoModelForTokenClassification.from_config(cfg, dtype=policy.dtype)  # the policy's dtype (bf16 or fp32)
     missing, unexpected = vm.base_model.load_state_dict(policy.base_model.state_dict(), strict=False)
     if unexpected or missing:
         raise ValueError(f"value model: the policy's backbone does not fit ({len(missing)} missing, "
@@ -42,7 +41,8 @@ def init_value_model(policy: Any, value_init: str, reward_model_dir: Any = None)
     if value_init == "policy":
         return value_model_from(policy)
     if value_init == "reward_model":
-        return load_reward_model(reward_model_dir)
+        return load_reward_model(reward_model_dir, dtype=policy.dtype,
+                                 attn_implementation=getattr(policy.config, "_attn_implementation", None))
     raise ValueError(f"value_init must be 'policy' or 'reward_model', got {value_init!r}")
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
-from stages.schema.train import DeepSpeedParams, LauncherParams
+from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
 
 
 class GrpoRewardParams(Section):
@@ -237,7 +237,22 @@ class GrpoParams(Section):
     precision: Literal["auto", "bf16", "fp32"]
     """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
     master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is
-    fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32."""
+    fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32, or with ``bf16`` (not
+    ``auto``) under bf16 autocast with fp32 weights and optimizer (the log-prob passes too; hf rollouts from a bf16
+    copy of the policy)."""
+    attn_implementation: AttnImplementation
+    """Attention kernel of every model of the stage (transformers' attn_implementation): sdpa, eager,
+    flash_attention_2 (a CUDA GPU and the flash-attn package), auto = flash_attention_2 where installed, else sdpa."""
+    gradient_checkpointing: Annotated[bool, RUNTIME]
+    """Gradient (activation) checkpointing of every model the stage trains (policy, value model, reward model,
+    baseline): one layer's activations kept instead of all; the same results. The update's forward then runs every
+    output with its prompt (share_prompt_prefix applies to the no-gradient passes only)."""
+    logprob_chunk_tokens: Annotated[NonNegInt, RUNTIME]
+    """Positions whose log-probs over the vocabulary are computed at a time (stages/core/logprobs.py): no pass holds
+    more than this many (vocabulary,) float32 rows; 0 = the whole (outputs, length, vocabulary) logits at once."""
+    vllm_tensor_parallel_size: PosInt
+    """backend vllm under a multi-GPU launch: GPUs per rollout engine (vLLM tensor parallelism over consecutive
+    ranks, which then share their prompts); 1 = one engine per rank. Must divide the number of ranks."""
     ppo: GrpoPpoParams
     """PPO's value model and GAE (algorithm ppo only)."""
     deepspeed: DeepSpeedParams

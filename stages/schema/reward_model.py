@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from stages.schema.base import DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
+from pydantic import model_validator
+
+from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.train import AttnImplementation, DeepSpeedParams
 
 
 class RewardModelParams(Section):
@@ -48,3 +51,22 @@ class RewardModelParams(Section):
     """Examples per optimizer step (and per scoring forward)."""
     num_threads: NonNegInt
     """torch CPU threads (0 = torch's default)."""
+    attn_implementation: AttnImplementation
+    """Attention kernel of the policy and the RM (transformers' attn_implementation): sdpa, eager, flash_attention_2
+    (a CUDA GPU and the flash-attn package), auto = flash_attention_2 where installed, else sdpa."""
+    gradient_checkpointing: Annotated[bool, RUNTIME]
+    """Gradient (activation) checkpointing of the RM's training: one layer's activations kept instead of all; the
+    same results."""
+    precision: Literal["auto", "bf16", "fp32"]
+    """Precision of the RM's training under DeepSpeed: bf16 (bf16 weights and activations, fp32 master weights), fp32,
+    or auto (bf16 on CUDA GPUs with bf16 and AMX CPUs). Without DeepSpeed the RM trains in fp32."""
+    deepspeed: DeepSpeedParams
+    """DeepSpeed ZeRO 0-3 for the RM's training (stages/train/ds_config.py); used when enabled or when launched by
+    deepspeed / torchrun (``deepspeed --module stages.reward_model``: each rank samples and trains on its share)."""
+
+    @model_validator(mode="after")
+    def _no_zero3(self) -> RewardModelParams:
+        if self.deepspeed.zero_stage == 3:
+            raise ValueError("deepspeed.zero_stage 3 is not supported by the reward_model stage (its ranks score "
+                             "shares of different sizes, and ZeRO-3 makes every forward a collective); use 0-2")
+        return self

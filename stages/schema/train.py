@@ -54,6 +54,9 @@ class LauncherParams(Section):
         if self.rdzv_endpoint is not None and not _ENDPOINT.match(self.rdzv_endpoint):
             raise ValueError(f"rdzv_endpoint must be host:port, got {self.rdzv_endpoint!r}")
         return self
+AttnImplementation = Literal["auto", "sdpa", "eager", "flash_attention_2"]
+"""transformers' attention kernels: auto = flash_attention_2 on CUDA where the flash-attn package is installed,
+else sdpa (stages.core.modeling.resolve_attn_implementation)."""
 
 
 class DeepSpeedParams(Section):
@@ -106,5 +109,15 @@ class TrainLoopParams(Section):
     """Evaluate the held-out loss every N steps (and at the end); 0 = only at the end."""
     log_every: Annotated[PosInt, RUNTIME]
     """Record loss, LR, grad norm and tokens/s every N steps."""
+    attn_implementation: AttnImplementation
+    """Attention kernel (transformers' attn_implementation): sdpa (PyTorch scaled-dot-product attention), eager,
+    flash_attention_2 (a CUDA GPU and the flash-attn package), auto = flash_attention_2 where installed, else sdpa."""
+    gradient_checkpointing: Annotated[bool, RUNTIME]
+    """Gradient (activation) checkpointing: each layer's activations are recomputed in the backward pass instead of
+    kept (one layer's activation memory instead of all of them, ~1/3 more compute); the same results."""
+    logprob_chunk_tokens: Annotated[NonNegInt, RUNTIME]
+    """Positions whose log-probs over the vocabulary are computed at a time (stages/core/logprobs.py): the loss
+    never holds more than this many (vocabulary,) float32 rows; 0 = the whole (batch, length, vocabulary) logits
+    at once (more memory, the same values)."""
     deepspeed: DeepSpeedParams
     """DeepSpeed settings (real mode on GPUs)."""

@@ -16,28 +16,50 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from stages.core.dist import is_main_process
+from stages.core.dist import init_distributed_env, is_main_process, train_device
 from stages.core.errors import PipelineError
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
 from stages.schema.base import Section
-from stages.train.loop import TrainResult, full_state_dict
+from stages.schema.train import TrainLoopParams
+from stages.train.ds_config import deepspeed_config
+from stages.train.loop import TrainResult, full_state_dict, use_bf16
 from stages.train.report import plot_curves, write_tsv
+from stages.train.update import use_deepspeed
 
 
-def load_start_model(model_dir: str | os.PathLike[str], seq_len: int, where: str
+def load_start_model(model_dir: str | os.PathLike[str], t: TrainLoopParams, where: str
                      ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load the model and tokenizer training starts from; one-line errors when they do not fit each other
-    or the requested context length."""
+    """Load the model and tokenizer training starts from, the weights read directly in the training dtype (bf16
+    under DeepSpeed's bf16 mode, else float32) onto this rank's device, partitioned under ZeRO-3 (``zero.Init``),
+    with ``t.attn_implementation``; one-line errors when they do not fit each other or ``t.seq_len``."""
     tok = load_tokenizer(model_dir)
-    model = load_model(model_dir, dtype=torch.float32)
+    device = train_device()
+    bf16 = use_bf16(t.precision, device)
+    ds_cfg = deepspeed_config(t, bf16=bf16) if use_deepspeed(t.deepspeed.enabled) else None
+    if ds_cfg is not None and t.deepspeed.zero_stage == 3:
+        init_distributed_env()  # zero.Init joins the process group while the model is built
+    dtype = torch.bfloat16 if ds_cfg is not None and bf16 else torch.float32
+    model = load_model(model_dir, dtype=dtype, device=device, attn_implementation=t.attn_implementation,
+                       ds_config=ds_cfg)
     check_compatible(model, tok, where)
     if tok.eos_token_id is None:
         raise PipelineError(f"{where}: the tokenizer in {model_dir} has no EOS token; training targets end with EOS")
     n_pos = getattr(model.config, "max_position_embeddings", None)
-    if n_pos is not None and seq_len > n_pos:
-        raise PipelineError(f"{where}.train.seq_len: {seq_len} is above the model's context length "
+    if n_pos is not None and t.seq_len > n_pos:
+        raise PipelineError(f"{where}.train.seq_len: {t.seq_len} is above the model's context length "
                             f"(max_position_embeddings = {n_pos}); use at most {n_pos}")
     return model, tok
+
+
+def partitioned(model: torch.nn.Module) -> int:
+    """3 when the model's weights are ZeRO-3 partitions (built under ``zero.Init``), else 0: the ``zero_stage`` to
+    give :func:`stages.train.loop.gathered_params` for a pass outside the DeepSpeed engine (evaluation before it)."""
+    return 3 if any(hasattr(q, "ds_id") for q in model.parameters()) else 0
+
+
+def n_parameters(model: torch.nn.Module) -> int:
+    """Parameter count (of the whole model, also when it is ZeRO-3 partitioned)."""
+    return sum(int(getattr(q, "ds_numel", q.numel())) for q in model.parameters())
 
 
 def export_model(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: str | os.PathLike[str],

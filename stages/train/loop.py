@@ -25,11 +25,12 @@ from tqdm import tqdm
 from stages.core.dist import train_device
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path
+from stages.core.modeling import enable_checkpointing
 from stages.schema.train import TrainLoopParams
 from stages.train import checkpoint as ck
 from stages.train.data import BatchSource
 from stages.train.ds_config import deepspeed_config
-from stages.train.losses import token_nll_sum
+from stages.train.losses import lm_nll_sum
 from stages.train.schedule import lr_factor
 from stages.train.update import Updater, use_deepspeed
 
@@ -61,8 +62,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     """AdamW groups: decay on matrices (weights, embeddings), none on 1-D tensors (norm scales, biases)."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
+        if p.requires_grad:  # a ZeRO-3 partition (zero.Init) is flat: its full shape is ds_shape
+            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -152,25 +153,26 @@ class TrainResult:
         return self.tokens / step_s if step_s > 0 else 0.0
 
 
-def forward_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor], bf16: bool, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed NLL and scored-token count of one batch (packed rows: block-diagonal attention via position_ids)."""
+def forward_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor], bf16: bool, device: torch.device,
+                chunk_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed NLL and scored-token count of one batch (packed rows: block-diagonal attention via position_ids); the
+    vocabulary in chunks of ``chunk_tokens`` positions (stages.train.losses.lm_nll_sum; 0 = whole logits)."""
     b = {k: v.to(device) for k, v in batch.items()}
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False).logits
-    return token_nll_sum(logits, b["labels"])
+        return lm_nll_sum(model, b["labels"], chunk_tokens=chunk_tokens, input_ids=b["input_ids"],
+                          position_ids=b["position_ids"], use_cache=False)
 
 
 @torch.no_grad()
 def eval_loss(model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]], *, bf16: bool = False,
-              device: torch.device | None = None) -> float:
+              device: torch.device | None = None, chunk_tokens: int | None = None) -> float:
     """Mean per-token NLL over fixed batches (nan when there are none)."""
     device = device or next(model.parameters()).device
     was = model.training
     model.eval()
     tot, n = 0.0, 0
     for b in batches:
-        s, c = forward_nll(model, b, bf16, device)
+        s, c = forward_nll(model, b, bf16, device, chunk_tokens)
         tot, n = tot + float(s), n + int(c)
     model.train(was)
     return tot / n if n else float("nan")
@@ -199,6 +201,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     model.train()
     if getattr(model.config, "use_cache", None) is not None:
         model.config.use_cache = False
+    enable_checkpointing(model, p.gradient_checkpointing)
     opt = make_optimizer(model, p)
     upd = Updater(model, optimizer=opt, scheduler=make_scheduler(opt, p),
                   max_grad_norm=p.grad_clip if p.grad_clip > 0 else float("inf"),
@@ -216,14 +219,14 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
     latest = ck.latest_checkpoint(run_dir)
     if latest is not None:
-        state = _load_checkpoint(latest, model, opt, sched, data, engine)
+        state = _load_checkpoint(latest, upd, data)
     start = int(state["step"])
 
     timers = {"eval": 0.0, "checkpoint": 0.0}
 
     def save(step: int) -> None:
         t = time.perf_counter()
-        _save_checkpoint(run_dir, step, model, opt, sched, data, engine, state, is_main)
+        _save_checkpoint(run_dir, step, upd, data, state, is_main)
         timers["checkpoint"] += time.perf_counter() - t
 
     def evaluate(step: int) -> None:
@@ -270,7 +273,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
                 upd.dummy_backward(last=last)
                 continue
             mb = {k: v[a * rows_per_micro:(a + 1) * rows_per_micro] for k, v in mine.items()}
-            nll, _ = forward_nll(upd.forward_model, mb, autocast_bf16, device)
+            nll, _ = forward_nll(upd.forward_model, mb, autocast_bf16, device, p.logprob_chunk_tokens)
             loss = nll / max(n_target, 1)
             if not torch.isfinite(loss):
                 bad = True
@@ -327,72 +330,44 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     )
 
 
-def _save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, opt: Any, sched: Any, data: BatchSource,
-                     engine: Any, state: dict[str, Any], is_main: bool) -> None:
+def _save_checkpoint(run_dir: Path, step: int, upd: Updater, data: BatchSource, state: dict[str, Any],
+                     is_main: bool) -> None:
     target = ck.step_dir(run_dir, step)
     tmp = run_dir / f".{target.name}.tmp"
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     trainer_state = {"trainer": dict(state), "data": data.state_dict(), "rng": _rng_state()}
-    if engine is not None:
+    if upd.distributed:
         torch.distributed.barrier()
-        engine.save_checkpoint(str(tmp / "ds"), tag="state", save_latest=False)
+    if upd.distributed or is_main:
+        upd.save_state(tmp)  # weights, optimizer, LR schedule (DeepSpeed: every rank its partition)
+    if upd.distributed:
         torch.distributed.barrier()
-    else:
-        save_file({k: v.detach().cpu().contiguous() for k, v in _untied_state(model).items()}, str(tmp / "model.safetensors"))
-        torch.save({"optimizer": opt.state_dict()}, tmp / "optimizer.pt")
-        trainer_state["scheduler"] = sched.state_dict()
     if is_main:
         torch.save(trainer_state, tmp / "state.pt")
         ck.write_manifest(tmp, step)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
         ck.prune(run_dir)
-    if engine is not None:
+    if upd.distributed:
         torch.distributed.barrier()
 
 
-def _untied_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict without duplicate (tied) tensors, which safetensors refuses."""
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for k, v in model.state_dict().items():
-        if v.data_ptr() in seen:
-            continue
-        seen.add(v.data_ptr())
-        out[k] = v
-    return out
-
-
-def _load_checkpoint(ckpt: Path, model: torch.nn.Module, opt: Any, sched: Any, data: BatchSource, engine: Any
-                     ) -> dict[str, Any]:
+def _load_checkpoint(ckpt: Path, upd: Updater, data: BatchSource) -> dict[str, Any]:
     step = ck.verify_manifest(ckpt)
     try:
         st = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
         raise ck.corrupt(ckpt, f"state.pt does not load: {type(e).__name__}") from None
-    if engine is not None:
-        try:
-            path, _ = engine.load_checkpoint(str(ckpt / "ds"), tag="state", load_optimizer_states=True,
-                                             load_lr_scheduler_states=True)
-        except Exception as e:  # noqa: BLE001
-            raise ck.corrupt(ckpt, f"DeepSpeed state does not load: {type(e).__name__}") from None
-        if path is None:
-            raise ck.corrupt(ckpt, "DeepSpeed state missing")
-    else:
-        try:
-            sd = load_file(str(ckpt / "model.safetensors"))
-            missing, unexpected = model.load_state_dict(sd, strict=False)
-            opt.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)["optimizer"])
-            sched.load_state_dict(st["scheduler"])
-        except PipelineError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise ck.corrupt(ckpt, f"weights or optimizer do not load: {type(e).__name__}") from None
-        real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
-        if unexpected or real_missing:
-            raise ck.corrupt(ckpt, f"weights do not match the model ({len(real_missing)} missing, {len(unexpected)} unexpected)")
+    try:
+        upd.load_state(ckpt, scheduler_state=st.get("scheduler"))
+    except PipelineError:
+        raise
+    except ValueError as e:
+        raise ck.corrupt(ckpt, str(e)) from None
+    except Exception as e:  # noqa: BLE001
+        raise ck.corrupt(ckpt, f"weights or optimizer do not load: {type(e).__name__}") from None
     data.load_state_dict(st["data"])
     _set_rng_state(st["rng"])
     trainer = dict(st["trainer"])

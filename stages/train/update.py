@@ -26,10 +26,13 @@ engine (ZeRO 0-3, one or many ranks): a caller runs ``zero_grad()``, then ``back
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from stages.core.dist import all_reduce, init_distributed_env, launched_distributed, train_device
 
@@ -44,17 +47,21 @@ class Updater:
         scheduler: an LR scheduler stepped once per optimizer step, skipped or not (None: constant LR).
         deepspeed: a DeepSpeed config dict (stages.train.ds_config), or None for plain PyTorch.
         lr, weight_decay: the default optimizer's settings.
+        autocast_bf16: plain PyTorch only: forward passes under bf16 autocast (:meth:`autocast`).
     """
 
     def __init__(self, model: torch.nn.Module, *, max_grad_norm: float, optimizer: torch.optim.Optimizer | None = None,
                  scheduler: Any = None, deepspeed: dict[str, Any] | None = None, lr: float = 1e-5,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, autocast_bf16: bool = False) -> None:
         self.model = model
+        self.autocast_bf16 = bool(autocast_bf16) and deepspeed is None  # DeepSpeed's bf16 mode replaces autocast
         self.max_grad_norm = max_grad_norm
         self.engine: Any = None
         self.rank, self.world = 0, 1
         self.bf16 = bool(deepspeed is not None and deepspeed.get("bf16", {}).get("enabled"))
         self.device = train_device()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL collectives and object gathers use the current device
         model.to(self.device)
         opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
         if deepspeed is not None:
@@ -69,6 +76,11 @@ class Updater:
         self.optimizer = opt
         self.scheduler = scheduler
         self._params = [q for q in model.parameters() if q.requires_grad]
+
+    def autocast(self) -> Any:
+        """The context the model's forward passes run in: bf16 autocast (fp32 weights and optimizer) when the plain
+        updater was built with ``autocast_bf16``, else a no-op."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_bf16)
 
     @property
     def distributed(self) -> bool:
@@ -150,10 +162,68 @@ class Updater:
         """The learning rate of the first parameter group now."""
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def state_dicts(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """(model state, optimizer state) for a plain checkpoint; the optimizer state is None under DeepSpeed
-        (its partitioned state is not in a plain checkpoint: a resumed DeepSpeed run restarts the optimizer)."""
-        return self.model.state_dict(), (self.optimizer.state_dict() if self.engine is None else None)
+    def save_state(self, path: str | os.PathLike[str]) -> None:
+        """Write the model's weights, the optimizer's and the LR schedule's state into the directory ``path`` (which
+        exists and every rank can reach). Plain: ``model.safetensors`` (tied weights once) and ``optimizer.pt``
+        ({"optimizer", "scheduler"}). DeepSpeed: the engine's own checkpoint in ``path/ds`` (ZeRO partitions of the
+        optimizer state, one file per rank, and the LR schedule); every rank must call it."""
+        path = Path(path)
+        if self.engine is not None:
+            self.engine.save_checkpoint(str(path / DS_DIR), tag=DS_TAG, save_latest=False)
+            return
+        save_file(untied_state(self.model), str(path / MODEL_FILE))
+        torch.save({"optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None},
+                   path / OPTIMIZER_FILE)
+
+    def load_state(self, path: str | os.PathLike[str], *, scheduler_state: dict[str, Any] | None = None) -> None:
+        """Restore what :meth:`save_state` wrote into ``path`` (weights, optimizer, LR schedule); every rank calls it.
+        Raises ``ValueError`` naming what does not load (callers turn it into their one-line checkpoint error)."""
+        path = Path(path)
+        if self.engine is not None:
+            if not (path / DS_DIR).is_dir():
+                raise ValueError("DeepSpeed state missing (a checkpoint of a run without DeepSpeed?)")
+            loaded, _ = self.engine.load_checkpoint(str(path / DS_DIR), tag=DS_TAG, load_optimizer_states=True,
+                                                    load_lr_scheduler_states=True)
+            if loaded is None:
+                raise ValueError("DeepSpeed state missing")
+            return
+        if not (path / MODEL_FILE).is_file():
+            raise ValueError(f"{MODEL_FILE} missing (a checkpoint of a DeepSpeed run? resume it with DeepSpeed)")
+        sd = load_file(str(path / MODEL_FILE))
+        missing, unexpected = self.model.load_state_dict(sd, strict=False)
+        tied = {k for k in missing if _is_tied(self.model, k, sd)}
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"weights do not match the model ({len(set(missing) - tied)} missing, {len(unexpected)} "
+                             "unexpected)")
+        st = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(st["optimizer"])
+        sched = st.get("scheduler") if st.get("scheduler") is not None else scheduler_state
+        if self.scheduler is not None and sched is not None:
+            self.scheduler.load_state_dict(sched)
+
+
+MODEL_FILE, OPTIMIZER_FILE, DS_DIR, DS_TAG = "model.safetensors", "optimizer.pt", "ds", "state"
+"""The files of :meth:`Updater.save_state`."""
+
+
+def untied_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict as contiguous CPU tensors without duplicates (tied weights once; safetensors refuses them)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k, v in model.state_dict().items():
+        if v.numel() and v.data_ptr() in seen:
+            continue
+        seen.add(v.data_ptr())
+        out[k] = v.detach().to("cpu").contiguous()
+    return out
+
+
+def _is_tied(model: torch.nn.Module, key: str, saved: dict[str, torch.Tensor]) -> bool:
+    """Whether the missing ``key`` shares its storage with a saved weight (a tied weight, saved once)."""
+    sd = model.state_dict()
+    ptr = sd[key].data_ptr() if key in sd else None
+    return ptr is not None and any(k in saved and sd[k].data_ptr() == ptr for k in sd if k != key)
 
 
 def use_deepspeed(enabled: bool) -> bool:

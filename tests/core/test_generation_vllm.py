@@ -164,3 +164,36 @@ def test_sync_weights_with_engine_in_another_process():
         assert ids(engine.generate(prompts, sp)) == expected
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_external_launcher_on_two_cpu_ranks(tp):
+    """torchrun, 2 CPU ranks, a gloo process group initialised first (as the update path does): each rank's engine
+    uses vLLM's external launcher inside that group (``tp`` = 2: one engine over both ranks, their calls gathered),
+    is built from the model object without writing its weights (only config, generation config and tokenizer in
+    its temporary directory), generates the hf backend's greedy tokens for the rank's own prompts, and follows an
+    in-memory weight sync."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PROJECT_ROOT": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(port), str(root / "tests" / "core" / "_vllm_two_ranks.py"), str(tp)],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in res) == [0, 1]
+    for r in res:
+        assert r["executor"] == "ExecutorWithExternalLauncher"
+        assert not any(f.endswith((".safetensors", ".bin", ".pt")) for f in r["tmp_files"]), r["tmp_files"]
+        assert all(r["same"]) and all(r["same_after_sync"]) and any(r["changed"])

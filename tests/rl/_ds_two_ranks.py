@@ -1,5 +1,12 @@
-"""Run by tests/rl/test_grpo_deepspeed.py under torchrun (2 CPU ranks, gloo) and as one plain process: two steps
-of GRPO on scripted rollouts; prints one JSON line (world size, per-step grad norms, weight checksum)."""
+"""Run by tests/rl/test_grpo_deepspeed.py under torchrun (2 CPU ranks, gloo) and as one plain process; prints one
+JSON line per rank.
+
+    python _ds_two_ranks.py PROJECT [grpo | rm_baseline]
+
+grpo: two steps of GRPO on scripted rollouts (world size, per-step grad norms, weight checksum). rm_baseline: one RM
+update of iterative RL (stages.rl.iterative.update_reward_model: hf sampling of the policy, value labels, RM
+training) and the continued-SFT baseline (stages.rl.baseline.continued_sft) through the policy's update path
+(DeepSpeed ZeRO-2 on the two ranks, plain PyTorch in one process): losses, AUCs, example count, weight checksums."""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ import torch
 if __name__ == "__main__":
     sys.path.insert(0, os.environ["PROJECT_ROOT"])
     torch.set_num_threads(1)
-    if os.environ.get("WORLD_SIZE", "1") != "1":
+    if os.environ.get("WORLD_SIZE", "1") != "1" or os.environ.get("FORCE_DS") == "1":
         os.environ["DS_ACCELERATOR"] = "cpu"
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a JIT build (speed-up only)
     os.chdir(sys.argv[1])
@@ -25,12 +32,37 @@ if __name__ == "__main__":
     from tests.rl.test_paradigm import ScriptedGenerator, _texts
 
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
+    ds = os.environ.get("WORLD_SIZE", "1") != "1" or os.environ.get("FORCE_DS") == "1"
+    mode = sys.argv[2] if len(sys.argv) > 2 else "grpo"
+    if mode == "rm_baseline":
+        from stages.rl.baseline import continued_sft
+        from stages.rl.iterative import update_reward_model
+        from stages.rl.reward_model import init_reward_model
+        from stages.rl.update import rl_updater
+
+        def checksum(m):
+            return float(sum(v.double().sum() for v in m.state_dict().values()))
+
+        p = tiny_params(steps=2, micro_batch_size=1, reward_source="process_rm",
+                        deepspeed=dict(enabled=ds, zero_stage=2, offload_optimizer=False))
+        torch.manual_seed(0)
+        rm = init_reward_model(paths.SFT_MODEL)
+        new, m = update_reward_model(rm, tok, model, rows, [], p, iteration=1)
+        base = load_model(paths.SFT_MODEL)
+        bh = continued_sft(base, tok, rows, steps=2, per_step=3, seed=0, lr=1e-3, max_grad_norm=1.0,
+                           micro_batch_size=1, updater=rl_updater(base, p, lr=1e-3, weight_decay=0.0))
+        out = {"rank": int(os.environ.get("RANK", "0")), "n_new": len(new), "rm_loss": m["loss_per_epoch"],
+               "auc_after": m["heldout_after_update"], "rm_checksum": checksum(rm),
+               "baseline_loss": [r["sft_loss"] for r in bh], "baseline_checksum": checksum(base)}
+        sys.stdout.write("RESULT " + json.dumps(out) + "\n")  # one write: the ranks share stdout
+        sys.stdout.flush()
+        raise SystemExit(0)
     grpo.rollout_generator = lambda *a, **k: ScriptedGenerator(tok, rows, _texts)
-    ds = os.environ.get("WORLD_SIZE", "1") != "1"
     p = tiny_params(steps=2, questions_per_step=3, micro_batch_size=3, checkpoint_every=0,
                     deepspeed=dict(enabled=ds, zero_stage=2, offload_optimizer=False))
     h, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None)
     out = {"rank": int(os.environ.get("RANK", "0")), "world": info["world_size"],
            "grad_norm": [r["grad_norm"] for r in h], "steps": [r["optimizer_steps"] for r in h],
            "checksum": float(sum(v.double().sum() for v in model.state_dict().values()))}
-    print("RESULT " + json.dumps(out), flush=True)
+    sys.stdout.write("RESULT " + json.dumps(out) + "\n")
+    sys.stdout.flush()

@@ -113,3 +113,39 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_ranks_rm_retraining_and_baseline_equal_one_process(project) -> None:
+    """torchrun, 2 CPU ranks, ZeRO-2: an RM update of iterative RL (the ranks sample a block of the problems each,
+    gather the labelled examples, score a block of the held-out set each and train on half of every batch) and
+    the continued-SFT baseline (3 questions per step at micro-batch 1: rank 1 pads with a zero-gradient pass) give
+    one plain process's examples, losses, AUCs and weights."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("deepspeed")
+    root = Path(__file__).resolve().parents[2]
+    script = root / "tests" / "rl" / "_ds_two_ranks.py"
+    env = {**os.environ, "PROJECT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+
+    def results(cmd: list[str]) -> list[dict]:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+
+    (one,) = results([sys.executable, str(script), str(project), "rm_baseline"])
+    two = results([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                   str(_free_port()), str(script), str(project), "rm_baseline"])
+    assert sorted(r["rank"] for r in two) == [0, 1] and one["n_new"] > 0
+    for r in two:
+        assert r["n_new"] == one["n_new"] and r["auc_after"] == one["auc_after"]
+        assert r["rm_loss"] == pytest.approx(one["rm_loss"], rel=1e-5)
+        assert r["rm_checksum"] == pytest.approx(one["rm_checksum"], abs=1e-4)
+        assert r["baseline_loss"] == pytest.approx(one["baseline_loss"], rel=1e-5)
+        assert r["baseline_checksum"] == pytest.approx(one["baseline_checksum"], abs=1e-4)

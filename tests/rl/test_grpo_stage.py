@@ -35,6 +35,7 @@ def tiny_params(**over) -> GrpoParams:
                        rm_epochs=1, rm_lr=1e-3, rm_batch_size=4),
         heldout=dict(every=0, problems_file="data/generated/problems/test.jsonl", limit=4, max_new_tokens=12), offload_idle_models=True, share_prompt_prefix=True,
         vllm_gpu_memory_utilization=0.1, vllm_enable_sleep_mode=False, precision="fp32",
+        vllm_tensor_parallel_size=1, attn_implementation="sdpa", gradient_checkpointing=False, logprob_chunk_tokens=256,
         deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
         launcher=dict(nproc_per_node=1, nnodes=1, kind="none", rdzv_endpoint=None, hostfile=None, retries=0, retry_delay_s=0.0),
         ppo=dict(value_init="policy", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=0.2, whiten=True),

@@ -18,7 +18,9 @@ torch.set_num_threads(1)
 def rm_params(**over) -> RewardModelParams:
     raw = dict(enabled=True, seed=0, prompts_file="data/corpus/problems/rl.jsonl", questions=6, samples_per_question=2, temperature=1.0, max_new_tokens=12,
                backend="hf", labels="values", rollouts_per_step=2, train_on="process", heldout_fraction=0.34, epochs=1,
-               lr=1e-3, batch_size=4, num_threads=1)
+               lr=1e-3, batch_size=4, num_threads=1, attn_implementation="sdpa",
+               gradient_checkpointing=False, precision="fp32",
+               deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False))
     raw.update(over)
     return RewardModelParams.model_validate(raw)
 

@@ -65,7 +65,8 @@ def grpo_section(steps: int, params_file: Path = ROOT / "params.yaml") -> dict[s
     """params.yaml's grpo section for the record: ``steps`` steps, one thread, no side outputs."""
     import yaml
 
-    raw = yaml.safe_load(params_file.read_text())["grpo"]
+    full = yaml.safe_load(params_file.read_text())
+    raw = {**full["grpo"], **((full.get("runtime") or {}).get("grpo") or {})}
     raw.update(steps=steps, num_threads=1, checkpoint_every=0, log_completions_every=0)
     raw["baseline"]["enabled"] = False
     raw["heldout"]["every"] = 0

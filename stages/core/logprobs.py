@@ -1,0 +1,213 @@
+"""Log-probabilities of target tokens under a causal LM, written once, without a (B, T, V) float32 tensor.
+
+Every pass that needs log pi(y_t | x_<=t) over a real vocabulary goes through here: the RL log-prob and update
+passes (stages.rl.rollout.token_logprobs: pi_old, pi_ref, the policy loss and the entropy), the training loss of
+pretrain / sft (stages.train.loop.forward_nll) and the continued-SFT baseline (stages.rl.baseline).
+
+How. The model runs as usual, but the forward of its output head (``get_output_embeddings()``, the ``lm_head``)
+is replaced for the call: instead of the (B, K, V) logits it returns the (B, K, 1) log-probs of the targets (and
+the entropy, (B, K, 2)), computed by :class:`ChunkedLogProbs` over chunks of ``chunk_tokens`` positions. The
+head's weight is read inside its own forward, so module hooks (DeepSpeed ZeRO-3 gathering the weight) behave as
+for the ordinary head, and the engine's forward is the one called. Per chunk of c positions::
+
+    z = (h W^T + b) / T                       (c, V), float32 (the matmul in the head's dtype, as the model's)
+    log p(y) = z[y] - logsumexp(z)            entropy = -sum_v p_v log p_v  (no gradient)
+    backward: dL/dz = g (onehot(y) - softmax(z)) / T;  dL/dh = dL/dz W;  dL/dW += dL/dz^T h;  dL/db += sum dL/dz
+
+The backward recomputes z chunk by chunk (only the (N, H) hidden states are kept), so the peak extra memory of
+either pass is a few (c, V) float32 tensors instead of several (N, T, V) ones. Positions whose target is
+:data:`IGNORE` (-100) are not computed at all (prompt tokens of SFT, padding); their log-prob is 0.
+
+Equal to ``log_softmax(logits.float() / T).gather(...)`` to float rounding (tests/core/test_logprobs.py: 1e-5
+on values and gradients). Heads that are not a plain linear map (logit soft-capping, a logit scale) fall back to
+the materialised logits (:func:`plain_head`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IGNORE = -100
+"""Target value of positions that get no log-prob (prompt tokens, padding)."""
+
+DEFAULT_CHUNK_TOKENS = 256
+"""Positions per chunk when the caller does not say: a (256, V) float32 tensor is 156 MB at V = 152k."""
+
+_NOT_LINEAR = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
+
+
+class ChunkedLogProbs(torch.autograd.Function):
+    """log p(targets) (and the entropy) of ``hidden @ weight^T + bias`` over chunks of positions (module docstring).
+
+    forward(hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) long, temperature, chunk, entropy)
+    -> (logp (N,) float32, entropy (N,) float32, empty when not asked). Only logp has a gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+                chunk: int, entropy: bool) -> tuple[Tensor, Tensor]:
+        dtype = _matmul_dtype(hidden, weight)
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ent = torch.empty(n if entropy else 0, dtype=torch.float32, device=hidden.device)
+        with torch.no_grad(), _no_autocast(hidden.device.type):
+            for s in range(0, n, chunk):
+                z = _scaled_logits(hidden[s:s + chunk], weight, bias, temperature, dtype)
+                lse = torch.logsumexp(z, dim=-1)
+                logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse
+                if entropy:
+                    z -= lse[:, None]  # log-probs, in place
+                    ent[s:s + chunk] = -(z.exp() * z).sum(-1)
+                del z
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx: Any, g_logp: Tensor, _g_ent: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets = ctx.saved_tensors
+        T, chunk, dtype = ctx.temperature, ctx.chunk, ctx.dtype
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        g_h = torch.empty_like(hidden) if need_h else None
+        g_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        g_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b and bias is not None else None
+        rows = torch.arange(min(chunk, hidden.shape[0]), device=hidden.device)
+        with _no_autocast(hidden.device.type):
+            for s in range(0, hidden.shape[0], chunk):
+                h = hidden[s:s + chunk]
+                z = _scaled_logits(h, weight, bias, T, dtype)
+                gz = torch.softmax(z, dim=-1)
+                del z
+                g = g_logp[s:s + chunk].float()
+                gz.mul_(-g[:, None])
+                gz[rows[:h.shape[0]], targets[s:s + chunk]] += g
+                gz = (gz / T).to(dtype)  # dL/d(h W^T + b)
+                if g_h is not None:
+                    g_h[s:s + chunk] = (gz @ weight.to(dtype)).to(hidden.dtype)
+                if g_w is not None:  # accumulated in float32 over the chunks
+                    if dtype == torch.float32:
+                        g_w.addmm_(gz.t(), h.float())
+                    else:
+                        g_w.add_(gz.t() @ h.to(dtype))
+                if g_b is not None:
+                    g_b.add_(gz.float().sum(0))
+                del gz
+        return (g_h, None if g_w is None else g_w.to(weight.dtype), None if g_b is None else g_b.to(bias.dtype),
+                None, None, None, None)
+
+
+def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype the ordinary head would multiply in: autocast's when it is on, else the weight's."""
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return weight.dtype
+
+
+@contextlib.contextmanager
+def _no_autocast(device_type: str) -> Iterator[None]:
+    with torch.autocast(device_type, enabled=False):
+        yield
+
+
+def _scaled_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, dtype: torch.dtype) -> Tensor:
+    z = F.linear(h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)).float()
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z
+
+
+def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *, temperature: float = 1.0,
+                     entropy: bool = False, chunk_tokens: int | None = None) -> tuple[Tensor, Tensor | None]:
+    """(..., K) log-probs of ``targets`` (..., K) under ``softmax((hidden @ weight^T + bias) / temperature)`` for
+    ``hidden`` (..., K, H), and the (..., K) entropy when ``entropy`` (detached). Positions whose target is
+    :data:`IGNORE` are skipped (log-prob and entropy 0). Differentiable in ``hidden``, ``weight`` and ``bias``."""
+    shape = targets.shape
+    flat_t = targets.reshape(-1)
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    keep = (flat_t != IGNORE).nonzero().squeeze(-1)
+    all_kept = keep.numel() == flat_t.numel()
+    h = flat_h if all_kept else flat_h.index_select(0, keep)
+    t = flat_t if all_kept else flat_t.index_select(0, keep)
+    chunk = max(1, int(chunk_tokens or DEFAULT_CHUNK_TOKENS))
+    lp, ent = ChunkedLogProbs.apply(h, weight, bias, t, float(temperature), chunk, bool(entropy))
+    if not all_kept:
+        lp = lp.new_zeros(flat_t.numel()).index_copy(0, keep, lp)
+        if entropy:
+            ent = ent.new_zeros(flat_t.numel()).index_copy(0, keep, ent)
+    return lp.view(shape), (ent.view(shape) if entropy else None)
+
+
+def output_head(model: Any) -> torch.nn.Module | None:
+    """The output head (``get_output_embeddings()``) of a causal LM or of a DeepSpeed engine around one, when it is
+    a plain linear map that :func:`lm_logprobs` may replace; None otherwise (then the logits are materialised)."""
+    net = getattr(model, "module", model)
+    get = getattr(net, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    cfg = getattr(net, "config", None)
+    if any(getattr(cfg, k, None) not in (None, 1.0, 0.0) for k in _NOT_LINEAR):
+        return None
+    return head
+
+
+@contextlib.contextmanager
+def head_forward(head: torch.nn.Module, fn: Callable[[Tensor], Tensor]) -> Iterator[None]:
+    """Inside: ``head(x)`` returns ``fn(x)`` (the module's hooks still run around it)."""
+    head.forward = fn  # an instance attribute shadows the class's forward
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def lm_logprobs(model: Any, targets: Tensor, *, temperature: float = 1.0, entropy: bool = False,
+                chunk_tokens: int | None = None, rows: Tensor | None = None, **forward_kw: Any
+                ) -> tuple[Any, Tensor, Tensor | None]:
+    """Run ``model(**forward_kw)`` (a causal LM or a DeepSpeed engine) and return (its output, the (B, K) log-probs
+    of ``targets`` (B, K), the (B, K) entropy or None).
+
+    ``targets[b, k]`` is the token predicted by the k-th position the forward keeps (the last K positions with
+    ``logits_to_keep=K``, all of them without it); :data:`IGNORE` skips a position. ``rows``: the head's input rows
+    are first re-indexed by it (a forward over U distinct prompts whose B = len(rows) outputs share them). The
+    output's ``logits`` are the (B, K, 1 or 2) log-probs (and entropy), not logits; a cache it returns is as
+    usual. Log-probs use ``logits / temperature``; gradients flow as through the ordinary head.
+    ``chunk_tokens``: positions per chunk (None: :data:`DEFAULT_CHUNK_TOKENS`); 0 materialises the (B, K, V) logits
+    (the plain path: the memory benchmark's "before")."""
+    head = output_head(model)
+    if head is None or chunk_tokens == 0:
+        return plain_head(model, targets, temperature=temperature, entropy=entropy, rows=rows, **forward_kw)
+
+    def fn(h: Tensor) -> Tensor:
+        if rows is not None:
+            h = h.index_select(0, rows)
+        lp, ent = chunked_logprobs(h, head.weight, head.bias, targets, temperature=temperature, entropy=entropy,
+                                   chunk_tokens=chunk_tokens)
+        return lp.unsqueeze(-1) if ent is None else torch.stack([lp, ent], dim=-1)
+
+    with head_forward(head, fn):
+        out = model(**forward_kw)
+    res = out.logits
+    return out, res[..., 0], (res[..., 1].detach() if entropy else None)
+
+
+def plain_head(model: Any, targets: Tensor, *, temperature: float = 1.0, entropy: bool = False,
+               rows: Tensor | None = None, **forward_kw: Any) -> tuple[Any, Tensor, Tensor | None]:
+    """:func:`lm_logprobs` from the materialised (B, K, V) logits (a head that is not a plain linear map)."""
+    out = model(**forward_kw)
+    logits = out.logits if rows is None else out.logits.index_select(0, rows)
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    safe = targets.clamp(min=0)
+    logp = logp_all.gather(-1, safe.unsqueeze(-1)).squeeze(-1).masked_fill(targets == IGNORE, 0.0)
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = (-(logp_all.exp() * logp_all).sum(-1)).masked_fill(targets == IGNORE, 0.0)
+    return out, logp, ent
