@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from stages.core.modeling import load_model, load_tokenizer
-from stages.rl.rollout import build_rollout, mismatch_metrics, token_logprobs, tool_output_mask
+from stages.rl.rollout import Sample, build_rollout, mismatch_metrics, token_logprobs
 
 torch.set_num_threads(1)
 
@@ -43,17 +43,24 @@ def test_layout_and_logprobs_match_unpadded_forward(tiny_model_dir):
     assert m["mismatch_abs_mean"] > 0
 
 
-def test_tool_output_tokens_masked(tiny_model_dir):
+def test_injected_tokens_masked_by_provenance(tiny_model_dir):
+    """The loss mask is 0 exactly on the tokens the tool loop injected (Sample.policy_mask), whatever they say: an
+    ```output block the policy wrote itself is the policy's tokens and trains (before issue 21 a text heuristic masked
+    every token overlapping an ```output block, the policy's own included)."""
     tok = load_tokenizer(tiny_model_dir)
-    text = "x = 3\n```python\nprint(x)\n```\n```output\n3\n```\nThe answer is 3."
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    keep = tool_output_mask(ids, tok)
-    masked = tok.decode([i for i, k in zip(ids, keep, strict=True) if not k])
-    kept = tok.decode([i for i, k in zip(ids, keep, strict=True) if k])
-    assert masked == "```output\n3\n```"
-    assert "print(x)" in kept and "The answer is 3." in kept and "output" not in kept
-    plain = tok("3 + 2 = 5.", add_special_tokens=False)["input_ids"]
-    assert tool_output_mask(plain, tok) == [1] * len(plain)
+    enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    policy, injected, after = enc("x = 3\n```python\nprint(x)\n```\n```output"), enc("\n3\n```\n"), enc("So 3.")
+    ids = policy + injected + after + [tok.eos_token_id]
+    mask = [1] * len(policy) + [0] * len(injected) + [1] * (len(after) + 1)
+    tir = Sample("...", ids, [-0.5] * len(ids), "stop", policy_mask=mask, mode="tir")
+    written = enc("```output\n3\n```\nThe answer is 3.")  # the policy wrote an output block itself
+    cot = SimpleNamespace(text="", token_ids=written, logprobs=[-1.0] * len(written), finish_reason="stop")
+    ro = build_rollout([{"question": "q", "answer": "3"}], ["User: q\n\nAssistant:"], [[tir, cot]], tok,
+                       mask_truncated=False)
+    assert ro.loss_mask[0, :len(ids)].tolist() == [float(m) for m in mask]
+    assert ro.loss_mask[1, :len(written)].sum() == len(written)
+    assert ro.completion_mask[0].sum() == len(ids)  # injected tokens are part of the sequence, only not trained
+    assert ro.modes == ["tir", "cot"] and ro.program_answers == [None, None]
 
 
 def test_shared_prompt_pass_gives_the_same_logprobs_and_gradients(tiny_model_dir):
