@@ -218,8 +218,8 @@ class Rft(Algorithm):
         rows = [ctx.rows[q] for q, _ in kept]
         prompts = [rollout_prompt(r["question"], getattr(c, "mode", "cot"), ctx.p.template)
                    for r, (_, c) in zip(rows, kept, strict=True)]
-        return build_rollout(rows, prompts, [[c] for _, c in kept], ctx.tokenizer,
-                             mask_truncated=ctx.p.mask_truncated) if kept else None
+        return build_rollout(rows, prompts, [[c] for _, c in kept], ctx.tokenizer, mask_truncated=ctx.p.mask_truncated,
+                             mask_written=ctx.p.rollout.mask_written_outputs) if kept else None
 
     def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
         """``group_size`` outputs of ``model`` (the SFT model) for every question of steps 0 .. total_steps - 1 (this

@@ -17,6 +17,7 @@ Tensor layout of a rollout batch of N = Q * G outputs (row n = q * G + g)::
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from torch import Tensor
 from stages.core.generation import SamplingParams, sample_seed
 from stages.core.prompts import chat_prompt, rl_prompt
 from stages.core.tool_loop import MODES, LoopStats, Stream, run_loop
+
+_OUTPUT_BLOCK = re.compile(r"```output\n.*?(?:```|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,35 @@ class Rollout:
     @property
     def completion_lengths(self) -> Tensor:
         return self.completion_mask.sum(-1)
+
+
+def written_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
+    """1 per token, 0 for tokens that overlap a ```output ... ``` block in the decoded text.
+
+    Before issue 21 every rollout's loss mask came from this text rule (then named ``tool_output_mask``), although
+    no rollout ran a program: it left out the output blocks the policy wrote itself, the ```output header
+    included. Injected tool output is now masked by provenance (``Sample.policy_mask``); this rule remains for the
+    outputs of the modes that run no loop between the policy's tokens (cot, pot) when
+    ``grpo.rollout.mask_written_outputs`` asks for it. Cheap when there is no such block (one decode).
+    """
+    ids = list(token_ids)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if "```output" not in text:
+        return [1] * len(ids)
+    # character end offset of every token, by decoding growing prefixes
+    ends = [len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) for k in range(len(ids))]
+    spans = [(m.start(), m.end()) for m in _OUTPUT_BLOCK.finditer(text)]
+    keep = []
+    start = 0
+    for end in ends:
+        overlap = any(s < end and start < e for s, e in spans) and end > start
+        keep.append(0 if overlap else 1)
+        start = end
+    return keep
+
+
+tool_output_mask = written_output_mask
+"""The name of :func:`written_output_mask` before issue 21."""
 
 
 def rollout_prompt(question: str, mode: str, template: str = "deepseekmath") -> str:
@@ -159,12 +191,13 @@ def sample_outputs(generator: Any, tokenizer: Any, questions: Sequence[str], mod
 
 
 def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: list[list[Any]], tokenizer: Any,
-                  *, mask_truncated: bool) -> Rollout:
+                  *, mask_truncated: bool, mask_written: bool = False) -> Rollout:
     """Tokenise prompts (with BOS, as the tokenizer adds it) and concatenate the generated ids.
 
     ``completions[q][g]`` follows the generation interface (token_ids, logprobs, text, finish_reason); a
     :class:`Sample` also brings its ``policy_mask`` (injected tool-output tokens get loss mask 0), mode and program
-    answer.
+    answer. ``mask_written``: the outputs of the modes without a tool loop (cot, pot) also lose the ```output blocks
+    they wrote themselves (:func:`written_output_mask`; ``grpo.rollout.mask_written_outputs``).
     """
     G = len(completions[0])
     pad = tokenizer.pad_token_id
@@ -189,6 +222,8 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
             attn[n, P:P + len(ids)] = 1
             cmask[n, :len(ids)] = 1
             pm = getattr(c, "policy_mask", None)
+            if mask_written and getattr(c, "mode", "cot") != "tir":
+                pm = written_output_mask(ids, tokenizer)
             lmask[n, :len(ids)] = 1.0 if pm is None else torch.tensor(pm, dtype=torch.float)
             if c.logprobs is not None:
                 slp[n, :len(ids)] = torch.tensor([float(x) for x in c.logprobs][: len(ids)])

@@ -177,7 +177,8 @@ def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout
                                       seed=p.seed * 1_000_003 + step, pool=ctx.sandbox_pool)
     _call(ctx.generator, "sleep")  # vllm sleep mode: the engine's memory goes to the update
     prompts = [rollout_prompt(r["question"], m, p.template) for r, m in zip(batch, modes, strict=True)]
-    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.mask_truncated)
+    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.mask_truncated,
+                       mask_written=p.rollout.mask_written_outputs)
     ro.metrics.update(metrics)
     return ro
 

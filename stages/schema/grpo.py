@@ -145,6 +145,12 @@ class GrpoRolloutParams(Section):
     """pot / tir: a step's questions are generated in this many fixed chunks, so that one chunk's programs run in the
     sandbox while the next chunk generates (stages/core/tool_loop.py); 1 = generate all, then run all. Results depend
     on it (each chunk's generator call has its own seed)."""
+    mask_written_outputs: bool
+    """Also leave the ```output blocks that cot / pot outputs write themselves (no program ran: invented output, the
+    header included) out of the loss, by their text (stages.rl.rollout.written_output_mask; what the stage did to
+    every output before issue 21, when no rollout ran a program; the tiny default keeps it). false: only the tool
+    loop's injected tokens are masked, by provenance, and every token the policy wrote trains (an unbiased policy
+    gradient). TIR outputs are masked by provenance either way."""
     sandbox_workers: Annotated[PosInt, RUNTIME]
     """Programs run at once (threads driving sandbox processes) during pot / tir rollouts."""
 

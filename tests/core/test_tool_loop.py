@@ -178,7 +178,7 @@ def test_memorised_model_on_hf(tool_model_dir) -> None:
     prompts = [chat_prompt(q, "tir") for q, _, _ in QUESTIONS]
     for carry in ("text", "tokens"):
         streams = run_loop(gen, prompts, "tir", _greedy, carry=carry, tokenizer=tok)
-        for (q, a, b), (st,) in zip(QUESTIONS, streams, strict=True):
+        for (_q, a, b), (st,) in zip(QUESTIONS, streams, strict=True):
             assert st.text.endswith(f"print(x)\n```\n```output\n{a + b}\n```\nThe answer is \\boxed{{{a + b}}}."), st.text
             assert (st.rounds, st.executions, st.finish_reason) == (2, 1, "stop")
     temp = 0.7

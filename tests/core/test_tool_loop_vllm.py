@@ -37,7 +37,7 @@ def test_greedy_tool_loop_same_as_hf(setup, mode: str) -> None:
 
     runs = {name: run_loop(gen, prompts, mode, greedy, carry="tokens", tokenizer=tok, chunks=2)
             for name, gen in (("hf", make_generator("hf", model, tok)), ("vllm", engine))}
-    for (q, a, b), (h,), (v,) in zip(QUESTIONS, runs["hf"], runs["vllm"], strict=True):
+    for (_q, a, b), (h,), (v,) in zip(QUESTIONS, runs["hf"], runs["vllm"], strict=True):
         assert v.token_ids == h.token_ids and v.text == h.text and v.policy_mask == h.policy_mask
         assert torch.allclose(torch.tensor(v.logprobs), torch.tensor(h.logprobs), atol=1e-4)
         if mode == "tir":

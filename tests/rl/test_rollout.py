@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from stages.core.modeling import load_model, load_tokenizer
-from stages.rl.rollout import Sample, build_rollout, mismatch_metrics, token_logprobs
+from stages.rl.rollout import Sample, build_rollout, mismatch_metrics, token_logprobs, tool_output_mask
 
 torch.set_num_threads(1)
 
@@ -43,10 +43,23 @@ def test_layout_and_logprobs_match_unpadded_forward(tiny_model_dir):
     assert m["mismatch_abs_mean"] > 0
 
 
+def test_tool_output_tokens_masked(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    text = "x = 3\n```python\nprint(x)\n```\n```output\n3\n```\nThe answer is 3."
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    keep = tool_output_mask(ids, tok)
+    masked = tok.decode([i for i, k in zip(ids, keep, strict=True) if not k])
+    kept = tok.decode([i for i, k in zip(ids, keep, strict=True) if k])
+    assert masked == "```output\n3\n```"
+    assert "print(x)" in kept and "The answer is 3." in kept and "output" not in kept
+    plain = tok("3 + 2 = 5.", add_special_tokens=False)["input_ids"]
+    assert tool_output_mask(plain, tok) == [1] * len(plain)
+
+
 def test_injected_tokens_masked_by_provenance(tiny_model_dir):
-    """The loss mask is 0 exactly on the tokens the tool loop injected (Sample.policy_mask), whatever they say: an
-    ```output block the policy wrote itself is the policy's tokens and trains (before issue 21 a text heuristic masked
-    every token overlapping an ```output block, the policy's own included)."""
+    """The loss mask of a TIR output is 0 exactly on the tokens the tool loop injected (Sample.policy_mask), the
+    policy's ```output header trains; an ```output block a CoT output wrote itself trains unless ``mask_written``
+    (grpo.rollout.mask_written_outputs, the text rule every output had before issue 21)."""
     tok = load_tokenizer(tiny_model_dir)
     enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     policy, injected, after = enc("x = 3\n```python\nprint(x)\n```\n```output"), enc("\n3\n```\n"), enc("So 3.")
@@ -55,10 +68,13 @@ def test_injected_tokens_masked_by_provenance(tiny_model_dir):
     tir = Sample("...", ids, [-0.5] * len(ids), "stop", policy_mask=mask, mode="tir")
     written = enc("```output\n3\n```\nThe answer is 3.")  # the policy wrote an output block itself
     cot = SimpleNamespace(text="", token_ids=written, logprobs=[-1.0] * len(written), finish_reason="stop")
-    ro = build_rollout([{"question": "q", "answer": "3"}], ["User: q\n\nAssistant:"], [[tir, cot]], tok,
-                       mask_truncated=False)
-    assert ro.loss_mask[0, :len(ids)].tolist() == [float(m) for m in mask]
-    assert ro.loss_mask[1, :len(written)].sum() == len(written)
+    for mask_written in (False, True):
+        ro = build_rollout([{"question": "q", "answer": "3"}], ["User: q\n\nAssistant:"], [[tir, cot]], tok,
+                           mask_truncated=False, mask_written=mask_written)
+        assert ro.loss_mask[0, :len(ids)].tolist() == [float(m) for m in mask]
+        want = tool_output_mask(written, tok) if mask_written else [1] * len(written)
+        assert ro.loss_mask[1, :len(written)].tolist() == [float(m) for m in want]
+    assert 0 < sum(tool_output_mask(written, tok)) < len(written)
     assert ro.completion_mask[0].sum() == len(ids)  # injected tokens are part of the sequence, only not trained
     assert ro.modes == ["tir", "cot"] and ro.program_answers == [None, None]
 

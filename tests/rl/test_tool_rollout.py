@@ -41,7 +41,7 @@ def tool_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool_model_dir
 
 def params(mode: str, **over):
     rollout = dict(mode=mode, mixture=dict(cot=1.0, pot=1.0, tir=1.0), tir_max_rounds=2, exec_timeout_s=10.0,
-                   chunks=2, sandbox_workers=2)
+                   chunks=2, mask_written_outputs=True, sandbox_workers=2)
     rollout.update(over.pop("rollout", {}))
     base = dict(questions_per_step=2, group_size=3, max_new_tokens=48, temperature=0.7, skip_zero_std_groups=False,
                 reward=dict(accuracy_weight=1.0, format_weight=0.0, custom=[], custom_weights=[]), rollout=rollout,
