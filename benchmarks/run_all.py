@@ -54,6 +54,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "sft_accuracy": ["--limit", "50"],
     "corpus": ["--quick"],
     "iterative_rl": ["--steps", "2", "--seeds", "0", "--test", "50", "--iterations", "1"],
+    "tir_rl": ["--steps", "2", "--seeds", "0", "--eval-limit", "50"],
 }
 
 

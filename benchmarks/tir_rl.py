@@ -3,6 +3,7 @@ seeds, interleaved (seed 0 cot, seed 0 tir, seed 1 cot, ...) in one process so t
 
     nice -n 10 python benchmarks/tir_rl.py --data /path/to/a/pipeline/run/data [--seeds 0 1 2] [--steps 20]
     python benchmarks/tir_rl.py --plot-only          # redraw the figure from benchmarks/results/tir_rl.json
+    nice -n 10 python benchmarks/tir_rl.py --data DIR --chunks-ab 4  # TIR rollouts with chunks 1 / 2 / 4
 
 Each run: params.yaml's grpo section (the tiny default: 16 questions x G = 8, rule reward, beta 0.04) with
 ``rollout.mode`` cot or tir, ``steps`` steps, no baseline, no held-out curve, no checkpoints, then the trained policy
@@ -16,6 +17,12 @@ benchmarks/results/tir_rl.json after every run (a crash keeps what was measured)
 
 ``--data`` is a pipeline run's data directory (models/sft, corpus/problems/rl.jsonl, generated/problems/test.jsonl);
 it is read only.
+
+``--chunks-ab N``: the overlap of programs with generation alone. N rounds; each samples one step's TIR rollout
+(16 questions x G = 8 from the SFT model, the questions of step ``round``) with ``grpo.rollout.chunks`` 1, 2 and 4 in
+a rotated order, and records the rollout's wall time, the time spent waiting for the sandbox and in the generator.
+Writes benchmarks/results/tir_rollout_chunks.json. The samples differ between the settings (each chunk's generator
+call has its own seed), so compare the wait first and the wall time over several rounds.
 """
 
 from __future__ import annotations
@@ -180,6 +187,46 @@ def plot(res: dict[str, Any], png: Path) -> None:
     plt.close(fig)
 
 
+def chunks_ab(data: Path, rounds: int, threads: int, out: Path) -> dict[str, Any]:
+    """See the module docstring (``--chunks-ab``)."""
+    import torch
+
+    from benchmarks._tiny import machine
+    from stages.core.generation import make_generator
+    from stages.core.io import write_json
+    from stages.core.modeling import load_model, load_tokenizer
+    from stages.rl.data import load_prompts, step_questions
+    from stages.rl.rollout import sample_outputs
+
+    torch.set_num_threads(threads)
+    sft = data / "models" / "sft"
+    tok, model = load_tokenizer(sft), load_model(sft)
+    rows = load_prompts(data / "corpus" / "problems" / "rl.jsonl")
+    gen = make_generator("hf", model, tok, batch_size=128)
+    res: dict[str, Any] = {"benchmark": "tir_rollout_chunks", "machine": machine(), "rounds": [],
+                           "command": "nice -n 10 python benchmarks/tir_rl.py " + " ".join(sys.argv[1:])}
+    settings = (1, 2, 4)
+    for r in range(rounds):
+        base = grpo_params(0, 1, "tir", threads, None)
+        qs = step_questions(len(rows), r, base.questions_per_step, base.seed)
+        for chunks in settings[r % 3:] + settings[: r % 3]:
+            p = grpo_params(0, 1, "tir", threads, chunks)
+            la = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            _, m = sample_outputs(gen, tok, [rows[q]["question"] for q in qs], ["tir"] * len(qs), p, seed=r)
+            res["rounds"].append({"round": r, "chunks": chunks, "wall_s": round(time.perf_counter() - t0, 2),
+                                  "loadavg": round(la, 2), **{k: round(v, 3) for k, v in m.items()}})
+            print(json.dumps(res["rounds"][-1]), flush=True)
+        write_json(out, res)
+    res["summary"] = {str(c): {k: round(_mean([x[k] for x in res["rounds"] if x["chunks"] == c]), 3)
+                               for k in ("wall_s", "tool_wait_s", "tool_generate_s", "tool_exec_s", "tool_programs",
+                                         "tool_programs_per_s")} for c in settings}
+    res["machine_after"] = machine()
+    write_json(out, res)
+    print(json.dumps(res["summary"], indent=1))
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT / "data"), help="a pipeline run's data directory (read only)")
@@ -190,8 +237,12 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=None, help="override grpo.rollout.chunks")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("--chunks-ab", type=int, default=0, metavar="N", help="only the chunks A/B, N rounds")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.chunks_ab:
+        chunks_ab(Path(args.data), args.chunks_ab, args.threads, out.with_name("tir_rollout_chunks.json"))
+        return 0
     if args.plot_only:
         plot(json.loads(out.read_text()), out.with_suffix(".png"))
         return 0
