@@ -15,6 +15,11 @@ generation; ``tool_wait_s``: the time the rollout waited for programs, i.e. the 
 second inside RL (programs / rollout wall time) and the load average before and after. Writes
 benchmarks/results/tir_rl.json after every run (a crash keeps what was measured) and benchmarks/results/tir_rl.png.
 
+``--resume``: keep the start evaluation and the finished runs of an earlier ``--out`` file made with the same data,
+steps and evaluation size (a run is identified by seed and mode) and run only the missing ones; the file's command and
+machine fields record every invocation. Each run's own load average is kept, so compare timings of resumed runs with
+care.
+
 ``--data`` is a pipeline run's data directory (models/sft, corpus/problems/rl.jsonl, generated/problems/test.jsonl);
 it is read only.
 
@@ -136,6 +141,18 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     return summ
 
 
+def reusable(prev: dict[str, Any], data: str, steps: int, eval_limit: int) -> dict[str, Any] | None:
+    """What ``--resume`` may keep of an earlier result file ``prev``: its start evaluation and finished runs, when it
+    was made with the same data directory, steps and evaluation size; None otherwise (then nothing is reused)."""
+    if (prev.get("benchmark") != "tir_rl" or prev.get("data") != data or prev.get("steps") != steps
+            or prev.get("eval_limit") != eval_limit or "start" not in prev):
+        return None
+    runs = [r for r in prev.get("runs", []) if "eval" in r and "stats" in r]
+    return {"start": prev["start"], "runs": runs, "commands": prev.get("commands", [prev.get("command")]),
+            "machines": prev.get("machines", [prev.get("machine")]), "loads": [
+                x for r in runs for x in (r["loadavg_before"], r["loadavg_after"])]}
+
+
 def write(res: dict[str, Any], out: Path) -> None:
     from stages.core.io import write_json
 
@@ -237,6 +254,7 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=None, help="override grpo.rollout.chunks")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="reuse the start evaluation and finished runs in --out")
     ap.add_argument("--chunks-ab", type=int, default=0, metavar="N", help="only the chunks A/B, N rounds")
     args = ap.parse_args()
     out = Path(args.out)
@@ -264,14 +282,28 @@ def main() -> int:
                            "seeds": args.seeds, "eval_limit": len(problems),
                            "command": "nice -n 10 python benchmarks/tir_rl.py " + " ".join(sys.argv[1:]), "runs": []}
     loads: list[float] = []
+    kept = None
+    if args.resume and out.exists():
+        kept = reusable(json.loads(out.read_text()), str(data), args.steps, len(problems))
+        if kept is None:
+            print(f"--resume: {out} was made with other data/steps/eval-limit; starting afresh", flush=True)
+    if kept:
+        res.update(start=kept["start"], runs=kept["runs"], commands=kept["commands"] + [res["command"]],
+                   machines=kept["machines"] + [res["machine"]])
+        loads = kept["loads"]
+        print(f"--resume: reusing the start evaluation and {len(kept['runs'])} runs of {out}", flush=True)
+    done = {(r["seed"], r["mode"]) for r in res["runs"]}
     with tempfile.TemporaryDirectory(prefix="tir_rl_") as tmp:
         tok = load_tokenizer(sft)
-        t0 = time.perf_counter()
-        res["start"] = {"eval": evaluate(load_model(sft), tok, problems, Path(tmp)),
-                        "eval_wall_s": round(time.perf_counter() - t0, 1)}
+        if "start" not in res:
+            t0 = time.perf_counter()
+            res["start"] = {"eval": evaluate(load_model(sft), tok, problems, Path(tmp)),
+                            "eval_wall_s": round(time.perf_counter() - t0, 1)}
         print("SFT:", res["start"]["eval"], flush=True)
         for seed in args.seeds:
             for mode in MODES:
+                if (seed, mode) in done:
+                    continue
                 p = grpo_params(seed, args.steps, mode, args.threads, args.chunks)
                 model = load_model(sft)
                 torch.manual_seed(seed)
