@@ -42,6 +42,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ from stages.rl.iterative import mean_finite, run_iterations
 from stages.rl.losses import grpo_loss
 from stages.rl.paradigm import RftPool
 from stages.rl.rewards import RewardSet, accuracy_reward
-from stages.rl.rollout import Rollout
+from stages.rl.rollout import Rollout, rollout_prompt
 from stages.rl.step import StepContext, run_step
 from stages.rl.update import as_updater, release_memory, rl_updater
 from stages.schema.grpo import GrpoParams
@@ -81,6 +82,8 @@ PLOT_METRICS = (
     "reward_mean", "reward_std", "accuracy", "zero_std_frac", "kl", "clip_frac_low", "clip_frac_high", "entropy",
     "completion_len", "grad_norm", "loss", "mismatch_abs_mean", "t_generation", "t_scoring", "t_logprobs", "t_update",
     "value_loss", "vf_clip_frac", "value_mean", "value_grad_norm", "return_mean", "adv_abs_mean",
+    "tool_programs", "tool_programs_per_s", "tool_wait_s", "tool_exec_s", "tool_wait_frac", "tir_rounds_mean",
+    "accuracy_cot", "accuracy_pot", "accuracy_tir",
 )
 
 
@@ -186,13 +189,28 @@ class HeldoutEval:
                 "accuracy_at_step": {str(r["step"]): a for r, a in zip(self.records, acc, strict=True)}}
 
 
+TIR_INJECT_TOKENS = 128
+"""Context reserved per TIR round for the injected output block (the output is cut to 103 characters)."""
+
+
 def max_model_len(tokenizer: Any, model: Any, questions: list[str], max_new_tokens: int,
-                  template: str = "deepseekmath") -> int:
-    """Longest prompt (``questions`` in the RL ``template``) plus ``max_new_tokens``, capped by the model's context:
-    the vLLM engine's ``max_model_len`` (its KV-cache reservation follows it)."""
-    longest = max((len(ids) for ids in tokenizer([rl_prompt(q, template, tokenizer) for q in questions])["input_ids"]), default=1)
-    cap = model_max_length(model.config) or (longest + max_new_tokens)
-    return int(min(cap, longest + max_new_tokens))
+                  template: str = "deepseekmath", modes: tuple[str, ...] = ("cot",), tir_rounds: int = 1) -> int:
+    """Longest prompt (``questions`` in the RL ``template``, or the PoT / TIR prompt of ``modes``) plus what the
+    completion may take (``max_new_tokens``; tir: per round, plus :data:`TIR_INJECT_TOKENS` per injected output),
+    capped by the model's context: the vLLM engine's ``max_model_len`` (its KV-cache reservation follows it)."""
+    prompts = [rollout_prompt(q, m, template, tokenizer) for q in questions for m in modes]
+    longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=1) if prompts else 1
+    gen = max_new_tokens if "tir" not in modes else tir_rounds * (max_new_tokens + TIR_INJECT_TOKENS)
+    cap = model_max_length(model.config) or (longest + gen)
+    return int(min(cap, longest + gen))
+
+
+def rollout_modes(p: GrpoParams) -> tuple[str, ...]:
+    """The rollout modes a run may sample (``grpo.rollout``)."""
+    r = p.rollout
+    if r.mode != "mixture":
+        return (r.mode,)
+    return tuple(m for m in ("cot", "pot", "tir") if getattr(r.mixture, m) > 0)
 
 
 def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list[str], max_new_tokens: int,
@@ -205,8 +223,10 @@ def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list
     if resolve_backend(p.backend) == "hf":  # bf16: a bf16 copy of an fp32 policy (refreshed by sync_weights)
         return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size,
                               dtype="bfloat16" if bf16 else None)
+    modes = tuple(dict.fromkeys(("cot", *rollout_modes(p))))  # cot: the held-out curve's prompts
     kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed,
-                          "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens, p.template)}
+                          "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens, p.template,
+                                                         modes, p.rollout.tir_max_rounds)}
     if p.vllm_enable_sleep_mode:
         if torch.cuda.is_available():
             kw["enable_sleep_mode"] = True
@@ -303,8 +323,11 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
             ref_model.to(upd.device)
     if getattr(scorer, "rm", None) is not None:
         scorer.rm.to("cpu" if offload else upd.device)
+    sandbox_pool = ThreadPoolExecutor(max_workers=p.rollout.sandbox_workers, thread_name_prefix="sandbox") \
+        if rollout_modes(p) != ("cot",) else None
     ctx = StepContext(p=p, model=model, tokenizer=tokenizer, generator=generator, updater=upd, rows=rows,
-                      reward_set=reward_set, source=scorer, ref_model=ref_model, pool=pool, offload=offload)
+                      reward_set=reward_set, source=scorer, ref_model=ref_model, pool=pool, offload=offload,
+                      sandbox_pool=sandbox_pool)
     ctx.critic = algo.make_critic(ctx, cache)
     if ctx.critic is not None:
         info["trained_parameters"]["value_model"] = _n_trainable(ctx.critic.model)
@@ -341,7 +364,10 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     close = getattr(generator, "close", None)
     if callable(close) and resolve_backend(p.backend) == "vllm":
         close()
+    if sandbox_pool is not None:
+        sandbox_pool.shutdown(wait=True)
     info["reward_failures_by_fn"] = dict(reward_set.failures)
+    info["rollout_modes"] = list(rollout_modes(p))
     return history, samples, info
 
 
@@ -436,6 +462,13 @@ def summarize(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
               "cpu_logprobs", "cpu_update", "cpu_step_s"):
         out[f"{k}_total"] = round(sum(r.get(k, 0.0) for r in history), 2)
     out["step_s_mean"] = round(out["step_s_total"] / len(history), 3)
+    if any("tool_programs" in r for r in history):  # pot / tir rollouts: the sandbox's part
+        for k in ("tool_programs", "tool_failed", "tool_wait_s", "tool_exec_s", "tool_generate_s", "tool_wall_s"):
+            out[f"{k}_total"] = round(sum(r.get(k, 0.0) for r in history), 2)
+        out["tool_programs_per_s"] = round(out["tool_programs_total"] / out["tool_wall_s_total"], 2) \
+            if out["tool_wall_s_total"] else 0.0
+        out["tool_wait_share_of_step"] = round(out["tool_wait_s_total"] / out["step_s_total"], 4) \
+            if out["step_s_total"] else 0.0
     out["n_reward_failures"] = sum(r.get("n_reward_failures", 0) for r in history)
     out["skipped_nonfinite"] = sum(r.get("skipped_nonfinite", 0) for r in history)
     out["mismatch_abs_mean"] = mean_finite([r.get("mismatch_abs_mean") for r in history])

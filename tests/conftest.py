@@ -3,6 +3,7 @@
 - ``shared_data``: the real data sets in ../shared/data. Absent on a user's fresh clone, so tests
   that need it skip with a reason; CI sets REQUIRE_SHARED_DATA=1, which turns that skip into a failure.
 - ``tiny_llama``: a tiny random Llama with a tiny tokenizer saved as a HF directory (session-scoped).
+- ``tool_model_dir``: a tiny Llama that has memorised CoT / PoT / TIR answers (tests/tool_model.py; session-scoped).
 - ``browser``: Debian's chromium + chromedriver and selenium, for tests marked ``browser`` (the report page);
   skip when absent, and CI sets REQUIRE_BROWSER=1, which turns that skip into a failure.
 """
@@ -27,6 +28,14 @@ def shared_data() -> Path:
             pytest.fail(msg + "; REQUIRE_SHARED_DATA=1 makes this a failure")
         pytest.skip(msg)
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama whose greedy answers are memorised CoT / PoT / TIR solutions (tests/tool_model.py)."""
+    from tests.tool_model import make_tool_model_dir
+
+    return make_tool_model_dir(tmp_path_factory.mktemp("tool_model") / "model")
 
 
 @pytest.fixture(scope="session")

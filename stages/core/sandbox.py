@@ -602,7 +602,11 @@ def run_tir_code(code_so_far: str, *, error_format: str = "concise", **kw: Any) 
     """
     if error_format not in ("concise", "full"):
         raise ValueError(f"error_format must be 'concise' or 'full', not {error_format!r}")
-    res = run_python(code_so_far, **kw)
+    return tir_output(run_python(code_so_far, **kw), error_format)
+
+
+def tir_output(res: ExecResult, error_format: str = "concise") -> str:
+    """The ```output text of a finished TIR program run (:func:`run_tir_code`'s rules), from its result."""
     out = truncate_output(res.stdout.strip()) if res.status == "ok" else ""
     if not out:
         out = _error_text(res, error_format)

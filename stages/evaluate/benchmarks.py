@@ -33,9 +33,7 @@ from stages.core.prompts import (
     minerva_math_prompt,
     qa_fewshot_prompt,
 )
-
-TIR_STOP = "```output"
-"""Where tool-integrated generation pauses for the code to run (DeepSeekMath's stop word)."""
+from stages.core.tool_loop import TIR_STOP, strip_stops  # noqa: F401 - strip_stops: read from here too
 
 
 def fewshot_exemplars(sft_path: str | Path, n_shots: int, mode: str, seed: int) -> list[tuple[str, str]]:
@@ -94,11 +92,3 @@ def build_prompt(problem: Problem, mode: str, prompting: str, exemplars: list[tu
     if problem.benchmark == "math":
         return minerva_math_prompt(problem.question)
     return qa_fewshot_prompt(problem.question, exemplars or [])
-
-
-def strip_stops(text: str, stops: tuple[str, ...]) -> str:
-    """``text`` without a trailing few-shot stop string (the generator keeps the stop string it hit)."""
-    for s in stops:
-        if s != TIR_STOP and text.endswith(s):
-            return text[: -len(s)]
-    return text

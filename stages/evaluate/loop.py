@@ -6,22 +6,21 @@ run's checkpoint JSONL with one ``write`` + ``fsync``, so an interrupted run res
 finished batch. Batch ``b`` always holds the same problems and samples with seed ``seed + b``, so a
 resumed run draws the same samples as an uninterrupted one (given a deterministic backend).
 
-Modes:
+Generation and execution go through the loop shared with RL rollouts, stages/core/tool_loop.py (``run_loop``,
+text carry as the reference evaluator, one chunk per batch). Modes:
 - ``cot``: the completion is the answer text (extract_answer).
 - ``pot``: the completion is a ``def solution()`` program (or holds one in a ```python block); it runs in
-  the sandbox (``run_many_pot``) and ``str(solution())`` is the answer.
+  the sandbox and ``str(solution())`` is the answer.
 - ``tir``: DeepSeekMath's tool-integrated loop: generate until ```` ```output ````, run the code written so far
-  (``extract_tir_code``: earlier blocks without their prints, then the last block; ``run_tir_code``: output
-  cut to 50 + 50 characters), append the ```output block (``tir_output_block``) and continue; at most
-  ``tir_max_rounds`` generations (reference 2). After the last round the output is still injected, so the
-  answer can come from the last ```output block, as in the reference.
+  (earlier blocks without their prints, then the last block; output cut to 50 + 50 characters), append the
+  ```output block and continue; at most ``tir_max_rounds`` generations (reference 2). After the last round the
+  output is still injected, so the answer can come from the last ```output block, as in the reference.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,17 +32,14 @@ from stages.core.generation import SamplingParams
 from stages.core.io import iter_jsonl
 from stages.core.problems import Problem
 from stages.core.prompts import PromptFormat, prompt_format
-from stages.core.sandbox import extract_tir_code, run_many_pot, run_tir_code, tir_output_block
-from stages.evaluate.benchmarks import TIR_STOP, build_prompt, stop_strings, strip_stops
+from stages.core.tool_loop import Stream, pot_program, run_loop  # noqa: F401 - pot_program: read from here too
+from stages.evaluate.benchmarks import build_prompt, stop_strings
 
 
 def generator_format(generator: Any) -> PromptFormat | None:
     """The zero-shot prompt format of the model a generator decodes with (None when it exposes no tokenizer)."""
     tok = getattr(generator, "tokenizer", None)
     return None if tok is None else prompt_format(tok)
-
-
-_PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -90,51 +86,15 @@ def sampling_params(spec: RunSpec, s: LoopSettings, stops: tuple[str, ...], batc
                           seed=s.seed + batch_index + 1_000_003 * round_)
 
 
-def pot_program(text: str) -> str:
-    """The program of a PoT completion: its last ```python block, else the text before any ```` ``` ````;
-    leading whitespace of the first line removed (responses start with a space)."""
-    blocks = _PY_BLOCK.findall(text)
-    code = blocks[-1] if blocks else text.split("```")[0]
-    return code.lstrip().rstrip()
-
-
-def generate_tir(generator: Any, prompts: Sequence[str], spec: RunSpec, s: LoopSettings, stops: tuple[str, ...],
-                 batch_index: int, pool: ThreadPoolExecutor) -> list[list[dict[str, Any]]]:
-    """The tool-integrated loop for one batch; returns per problem its n completions as dicts."""
-    streams: list[dict[str, Any]] = []  # one per (problem, sample)
-    first = generator.generate(list(prompts), sampling_params(spec, s, stops, batch_index))
-    for pi, comps in enumerate(first):
-        for c in comps:
-            streams.append({"problem": pi, "text": c.text, "finish_reason": c.finish_reason,
-                            "n_tokens": len(c.token_ids), "rounds": 1, "executions": 0})
-    for round_ in range(1, s.tir_max_rounds + 1):  # round_ generations done so far
-        waiting = [st for st in streams if st["finish_reason"] == "stop" and st["text"].endswith(TIR_STOP)]
-        if not waiting:
-            break
-        for st in waiting:  # the reference keeps the text without its stop word, right-stripped
-            st["text"] = st["text"][: -len(TIR_STOP)].rstrip()
-        codes = [extract_tir_code(st["text"]) for st in waiting]
-        ran = [(st, code) for st, code in zip(waiting, codes, strict=True) if code]  # no code: nothing to inject
-        outputs = list(pool.map(lambda sc: run_tir_code(sc[1], timeout_s=s.exec_timeout_s), ran))
-        for (st, _), out in zip(ran, outputs, strict=True):
-            st["text"] += tir_output_block(out)
-            st["executions"] += 1
-        for st in waiting:
-            st["finish_reason"] = "tool"  # paused for the tool; set again by the next generation
-        if round_ >= s.tir_max_rounds:
-            break  # the reference injects the last output but generates no more
-        sp = sampling_params(spec, s, stops, batch_index, n=1, round_=round_)
-        more = generator.generate([prompts[st["problem"]] + st["text"] for st in waiting], sp)
-        for st, comps in zip(waiting, more, strict=True):
-            c = comps[0]
-            st["text"] += c.text
-            st["finish_reason"] = c.finish_reason
-            st["n_tokens"] += len(c.token_ids)
-            st["rounds"] += 1
-    out: list[list[dict[str, Any]]] = [[] for _ in prompts]
-    for st in streams:
-        out[st["problem"]].append({k: st[k] for k in ("text", "finish_reason", "n_tokens", "rounds", "executions")})
-    return out
+def completion_record(st: Stream, mode: str) -> dict[str, Any]:
+    """The checkpoint record of one output: text, finish reason, generated tokens; tir: rounds and program runs;
+    pot: the program's status and answer."""
+    rec: dict[str, Any] = {"text": st.text, "finish_reason": st.finish_reason, "n_tokens": st.n_tokens}
+    if mode == "tir":
+        rec.update(rounds=st.rounds, executions=st.executions)
+    elif mode == "pot":
+        rec.update(exec_status=st.exec_status, answer=st.program_answer)
+    return rec
 
 
 def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s: LoopSettings, prompting: str,
@@ -144,23 +104,13 @@ def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s
     stops = stop_strings(spec.family, spec.mode, prompting)
     fmt = generator_format(generator)
     prompts = [build_prompt(p, spec.mode, prompting, exemplars, fmt) for p in problems]
-    if spec.mode == "tir":
-        comps = generate_tir(generator, prompts, spec, s, stops, batch_index, pool)
-    else:
-        raw = generator.generate(prompts, sampling_params(spec, s, stops, batch_index))
-        comps = [[{"text": c.text, "finish_reason": c.finish_reason, "n_tokens": len(c.token_ids)} for c in cs]
-                 for cs in raw]
+    streams = run_loop(generator, prompts, spec.mode,
+                       lambda r, _c: sampling_params(spec, s, stops, batch_index, n=None if r == 0 else 1, round_=r),
+                       pool, max_rounds=s.tir_max_rounds, exec_timeout_s=s.exec_timeout_s)
+    comps = [[completion_record(st, spec.mode) for st in group] for group in streams]
     flat = [c for cs in comps for c in cs]
-    for c in flat:
-        c["text"] = strip_stops(c["text"], stops)
     bench = "math" if spec.family == "math" else "gsm8k"
-    if spec.mode == "pot":
-        results = run_many_pot([pot_program(c["text"]) for c in flat], timeout_s=s.exec_timeout_s,
-                               workers=s.exec_workers)
-        for c, (res, value) in zip(flat, results, strict=True):
-            c["exec_status"] = res.status
-            c["answer"] = None if value is None else str(value).strip()
-    else:
+    if spec.mode != "pot":
         for c in flat:
             c["answer"] = extract_answer(c["text"], bench)
     golds = [p.gold for p, cs in zip(problems, comps, strict=True) for _ in cs]

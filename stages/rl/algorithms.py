@@ -210,31 +210,32 @@ class Rft(Algorithm):
         return rule_reward_set()
 
     def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
-        from stages.core.prompts import rl_prompt
-        from stages.rl.rollout import build_rollout
+        from stages.rl.rollout import build_rollout, rollout_prompt
 
         if ctx.pool is None:
             raise ValueError("grpo_step: algorithm rft needs the RFT pool")
         kept = ctx.pool.step_samples(questions)
         rows = [ctx.rows[q] for q, _ in kept]
-        return build_rollout(rows, [rl_prompt(r["question"], ctx.p.template, ctx.tokenizer) for r in rows], [[c] for _, c in kept],
-                             ctx.tokenizer, mask_truncated=ctx.p.mask_truncated) if kept else None
+        prompts = [rollout_prompt(r["question"], getattr(c, "mode", "cot"), ctx.p.template, ctx.tokenizer)
+                   for r, (_, c) in zip(rows, kept, strict=True)]
+        return build_rollout(rows, prompts, [[c] for _, c in kept], ctx.tokenizer, mask_truncated=ctx.p.mask_truncated,
+                             mask_written=ctx.p.rollout.mask_written_outputs) if kept else None
 
     def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
         """``group_size`` outputs of ``model`` (the SFT model) for every question of steps 0 .. total_steps - 1 (this
-        rank's share), the correct ones kept once each (stages.rl.paradigm.build_rft_pool)."""
+        rank's share), each question in its rollout mode (``grpo.rollout``, drawn as for step -1), the correct ones
+        kept once each (stages.rl.paradigm.rft_pool_from_samples)."""
         from stages.core.dist import rank, world_size
-        from stages.core.generation import SamplingParams
-        from stages.core.prompts import rl_prompt
-        from stages.rl.paradigm import build_rft_pool, run_questions
+        from stages.rl.paradigm import rft_pool_from_samples, run_questions
         from stages.rl.rewards import accuracy_reward
+        from stages.rl.rollout import question_modes, sample_outputs
 
         qidx = run_questions(len(rows), total_steps, p.questions_per_step, p.seed, rank=rank(), world=world_size())
-        sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size, max_new_tokens=p.max_new_tokens,
-                            seed=p.seed * 1_000_003 - 1)
         model.eval()
-        return build_rft_pool(generator, rows, qidx, [rl_prompt(rows[q]["question"], p.template, getattr(generator, "tokenizer", None)) for q in qidx], sp,
-                              lambda row, c: accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
+        outs, _ = sample_outputs(generator, getattr(generator, "tokenizer", None), [rows[q]["question"] for q in qidx],
+                                 question_modes(p.rollout, p.seed, -1, qidx), p, seed=p.seed * 1_000_003 - 1)
+        return rft_pool_from_samples(rows, qidx, outs, lambda row, c: accuracy_reward(
+            completion=c.text, answer=row["answer"], mode=c.mode, program_answer=c.program_answer) == 1.0)
 
     def score(self, ctx: StepContext, batch: Batch) -> Rewards:
         n = 0 if batch.rollout is None else len(batch.rollout.texts)

@@ -123,6 +123,13 @@ def build_rft_pool(generator: Any, rows: Sequence[dict[str, Any]], questions: Se
     """Sample ``sp.n`` outputs for each question once, judge them with ``is_correct(row, completion) -> bool`` and
     keep the correct, distinct ones (:func:`select_rft_samples`). ``prompts[k]`` is the prompt of ``questions[k]``."""
     outs = generator.generate(list(prompts), sp) if questions else []
+    return rft_pool_from_samples(rows, questions, outs, is_correct)
+
+
+def rft_pool_from_samples(rows: Sequence[dict[str, Any]], questions: Sequence[int], outs: Sequence[Sequence[Any]],
+                          is_correct: Any) -> RftPool:
+    """The pool of ``outs[k]``, the outputs sampled for question ``questions[k]``: judged with
+    ``is_correct(row, completion) -> bool``, the correct, distinct ones kept (:func:`select_rft_samples`)."""
     texts = [[c.text for c in group] for group in outs]
     correct = [[bool(is_correct(rows[q], c)) for c in group] for q, group in zip(questions, outs, strict=True)]
     kept = select_rft_samples(texts, correct)

@@ -9,12 +9,15 @@ The paper's "rule" reward is answer correctness (section 5.2.1).
 
 Every reward function is called with keyword arguments and returns a float::
 
-    fn(*, question: str, completion: str, answer: str, finish_reason: str, row: dict) -> float
+    fn(*, question: str, completion: str, answer: str, finish_reason: str, row: dict, mode: str,
+       program_answer: str | None) -> float
 
-``completion`` is the decoded output (special tokens skipped), ``answer`` the gold answer,
-``finish_reason`` "stop" (EOS or a stop string) or "length" (cut at max_new_tokens), ``row`` the
-prompt row (every key of the prompt JSONL). A custom function is given by import path
-``package.module:function`` in ``grpo.reward.custom``; accept ``**_`` for arguments you do not use.
+``completion`` is the decoded output (special tokens skipped; a TIR output with its injected ```output blocks),
+``answer`` the gold answer, ``finish_reason`` "stop" (EOS or a stop string), "length" (cut at max_new_tokens) or
+"tool" (a TIR output whose last round stopped for a program), ``row`` the prompt row (every key of the prompt
+JSONL), ``mode`` the output's rollout mode (cot / pot / tir, ``grpo.rollout``), ``program_answer`` a PoT output's
+``str(solution())`` as run in the sandbox (None otherwise, or when the program failed). A custom function is given by
+import path ``package.module:function`` in ``grpo.reward.custom``; accept ``**_`` for arguments you do not use.
 
 The reward of a sample is ``sum_k w_k * fn_k(...)``. If any function raises or returns a
 non-finite value for a sample, that sample's reward is NaN: it is excluded from its group's
@@ -79,15 +82,19 @@ class RewardSource(Protocol):
 _BOXED = re.compile(r"\\boxed\{")
 
 
-def accuracy_reward(*, completion: str, answer: str, **_: Any) -> float:
-    """1.0 when the extracted final answer (DeepSeekMath's extraction order) equals the gold answer, else 0.0.
+def accuracy_reward(*, completion: str, answer: str, mode: str = "cot", program_answer: str | None = None,
+                    **_: Any) -> float:
+    """1.0 when the final answer equals the gold answer, else 0.0. The final answer: the one extracted from the text
+    (DeepSeekMath's extraction order; a TIR output's last ```output block counts, as in the evaluation), or for a PoT
+    output (``mode`` pot) ``program_answer``, what its ``solution()`` returned in the sandbox (0.0 when it failed).
 
     Departs from the reference evaluator on purpose: its percent rule (a prediction equal to gold x 100
     or gold / 100 counts as right) is off here, since as a reward it would pay 200 for a gold of 2.
     """
     from stages.core.answers import extract_answer, is_equivalent
 
-    return 1.0 if is_equivalent(extract_answer(completion, "math"), answer, percent_variants=False) else 0.0
+    pred = program_answer if mode == "pot" else extract_answer(completion, "math")
+    return 1.0 if pred is not None and is_equivalent(pred, answer, percent_variants=False) else 0.0
 
 
 def format_reward(*, completion: str, finish_reason: str, **_: Any) -> float:
@@ -157,7 +164,9 @@ class RewardSet:
         for n in range(N):
             row = ro.rows[n]
             tot, comp = self.score(question=row["question"], completion=ro.texts[n], answer=row["answer"],
-                                   finish_reason=ro.finish_reasons[n], row=row)
+                                   finish_reason=ro.finish_reasons[n], row=row,
+                                   mode=ro.modes[n] if ro.modes else "cot",
+                                   program_answer=ro.program_answers[n] if ro.program_answers else None)
             totals.append(tot)
             for k, v in comp.items():
                 parts.setdefault(k, []).append(v)

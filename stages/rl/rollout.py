@@ -11,7 +11,7 @@ Tensor layout of a rollout batch of N = Q * G outputs (row n = q * G + g)::
     input_ids       (N, P + T)  prompt left-padded to P, completion right-padded to T
     attention_mask  (N, P + T)
     completion_mask (N, T)      1 on generated tokens (EOS included)
-    loss_mask       (N, T)      completion_mask minus tool-output tokens, excluded outputs, ...
+    loss_mask       (N, T)      completion_mask minus injected tool-output tokens, excluded outputs, ...
 """
 
 from __future__ import annotations
@@ -19,15 +19,45 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from stages.core.generation import SamplingParams, sample_seed
 from stages.core.logprobs import IGNORE, lm_logprobs
+from stages.core.prompts import chat_prompt, prompt_format, rl_prompt
+from stages.core.tool_loop import MODES, LoopStats, Stream, run_loop
 
 _OUTPUT_BLOCK = re.compile(r"```output\n.*?(?:```|$)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled output as :func:`build_rollout` reads it: the generation interface's fields (``text``,
+    ``token_ids``, ``logprobs``, ``finish_reason``; stages.core.generation.Completion has them too) plus how it was
+    made. ``policy_mask``: 1 per token the policy generated, 0 per injected tool-output token (None: all generated).
+    ``mode``: cot / pot / tir. ``program_answer``: pot's ``str(solution())`` (None when the program failed);
+    ``exec_status``: its sandbox status. ``rounds`` / ``executions``: tir's generations and program runs."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_mask: list[int] | None = None
+    mode: str = "cot"
+    program_answer: str | None = None
+    exec_status: str | None = None
+    rounds: int = 1
+    executions: int = 0
+
+    @classmethod
+    def from_stream(cls, st: Stream, mode: str) -> Sample:
+        """The sample of one stream of the tool loop (token carry)."""
+        return cls(st.text, list(st.token_ids), list(st.logprobs), st.finish_reason, list(st.policy_mask), mode,
+                   st.program_answer, st.exec_status, st.rounds, st.executions)
 
 
 @dataclass
@@ -44,17 +74,26 @@ class Rollout:
     sampler_logprobs: Tensor
     prompt_len: int
     group_size: int
+    modes: list[str] = field(default_factory=list)
+    """Per output: its rollout mode (cot / pot / tir)."""
+    program_answers: list[str | None] = field(default_factory=list)
+    """Per output: pot's program answer (None otherwise, or when the program failed)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The sampling's own metrics (programs run, sandbox time, TIR rounds; stages.core.tool_loop.LoopStats)."""
 
     @property
     def completion_lengths(self) -> Tensor:
         return self.completion_mask.sum(-1)
 
 
-def tool_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
-    """1 per token, 0 for tokens that overlap a tool-injected ```output ... ``` block.
+def written_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
+    """1 per token, 0 for tokens that overlap a ```output ... ``` block in the decoded text.
 
-    The executor, not the policy, wrote those tokens, so they take no part in the loss or the KL
-    (TIR rollouts). Cheap when there is no such block (one decode).
+    Before issue 21 every rollout's loss mask came from this text rule (then named ``tool_output_mask``), although
+    no rollout ran a program: it left out the output blocks the policy wrote itself, the ```output header
+    included. Injected tool output is now masked by provenance (``Sample.policy_mask``); this rule remains for the
+    outputs of the modes that run no loop between the policy's tokens (cot, pot) when
+    ``grpo.rollout.mask_written_outputs`` asks for it. Cheap when there is no such block (one decode).
     """
     ids = list(token_ids)
     text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -72,11 +111,100 @@ def tool_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
     return keep
 
 
+tool_output_mask = written_output_mask
+"""The name of :func:`written_output_mask` before issue 21."""
+
+
+def rollout_prompt(question: str, mode: str, template: str = "deepseekmath", tokenizer: Any = None) -> str:
+    """The prompt of ``question`` in rollout ``mode``: cot the RL template's (stages.core.prompts.rl_prompt, in the
+    model's prompt format with ``tokenizer``), pot / tir the prompt of the mode in the model's prompt format
+    (stages.core.prompts.prompt_format; the deepseekmath chat prompt without ``tokenizer``): the SFT data's and the
+    evaluation's."""
+    if mode == "cot":
+        return rl_prompt(question, template, tokenizer)
+    if tokenizer is not None:
+        return prompt_format(tokenizer).prompt(question, mode)  # type: ignore[arg-type]
+    return chat_prompt(question, mode)  # type: ignore[arg-type]
+
+
+def question_modes(r: Any, seed: int, step: int, questions: Sequence[int]) -> list[str]:
+    """The rollout mode of each question (``grpo.rollout``: ``r.mode``; with ``mixture``, each question's mode drawn
+    from ``r.mixture``'s shares by a hash of (seed, step, question index): the same on every rank and on resume)."""
+    if r.mode != "mixture":
+        return [r.mode] * len(questions)
+    shares = [(m, float(getattr(r.mixture, m))) for m in MODES]
+    total = sum(w for _, w in shares)
+    out = []
+    for q in questions:
+        u = sample_seed(seed, step, q) / 2.0**63 * total
+        acc, pick = 0.0, next(m for m, w in reversed(shares) if w > 0)
+        for m, w in shares:
+            acc += w
+            if w > 0 and u < acc:
+                pick = m
+                break
+        out.append(pick)
+    return out
+
+
+def sample_outputs(generator: Any, tokenizer: Any, questions: Sequence[str], modes: Sequence[str], p: Any, seed: int,
+                   pool: Executor | None = None) -> tuple[list[list[Sample]], dict[str, float]]:
+    """``p.group_size`` outputs per question in its mode (``p``: the grpo params: temperature, top_p, max_new_tokens
+    per generation, template, rollout), through the tool loop with token carry (stages.core.tool_loop.run_loop, one
+    call per mode present, cot first). Returns (samples[q][g], metrics: the sandbox's figures and tir's rounds when a
+    program-running mode is present, and each mode's share of the outputs with a mixture).
+
+    Seeds: the cot call is seeded with ``seed`` (one chunk, one round: the plain sampling of before the modes);
+    round r of chunk c of mode m with ``seed + 7919 c + 104729 r + 15485863 m``. ``pool``: the sandbox threads (None:
+    ``p.rollout.sandbox_workers`` threads for this call)."""
+    r = p.rollout
+    out: list[list[Sample]] = [[] for _ in questions]
+    stats = LoopStats()
+    present = [m for m in MODES if m in modes]
+    own = None
+    if pool is None and any(m != "cot" for m in present):
+        own = pool = ThreadPoolExecutor(max_workers=r.sandbox_workers, thread_name_prefix="sandbox")
+    try:
+        for mode in present:
+            idx = [k for k, m in enumerate(modes) if m == mode]
+            prompts = [rollout_prompt(questions[k], mode, p.template, tokenizer) for k in idx]
+            offset = 15_485_863 * MODES.index(mode)
+
+            def sampling(round_: int, chunk: int, offset: int = offset) -> SamplingParams:
+                return SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size,
+                                      max_new_tokens=p.max_new_tokens,
+                                      seed=seed + offset + 7_919 * chunk + 104_729 * round_)
+
+            streams = run_loop(generator, prompts, mode, sampling, pool, max_rounds=r.tir_max_rounds,
+                               exec_timeout_s=r.exec_timeout_s, carry="tokens", tokenizer=tokenizer, chunks=r.chunks,
+                               stats=stats)
+            for k, group in zip(idx, streams, strict=True):
+                out[k] = [Sample.from_stream(st, mode) for st in group]
+    finally:
+        if own is not None:
+            own.shutdown(wait=True)
+    metrics: dict[str, float] = {}
+    flat = [s for group in out for s in group]
+    if any(m != "cot" for m in present):
+        metrics.update(stats.metrics())
+        tir = [s for s in flat if s.mode == "tir"]
+        if tir:
+            metrics["tir_rounds_mean"] = sum(s.rounds for s in tir) / len(tir)
+            metrics["tir_executions_mean"] = sum(s.executions for s in tir) / len(tir)
+    if len(present) > 1 and flat:
+        for m in present:
+            metrics[f"mode_frac_{m}"] = sum(s.mode == m for s in flat) / len(flat)
+    return out, metrics
+
+
 def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: list[list[Any]], tokenizer: Any,
-                  *, mask_truncated: bool) -> Rollout:
+                  *, mask_truncated: bool, mask_written: bool = False) -> Rollout:
     """Tokenise prompts (with BOS, as the tokenizer adds it) and concatenate the generated ids.
 
-    ``completions[q][g]`` follows the generation interface (token_ids, logprobs, text, finish_reason).
+    ``completions[q][g]`` follows the generation interface (token_ids, logprobs, text, finish_reason); a
+    :class:`Sample` also brings its ``policy_mask`` (injected tool-output tokens get loss mask 0), mode and program
+    answer. ``mask_written``: the outputs of the modes without a tool loop (cot, pot) also lose the ```output blocks
+    they wrote themselves (:func:`written_output_mask`; ``grpo.rollout.mask_written_outputs``).
     """
     G = len(completions[0])
     pad = tokenizer.pad_token_id
@@ -100,7 +228,10 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
             input_ids[n, P:P + len(ids)] = torch.tensor(ids)
             attn[n, P:P + len(ids)] = 1
             cmask[n, :len(ids)] = 1
-            lmask[n, :len(ids)] = torch.tensor(tool_output_mask(ids, tokenizer), dtype=torch.float)
+            pm = getattr(c, "policy_mask", None)
+            if mask_written and getattr(c, "mode", "cot") != "tir":
+                pm = written_output_mask(ids, tokenizer)
+            lmask[n, :len(ids)] = 1.0 if pm is None else torch.tensor(pm, dtype=torch.float)
             if c.logprobs is not None:
                 slp[n, :len(ids)] = torch.tensor([float(x) for x in c.logprobs][: len(ids)])
         if mask_truncated and c.finish_reason == "length":
@@ -111,6 +242,8 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
         rows=[rows[q] for q, _ in flat],
         texts=texts, finish_reasons=reasons, input_ids=input_ids, attention_mask=attn,
         completion_mask=cmask, loss_mask=lmask, sampler_logprobs=slp, prompt_len=P, group_size=G,
+        modes=[getattr(c, "mode", "cot") for _, c in flat],
+        program_answers=[getattr(c, "program_answer", None) for _, c in flat],
     )
 
 

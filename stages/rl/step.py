@@ -27,6 +27,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,14 +35,20 @@ import torch
 from torch import Tensor
 
 from stages.core.dist import all_reduce
-from stages.core.generation import SamplingParams
-from stages.core.prompts import rl_prompt
 from stages.rl.algorithms import Algorithm, RewardStats, Targets, get_algorithm
 from stages.rl.data import step_questions
 from stages.rl.losses import POLICY_LOSSES, LossNormalizer, value_loss
 from stages.rl.paradigm import RftPool
 from stages.rl.rewards import Rewards, RewardSet, RewardSource
-from stages.rl.rollout import Rollout, build_rollout, mismatch_metrics, token_logprobs
+from stages.rl.rollout import (
+    Rollout,
+    build_rollout,
+    mismatch_metrics,
+    question_modes,
+    rollout_prompt,
+    sample_outputs,
+    token_logprobs,
+)
 from stages.rl.update import on_device, rl_updater
 from stages.rl.value import Critic, init_value_model
 from stages.train.update import Updater, micro_slices
@@ -57,7 +64,8 @@ class StepContext:
     p: the grpo params; updater: the policy's update path; reward_set: the rule / custom functions (the rewards of
     ``reward_source: rule`` and the accuracy metric); source: a reward model or the exact step labels, else None;
     ref_model: pi_ref or None; critic: PPO's value model, else None; pool: rft's offline samples; offload: keep the
-    reference / reward model in CPU memory while idle (GPU)."""
+    reference / reward model in CPU memory while idle (GPU); sandbox_pool: the threads that run pot / tir programs
+    (None: each step makes its own)."""
 
     p: Any
     model: Any
@@ -71,6 +79,7 @@ class StepContext:
     critic: Critic | None = None
     pool: RftPool | None = None
     offload: bool = False
+    sandbox_pool: Executor | None = None
 
     @property
     def algorithm(self) -> Algorithm:
@@ -138,6 +147,7 @@ def run_step(step: int, ctx: StepContext) -> tuple[dict[str, Any], Rollout | Non
         tg = algo.finish_targets(ctx, batch, rewards, tg, lp)
     with timer("scoring"):
         m.update(reward_metrics(tg.stats, batch.rollout), **rewards.metrics, **(tg.metrics or {}))
+        m.update(rollout_metrics(batch.rollout, rewards))
     with timer("update"):
         m.update(update(ctx, batch, tg, lp))
     m["n_train_outputs"] = int(all_reduce([float(tg.train_rows.numel())])[0])
@@ -157,16 +167,20 @@ def collect(ctx: StepContext, step: int) -> Batch:
 
 
 def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout:
-    """G outputs per question from the current policy through the generator (seeded by seed and step)."""
+    """G outputs per question from the current policy, each question in its rollout mode (``grpo.rollout``; the tool
+    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step."""
     p = ctx.p
     batch = [ctx.rows[i] for i in questions]
-    prompts = [rl_prompt(r["question"], p.template, ctx.tokenizer) for r in batch]
+    modes = question_modes(p.rollout, p.seed, step, questions)
     ctx.model.eval()
-    sp = SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size, max_new_tokens=p.max_new_tokens,
-                        seed=p.seed * 1_000_003 + step)
-    completions = ctx.generator.generate(prompts, sp)
+    samples, metrics = sample_outputs(ctx.generator, ctx.tokenizer, [r["question"] for r in batch], modes, p,
+                                      seed=p.seed * 1_000_003 + step, pool=ctx.sandbox_pool)
     _call(ctx.generator, "sleep")  # vllm sleep mode: the engine's memory goes to the update
-    return build_rollout(batch, prompts, completions, ctx.tokenizer, mask_truncated=p.mask_truncated)
+    prompts = [rollout_prompt(r["question"], m, p.template, ctx.tokenizer) for r, m in zip(batch, modes, strict=True)]
+    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.mask_truncated,
+                       mask_written=p.rollout.mask_written_outputs)
+    ro.metrics.update(metrics)
+    return ro
 
 
 def _call(obj: Any, name: str) -> None:
@@ -202,6 +216,20 @@ def reward_metrics(stats: RewardStats, ro: Rollout | None) -> dict[str, float]:
         "completion_len": float(ro.completion_lengths.float().mean()) if ro is not None else math.nan,
         "truncated_frac": (sum(r == "length" for r in ro.finish_reasons) / N) if ro is not None and N else 0.0,
     }
+
+
+def rollout_metrics(ro: Rollout | None, rewards: Rewards) -> dict[str, float]:
+    """The sampling's own metrics (programs, sandbox time, TIR rounds: Rollout.metrics) and, when the step mixes
+    rollout modes, the answer accuracy of each mode's outputs (``accuracy_<mode>``; this rank's)."""
+    if ro is None:
+        return {}
+    m = dict(ro.metrics)
+    acc = rewards.parts.get("accuracy")
+    if acc is not None and len(set(ro.modes)) > 1:
+        for mode in sorted(set(ro.modes)):
+            vals = [a for a, md in zip(acc, ro.modes, strict=True) if md == mode and math.isfinite(a)]
+            m[f"accuracy_{mode}"] = sum(vals) / len(vals) if vals else math.nan
+    return m
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,7 +433,7 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
         m["value_grad_norm"] = sum(fin) / len(fin) if fin else math.nan
     if ro is not None:
         trained = torch.zeros_like(tg.loss_mask)
-        trained[rows] = ro.completion_mask[rows]
+        trained[rows] = (tg.loss_mask[rows] > 0).float()  # the policy's own tokens (no injected tool output)
         m.update(mismatch_metrics(ro.sampler_logprobs, mismatch_lp, trained))
     return m
 

@@ -111,6 +111,59 @@ class GrpoPpoParams(Section):
     """Whiten the advantages over the batch's valid tokens (mean 0, std 1; TRL and verl do; not from the paper)."""
 
 
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+
+class GrpoMixtureParams(Section):
+    """Shares of the questions per rollout mode with ``rollout.mode: mixture`` (normalised by their sum). Each question
+    of a step gets one mode for its G outputs, drawn from these shares by a hash of (seed, step, question): the same on
+    every rank and on a resumed run."""
+
+    cot: NonNegFloat
+    """Share of chain-of-thought questions."""
+    pot: NonNegFloat
+    """Share of program-of-thought questions."""
+    tir: NonNegFloat
+    """Share of tool-integrated questions."""
+
+    @model_validator(mode="after")
+    def _some_share(self) -> GrpoMixtureParams:
+        if self.cot + self.pot + self.tir <= 0:
+            raise ValueError("every share is 0; give at least one mode a positive share")
+        return self
+
+
+class GrpoRolloutParams(Section):
+    """How the G outputs of a question are produced (stages/rl/rollout.py ``sample_outputs``), through the loop the
+    evaluation stage uses (stages/core/tool_loop.py): chain of thought, a program, or tool-integrated reasoning."""
+
+    mode: Literal["cot", "pot", "tir", "mixture"]
+    """cot: the policy reasons in text (the RL template's prompt); pot: the policy writes a ``solution()`` program
+    (the PoT instruction), which runs in the sandbox, and the reward compares ``str(solution())`` with the gold
+    answer; tir: DeepSeekMath's tool-integrated loop (the TIR instruction): the policy's code runs in the sandbox when
+    it writes ```` ```output ````, the output is injected and generation continues, at most ``tir_max_rounds``
+    rounds; the injected tokens are left out of the loss and the KL; mixture: each question one of these by the
+    shares of ``mixture``. Every mode but cot needs ``template: deepseekmath`` and ``reward_source: rule``."""
+    mixture: GrpoMixtureParams
+    """Shares of the modes with ``mode: mixture`` (unused otherwise)."""
+    tir_max_rounds: PosInt
+    """Most generations per TIR output (the evaluation's reference: 2); each round may add ``max_new_tokens`` tokens."""
+    exec_timeout_s: PosFloat
+    """Wall-clock limit of one program run in the sandbox (the evaluation's reference: 10)."""
+    chunks: PosInt
+    """pot / tir: a step's questions are generated in this many fixed chunks, so that one chunk's programs run in the
+    sandbox while the next chunk generates (stages/core/tool_loop.py); 1 = generate all, then run all. Results depend
+    on it (each chunk's generator call has its own seed)."""
+    mask_written_outputs: bool
+    """Also leave the ```output blocks that cot / pot outputs write themselves (no program ran: invented output, the
+    header included) out of the loss, by their text (stages.rl.rollout.written_output_mask; what the stage did to
+    every output before issue 21, when no rollout ran a program; the tiny default keeps it). false: only the tool
+    loop's injected tokens are masked, by provenance, and every token the policy wrote trains (an unbiased policy
+    gradient). TIR outputs are masked by provenance either way."""
+    sandbox_workers: Annotated[PosInt, RUNTIME]
+    """Programs run at once (threads driving sandbox processes) during pot / tir rollouts."""
+
+
 def _registered(kind: str, value: str) -> str:
     """``value`` when it is registered in the ``kind`` registry of stages/rl, else a one-line error listing them."""
     if kind == "algorithm":
@@ -255,6 +308,8 @@ class GrpoParams(Section):
     ranks, which then share their prompts); 1 = one engine per rank. Must divide the number of ranks."""
     ppo: GrpoPpoParams
     """PPO's value model and GAE (algorithm ppo only)."""
+    rollout: GrpoRolloutParams
+    """Rollout modes: cot, pot, tir or a mixture (every sampling algorithm: grpo, ppo, online_rft, rft)."""
     deepspeed: DeepSpeedParams
     """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
     when launched by deepspeed / torchrun (docs/real-mode.md). ZeRO-3 is refused (see the validator)."""
@@ -290,6 +345,17 @@ class GrpoParams(Section):
         if self.questions_per_step < world:
             raise ValueError(f"questions_per_step ({self.questions_per_step}) is below the {world} ranks of launcher "
                              "(each rank samples at least one question per step); raise it or use fewer ranks")
+        if self.rollout.mode != "cot":
+            if self.template != "deepseekmath":
+                raise ValueError(f"rollout.mode {self.rollout.mode}: the PoT / TIR prompts are the deepseekmath chat "
+                                 "prompt's; set template: deepseekmath (or rollout.mode: cot)")
+            if self.reward_source != "rule":
+                raise ValueError(f"rollout.mode {self.rollout.mode} is scored by the rule reward (PoT: the program's "
+                                 "answer); set reward_source: rule (or rollout.mode: cot)")
+            uses_pot = self.rollout.mode == "pot" or (self.rollout.mode == "mixture" and self.rollout.mixture.pot > 0)
+            if uses_pot and self.reward.format_weight:
+                raise ValueError("reward.format_weight: the format reward reads a \\boxed{} answer, which PoT outputs "
+                                 "do not write; set it to 0 with PoT rollouts")
         if self.deepspeed.zero_stage == 3:
             raise ValueError("deepspeed.zero_stage 3 is not supported by the grpo stage (ranks' rollout and "
                              "log-prob passes differ in length, and ZeRO-3 makes every forward a collective); use 0-2")

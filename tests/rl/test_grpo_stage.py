@@ -39,6 +39,8 @@ def tiny_params(**over) -> GrpoParams:
         deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
         launcher=dict(nproc_per_node=1, nnodes=1, kind="none", rdzv_endpoint=None, hostfile=None, retries=0, retry_delay_s=0.0),
         ppo=dict(value_init="policy", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=0.2, whiten=True),
+        rollout=dict(mode="cot", mixture=dict(cot=0.5, pot=0.0, tir=0.5), tir_max_rounds=2, exec_timeout_s=10.0,
+                     chunks=2, mask_written_outputs=True, sandbox_workers=2),
     )
     raw.update(over)
     return GrpoParams.model_validate(raw)

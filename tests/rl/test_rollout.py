@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from stages.core.modeling import load_model, load_tokenizer
-from stages.rl.rollout import build_rollout, mismatch_metrics, token_logprobs, tool_output_mask
+from stages.rl.rollout import Sample, build_rollout, mismatch_metrics, token_logprobs, tool_output_mask
 
 torch.set_num_threads(1)
 
@@ -54,6 +54,29 @@ def test_tool_output_tokens_masked(tiny_model_dir):
     assert "print(x)" in kept and "The answer is 3." in kept and "output" not in kept
     plain = tok("3 + 2 = 5.", add_special_tokens=False)["input_ids"]
     assert tool_output_mask(plain, tok) == [1] * len(plain)
+
+
+def test_injected_tokens_masked_by_provenance(tiny_model_dir):
+    """The loss mask of a TIR output is 0 exactly on the tokens the tool loop injected (Sample.policy_mask), the
+    policy's ```output header trains; an ```output block a CoT output wrote itself trains unless ``mask_written``
+    (grpo.rollout.mask_written_outputs, the text rule every output had before issue 21)."""
+    tok = load_tokenizer(tiny_model_dir)
+    enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    policy, injected, after = enc("x = 3\n```python\nprint(x)\n```\n```output"), enc("\n3\n```\n"), enc("So 3.")
+    ids = policy + injected + after + [tok.eos_token_id]
+    mask = [1] * len(policy) + [0] * len(injected) + [1] * (len(after) + 1)
+    tir = Sample("...", ids, [-0.5] * len(ids), "stop", policy_mask=mask, mode="tir")
+    written = enc("```output\n3\n```\nThe answer is 3.")  # the policy wrote an output block itself
+    cot = SimpleNamespace(text="", token_ids=written, logprobs=[-1.0] * len(written), finish_reason="stop")
+    for mask_written in (False, True):
+        ro = build_rollout([{"question": "q", "answer": "3"}], ["User: q\n\nAssistant:"], [[tir, cot]], tok,
+                           mask_truncated=False, mask_written=mask_written)
+        assert ro.loss_mask[0, :len(ids)].tolist() == [float(m) for m in mask]
+        want = tool_output_mask(written, tok) if mask_written else [1] * len(written)
+        assert ro.loss_mask[1, :len(written)].tolist() == [float(m) for m in want]
+    assert 0 < sum(tool_output_mask(written, tok)) < len(written)
+    assert ro.completion_mask[0].sum() == len(ids)  # injected tokens are part of the sequence, only not trained
+    assert ro.modes == ["tir", "cot"] and ro.program_answers == [None, None]
 
 
 def test_shared_prompt_pass_gives_the_same_logprobs_and_gradients(tiny_model_dir):

@@ -65,8 +65,17 @@ def grpo_section(steps: int, params_file: Path = ROOT / "params.yaml") -> dict[s
     """params.yaml's grpo section for the record: ``steps`` steps, one thread, no side outputs."""
     import yaml
 
-    full = yaml.safe_load(params_file.read_text())
-    raw = {**full["grpo"], **((full.get("runtime") or {}).get("grpo") or {})}
+    data = yaml.safe_load(params_file.read_text())
+
+    def merge(into: dict[str, Any], over: dict[str, Any]) -> None:  # the runtime section's values (the loader's way)
+        for k, v in over.items():
+            if isinstance(v, dict) and isinstance(into.get(k), dict):
+                merge(into[k], v)
+            else:
+                into[k] = v
+
+    raw = data["grpo"]
+    merge(raw, (data.get("runtime") or {}).get("grpo") or {})
     raw.update(steps=steps, num_threads=1, checkpoint_every=0, log_completions_every=0)
     raw["baseline"]["enabled"] = False
     raw["heldout"]["every"] = 0
