@@ -228,7 +228,7 @@ def test_tiny_ppo_run_end_to_end(project) -> None:
     m = grpo.run(_ppo())
     before, after = (load_file(str(d / "model.safetensors")) for d in (paths.SFT_MODEL, paths.GRPO_MODEL))
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    saved = json.loads(paths.metrics_file("grpo").read_text())
+    saved = json.loads(paths.details_file("grpo").read_text())  # every metric (data/metrics: the headline)
     assert saved["algorithm"] == "ppo" and saved["grpo"]["steps"] == 2 and saved["grpo"]["skipped_nonfinite"] == 0
     for name in ("value_loss", "vf_clip_frac", "value_grad_norm", "return_mean", "kl", "grad_norm"):
         lines = (paths.plots_dir("grpo") / f"{name}.csv").read_text().splitlines()
