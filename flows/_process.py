@@ -233,6 +233,9 @@ def _stop(signum: int) -> None:
     for s in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             s.flush()
+    # again, last: a task thread of this process still running (the corpus stage's thread-pool tasks create their
+    # work directories with parents) may have re-created a removed directory since
+    io.remove_live_temporaries()
     os._exit(128 + signum)
 
 

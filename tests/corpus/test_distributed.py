@@ -21,7 +21,7 @@ def _outputs(root: Path) -> dict[str, Any]:
     """Everything the stage wrote that must not depend on the runner (timings aside)."""
     out = root / paths.CORPUS
     files = {f"{f.relative_to(out)}": f.read_bytes() for f in sorted(out.rglob("*")) if f.is_file() and f.name != "classifier.bin"}
-    metrics = json.loads((root / paths.metrics_file("corpus")).read_text())
+    metrics = json.loads((root / paths.details_file("corpus")).read_text())
     for key in ("timings_s", "wall_s", "work_split"):
         metrics.pop(key)
     for r in metrics["rounds"]:

@@ -32,12 +32,13 @@ def _lock_md5(project: Path) -> dict[str, str]:
 
 def test_same_inputs_give_byte_identical_cached_outputs(project: Path, prefect_api: str) -> None:
     before = _lock_md5(project)
-    run(["dvc", "repro", "-f", "corpus"], project, env(prefect_api))  # data and corpus run again
+    run(["dvc", "repro", "-f", "corpus"], project, env(prefect_api))  # data, testsets@generated and corpus run again
     after = _lock_md5(project)
-    assert after == before and len(before) == 2, (before, after)
+    assert after == before and {k.split(":")[0] for k in before} == {"data", "testsets@generated", "corpus"}, \
+        (before, after)
     rounds = json.loads((project / "data" / "corpus" / "reports" / "rounds.json").read_text())
     assert not any(k.endswith("_s") for r in rounds for k in r)  # timings went to the metrics
-    assert "train_s" in json.loads((project / "data" / "reports" / "corpus.json").read_text())["rounds"][0]
+    assert "train_s" in json.loads((project / "data" / "details" / "corpus.json").read_text())["rounds"][0]
     run(["git", "checkout", "."], project)
 
 

@@ -59,11 +59,12 @@ def test_named_stages_run_with_their_upstream_stages(project: Path, monkeypatch:
     from flows.pipeline import plan
 
     monkeypatch.chdir(project)
-    assert plan(["sft"]) == ["data", "corpus", "base_model", "pretrain", "sft"]
-    assert plan(["evaluate@pretrain", "base_model"]) == ["data", "corpus", "base_model", "pretrain",
-                                                          "evaluate@pretrain"]
+    assert plan(["sft"]) == ["data", "testsets@generated", "corpus", "base_model", "pretrain", "sft"]
+    assert plan(["evaluate@pretrain", "base_model"]) == ["data", "testsets@generated", "corpus", "base_model",
+                                                          "pretrain", "evaluate@pretrain"]
     assert plan(["grpo", "sft"], only=True) == ["sft", "grpo"]
-    assert plan([])[:3] == ["data", "corpus", "base_model"] and plan([])[-1] == "report" and len(plan([])) == 13
+    assert plan([])[:4] == ["data", "testsets@generated", "corpus", "base_model"] and plan([])[-1] == "report" \
+        and len(plan([])) == 14
 
 
 def test_run_then_the_closing_git_hint_works(project: Path) -> None:
