@@ -198,7 +198,7 @@ def plot(res: dict[str, Any], png: Path) -> None:
     bx.bar(names, waits, 0.2, color="black", label="of which: waiting for the sandbox")
     bx.set_ylabel("seconds per step")
     bx.set_title(f"time per step (load average ~{res.get('loadavg_mean', '?')})", fontsize=9)
-    bx.legend(fontsize=7, loc="lower right")
+    bx.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
