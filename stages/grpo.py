@@ -270,6 +270,8 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
         samples = state["extra"].get("samples", [])
         if heldout is not None:
             heldout.records = list(state["extra"].get("heldout", heldout.records))
+        if state["extra"].get("reward_source") is not None and hasattr(scorer, "load_state_dict"):
+            scorer.load_state_dict(state["extra"]["reward_source"])  # the guards' running statistics
         info["resumed_from_step"] = start
     upd = rl_updater(model, p)
     if state is not None and state.get("optimizer") is not None and not upd.distributed:
@@ -320,6 +322,8 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
         if ckpt_dir is not None and p.checkpoint_every and (done % p.checkpoint_every == 0) and done < p.steps \
                 and is_main_process():
             extra: dict[str, Any] = {"samples": samples, "heldout": heldout.records if heldout is not None else []}
+            if hasattr(scorer, "state_dict"):
+                extra["reward_source"] = scorer.state_dict()
             if ctx.critic is not None:
                 extra["critic"] = dict(zip(("model", "optimizer"), ctx.critic.updater.state_dicts(), strict=True))
             save_checkpoint(ckpt_dir, model=model, optimizer=None if upd.distributed else upd.optimizer, step=done,

@@ -1,14 +1,21 @@
 """The ``reward_model`` stage: a neural reward model for GRPO (paper sections 4.1.3-4.1.4), trained on data
 labelled automatically from samples of the SFT policy on RL problems.
 
-1. sample ``samples_per_question`` CoT outputs for ``questions`` RL problems from data/models/sft;
+1. sample ``samples_per_question`` CoT outputs for ``questions`` RL problems from data/models/sft (one batched
+   generation call);
 2. label them (stages.rl.reward_model): outcome = final answer right; step labels from the problems'
    known intermediate values (``labels: values``) or Math-Shepherd completion rollouts (``rollouts``);
-3. split by question into train / held-out, initialise the RM from the SFT model (the paper initialises
-   it from DeepSeekMath-Base 7B; here the SFT model, whose backbone knows the answer format), train it
-   with binary cross-entropy on the step ends (``train_on: process``) or on the last token (``outcome``);
-4. report held-out outcome AUC (last-token score vs answer correctness) and step AUC (step-end scores vs
-   step labels), before and after training.
+3. split by question into train / held-out, initialise the RM from ``init`` (sft, or pretrain: the paper
+   initialises it from DeepSeekMath-Base 7B, our pretrain stage's counterpart), train it with binary
+   cross-entropy on the step ends (``train_on: process``) or on the last token (``outcome``);
+4. report, on the held-out questions, outcome AUC (last-token score vs answer correctness), step AUC (step-end
+   scores vs the training labels), step AUC against the exact ``values`` labels (whatever the training labels
+   were), and best-of-n reranking of the SFT samples scored by the rule grader, before and after training.
+
+Resumable: the labelled examples are written to ``checkpoints/reward_model/<run hash>/examples.jsonl`` once
+sampled, and the training state (weights, optimizer, position, losses) to ``step-N/`` every ``checkpoint_every``
+optimizer steps (stages.rl.checkpoint); an interrupted stage restarts from there with the same batches in the same
+order, and the run directory is removed when the stage finishes.
 
 Outputs: data/models/reward_model/ (HF directory, ``AutoModelForTokenClassification`` with one label, plus
 ``examples.jsonl``: the training examples, the replay history of iterative GRPO, and ``heldout.jsonl``),
@@ -17,15 +24,19 @@ data/metrics/reward_model.json.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import write_json
+from stages.core.io import read_jsonl, write_json, write_jsonl
 from stages.core.modeling import check_compatible, load_model, load_tokenizer
+from stages.rl.checkpoint import load_latest, run_dir, save_checkpoint
 from stages.rl.data import load_prompts
 from stages.rl.reward_model import (
     SampleConfig,
@@ -37,6 +48,36 @@ from stages.rl.reward_model import (
     train_reward_model,
 )
 from stages.schema.reward_model import RewardModelParams
+from stages.train.update import Updater
+
+INIT_MODELS = {"sft": paths.SFT_MODEL, "pretrain": paths.PRETRAIN_MODEL, "base": paths.BASE_MODEL}
+"""``reward_model.init`` -> the model whose backbone the RM starts from."""
+EXAMPLES_CKPT = "examples.jsonl"
+
+
+def labelled_examples(p: RewardModelParams, rows: list[dict[str, Any]], ckpt: Path) -> tuple[list[dict[str, Any]],
+                                                                                             dict[str, Any]]:
+    """The labelled samples of the SFT model: read from the run's checkpoint when a previous attempt got that far,
+    else sampled, labelled and checkpointed (atomically). Returns (examples, counts; ``resumed`` says which)."""
+    done = ckpt / EXAMPLES_CKPT
+    if done.is_file():
+        info = json.loads((ckpt / "examples.json").read_text()) if (ckpt / "examples.json").is_file() else {}
+        return read_jsonl(done), {**info, "resumed": True}
+    tokenizer = load_tokenizer(paths.SFT_MODEL)
+    policy = load_model(paths.SFT_MODEL)
+    check_compatible(policy, tokenizer, str(paths.SFT_MODEL))
+    torch.manual_seed(p.seed)
+    cfg = SampleConfig(samples_per_question=p.samples_per_question, temperature=p.temperature,
+                       max_new_tokens=p.max_new_tokens, labels=p.labels, rollouts_per_step=p.rollouts_per_step,
+                       seed=p.seed, backend=p.backend)
+    t0 = time.perf_counter()
+    counts: dict[str, Any] = {}
+    examples = collect_examples(policy, tokenizer, rows, cfg, origin="sft", stats=counts)
+    counts["sampling_s"] = round(time.perf_counter() - t0, 2)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    write_json(ckpt / "examples.json", counts)
+    write_jsonl(done, examples)  # written last (atomically): its presence marks the labelling done
+    return examples, {**counts, "resumed": False}
 
 
 def run(p: RewardModelParams) -> dict[str, Any]:
@@ -45,31 +86,40 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     if p.num_threads:
         torch.set_num_threads(p.num_threads)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
-    rows = load_prompts(prompts_path)
-    if p.labels == "values" and any("values" not in r for r in rows[: p.questions]):
+    rows = load_prompts(prompts_path)[: p.questions]
+    if p.labels == "values" and any("values" not in r for r in rows):
         raise PipelineError(f"reward_model.labels: 'values' needs rows with a 'values' field in {prompts_path}; use 'rollouts'")
-    rows = rows[: p.questions]
-    init = paths.SFT_MODEL
-    tokenizer = load_tokenizer(init)
-    policy = load_model(init)
-    check_compatible(policy, tokenizer, str(init))
-    torch.manual_seed(p.seed)
-    cfg = SampleConfig(samples_per_question=p.samples_per_question, temperature=p.temperature,
-                       max_new_tokens=p.max_new_tokens, labels=p.labels, rollouts_per_step=p.rollouts_per_step,
-                       seed=p.seed, backend=p.backend)
-    examples = collect_examples(policy, tokenizer, rows, cfg, origin="sft")
-    del policy
+    init = INIT_MODELS[p.init]
+    if not init.exists():
+        raise PipelineError(f"reward_model.init: {p.init} = {init} not found; run the stage that writes it (dvc repro)")
+    ckpt = run_dir(paths.CHECKPOINTS / "reward_model", p.tracked_dump(), [paths.SFT_MODEL, init, prompts_path])
+    examples, label_info = labelled_examples(p, rows, ckpt)
     t_sample = time.perf_counter() - t_start
     train, held = split_by_question(examples, p.heldout_fraction, p.seed)
     if not train:
         raise PipelineError("reward_model: no training examples; raise questions or lower heldout_fraction")
 
     t0 = time.perf_counter()
+    tokenizer = load_tokenizer(paths.SFT_MODEL)
+    torch.manual_seed(p.seed)
     rm = init_reward_model(init)
-    before = evaluate_reward_model(rm, tokenizer, held, p.batch_size)
+    state = load_latest(ckpt)
+    if state is not None:
+        before = state["extra"]["heldout_before_training"]
+        rm.load_state_dict(state["model"])
+        resume = {"step": state["step"], "optimizer": state["optimizer"], "loss_sums": state["history"]}
+    else:
+        before = evaluate_reward_model(rm, tokenizer, held, p.batch_size, best_of=p.best_of_n)
+        resume = None
+
+    def on_step(step: int, upd: Updater, sums: list[list[float]]) -> None:
+        if p.checkpoint_every and step % p.checkpoint_every == 0:
+            save_checkpoint(ckpt, model=rm, optimizer=upd.optimizer, step=step, history=sums,
+                            extra={"heldout_before_training": before})
+
     losses = train_reward_model(rm, tokenizer, train, epochs=p.epochs, lr=p.lr, batch_size=p.batch_size, seed=p.seed,
-                                train_on=p.train_on)
-    after = evaluate_reward_model(rm, tokenizer, held, p.batch_size)
+                                train_on=p.train_on, resume=resume, on_step=on_step)
+    after = evaluate_reward_model(rm, tokenizer, held, p.batch_size, best_of=p.best_of_n)
     train_eval = evaluate_reward_model(rm, tokenizer, train, p.batch_size)
     t_train = time.perf_counter() - t0
     save_reward_model(rm, tokenizer, paths.REWARD_MODEL, train, held,
@@ -81,12 +131,19 @@ def run(p: RewardModelParams) -> dict[str, Any]:
         "train": train_eval,
         "outcome_auc": after["outcome_auc"],
         "step_auc": after["step_auc"],
+        "step_auc_values": after["step_auc_values"],
+        "best_of_n": after.get("best_of_n"),
+        "init": p.init,
+        "n_questions": len(rows),
         "n_train_examples": len(train),
         "n_heldout_examples": len(held),
+        "labelling": label_info,
+        "resumed_from_step": None if state is None else state["step"],
         "loss_per_epoch": [round(x, 5) for x in losses],
         "sampling_s": round(t_sample, 2),
         "training_s": round(t_train, 2),
         "wall_s": round(time.perf_counter() - t_start, 2),
     }
     write_json(paths.metrics_file("reward_model"), metrics)
+    shutil.rmtree(ckpt, ignore_errors=True)  # finished: a later run starts afresh
     return metrics

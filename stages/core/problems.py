@@ -186,3 +186,17 @@ def load_problem_file(path: str | os.PathLike[str], limit: int | None = None) ->
         a = row.get("answer")
         return (_gsm8k_row if isinstance(a, str) and "####" in a else _generated_row)(p, i, row)
     return _collect(path, "problem", limit, conv)
+
+
+def benchmark_row(path: str | os.PathLike[str], i: int, row: dict[str, Any]) -> Problem | None:
+    """Row ``i`` (0-based) of a problem file when it is a GSM8K row (an ``answer`` text holding ``####``) or a MATH
+    row (a ``problem`` and no ``question``; its gold is None when the row has no answer); None for any other row
+    (e.g. a generated one)."""
+    p = Path(path)
+    a = row.get("answer")
+    if "question" not in row and "problem" in row:
+        return _math_row(p, i, row)
+    if isinstance(a, str) and "####" in a:
+        return _gsm8k_row(p, i, row)
+    return None
+

@@ -9,7 +9,10 @@ data/corpus/problems/rl.jsonl, whose rows are the data stage's problem rows)::
     cot       str   optional, a reference solution; needed only by the continued-SFT baseline
     ...             any other keys are kept and passed to custom reward functions as ``row``
 
-A row without ``question`` or ``answer`` (or with non-string values) is a one-line PipelineError
+GSM8K rows (``{"question", "answer": "... #### N"}``) and MATH rows (``{"problem", "answer", "solution"?, ...}``)
+are read too (stages.core.problems.benchmark_row): ``question`` / ``answer`` become the problem text and the gold
+final answer, the original ``answer`` / ``solution`` text is kept as ``solution``, and ``id`` is ``gsm8k-<row>`` /
+the MATH ``unique_id``; MATH rows without an answer are skipped. A row without ``question`` or ``answer`` (or with non-string values) is a one-line PipelineError
 naming the file and line.
 """
 
@@ -21,12 +24,19 @@ from typing import Any
 
 from stages.core.errors import PipelineError
 from stages.core.io import iter_jsonl
+from stages.core.problems import benchmark_row
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read and validate a prompt JSONL file (schema in the module docstring)."""
     rows: list[dict[str, Any]] = []
     for n, row in enumerate(iter_jsonl(path), 1):
+        bench = benchmark_row(path, n - 1, row)
+        if bench is not None and bench.gold is None:
+            continue  # a MATH row without a gold answer (MATH's train split has two)
+        if bench is not None:
+            row = {**row, "id": row.get("id", bench.id), "question": bench.question, "answer": bench.gold,
+                   "solution": bench.solution}
         for key in ("question", "answer"):
             if not isinstance(row.get(key), str) or not row[key].strip():
                 raise PipelineError(f"{path}: row {n} has no string {key!r}; each row needs \"question\" and \"answer\" strings")

@@ -32,6 +32,7 @@ import torch
 from stages.core.dist import is_main_process
 from stages.core.io import write_json
 from stages.core.modeling import save_model
+from stages.rl.guards import guarded
 from stages.rl.reward_model import (
     RewardModelSource,
     SampleConfig,
@@ -74,10 +75,11 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
     policy.train(was_training)
     train, held = split_by_question(new, it.rm_heldout_fraction, p.seed + iteration)
     mixed, n_replay = replay_mix(train, history, it.rm_replay_fraction, p.seed + iteration)
-    before = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size)
+    n = it.rm_samples_per_question
+    before = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, best_of=n)
     losses = train_reward_model(rm, tokenizer, mixed, epochs=it.rm_epochs, lr=it.rm_lr, batch_size=it.rm_batch_size,
                                 seed=p.seed + iteration, train_on=it.rm_train_on) if mixed else []
-    after = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size)
+    after = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, best_of=n)
     return train, {
         "n_new_examples": len(train), "n_heldout_examples": len(held), "n_history": len(history),
         "n_replayed": n_replay, "n_trained": len(mixed), "heldout_before_update": before, "heldout_after_update": after,
@@ -116,7 +118,8 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
         t0 = time.perf_counter()
         if rm is not None:
             kind = "outcome" if p.reward_source == "outcome_rm" else "process"
-            scorer = RewardModelSource(rm, tokenizer, kind, batch_size=p.micro_batch_size)
+            scorer = guarded(RewardModelSource(rm, tokenizer, kind, batch_size=p.micro_batch_size), p.rm_reward,
+                             history_ex)
         elif p.reward_source == "process_rule":
             scorer = StepLabelSource(tokenizer)
         pk = p.model_copy(update={"steps": k * M})

@@ -43,7 +43,7 @@ import math
 import os
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -172,45 +172,83 @@ class SampleConfig:
 
 
 def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], cfg: SampleConfig, *,
-                     origin: str, generator: Any = None) -> list[dict[str, Any]]:
-    """Sample ``cfg.samples_per_question`` outputs per problem from ``policy`` and label them (module docstring)."""
+                     origin: str, generator: Any = None, stats: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Sample ``cfg.samples_per_question`` outputs per problem from ``policy`` and label them (module docstring).
+
+    Every example also keeps ``pred`` (its extracted final answer, for majority voting) and, when the row has
+    ``values``, ``value_labels`` (the exact labels of :func:`value_step_labels`, the reference the step AUC is also
+    measured against whatever ``cfg.labels`` is). Sampling is one batched call of the generator; with ``rollouts``
+    the completions of all step prefixes are one more batched call, over the distinct prefixes only (the G samples
+    of a question often share their first steps), and a correct output's own continuation counts as one completion
+    of each of its prefixes, so its steps are right without rollouts (:func:`shepherd_labels`). ``stats``, when
+    given, receives the counts: outputs sampled, examples kept and (rollouts) the prefixes and completions."""
+    from stages.core.answers import extract_answer
     from stages.core.generation import SamplingParams, make_generator, resolve_backend
 
     if generator is None:
         kw = {"batch_size": min(256, max(1, len(rows) * cfg.samples_per_question))} if resolve_backend(cfg.backend) == "hf" else {}
         generator = make_generator(cfg.backend, policy, tokenizer, **kw)
+    if cfg.labels == "values" and any("values" not in r for r in rows):
+        raise PipelineError("reward labels 'values' need problem rows with a 'values' field; use 'rollouts'")
     prompts = [chat_prompt(r["question"], "cot") for r in rows]
     sp = SamplingParams(temperature=cfg.temperature, n=cfg.samples_per_question, max_new_tokens=cfg.max_new_tokens,
                         seed=cfg.seed)
     outs = generator.generate(prompts, sp)
     examples: list[dict[str, Any]] = []
-    pending: list[tuple[int, int, str]] = []  # (example index, step index, prefix prompt) for rollouts
-    for r, prompt, group in zip(rows, prompts, outs, strict=True):
+    for r, group in zip(rows, outs, strict=True):
         for c in group:
             ids = list(c.token_ids)
             if not ids:
                 continue
             ends, texts = completion_steps(ids, tokenizer)
             outcome = int(accuracy_reward(completion=c.text, answer=r["answer"]))
+            ex = {"id": r.get("id"), "question": r["question"], "answer": r["answer"], "completion_ids": ids,
+                  "step_ends": ends, "step_labels": [outcome] * len(ends), "outcome": outcome,
+                  "pred": extract_answer(c.text, "math"), "origin": origin}
+            if "values" in r:
+                ex["value_labels"] = value_step_labels(texts, r["values"], outcome)
             if cfg.labels == "values":
-                if "values" not in r:
-                    raise PipelineError("reward labels 'values' need problem rows with a 'values' field; use 'rollouts'")
-                labels = value_step_labels(texts, r["values"], outcome)
-            else:
-                labels = [outcome] * len(ends)  # intermediate steps are filled in by the rollouts below
-                for j, e in enumerate(ends[:-1]):
-                    pending.append((len(examples), j, prompt + tokenizer.decode(ids[:e + 1], skip_special_tokens=True)))
-            examples.append({"id": r.get("id"), "question": r["question"], "answer": r["answer"], "completion_ids": ids,
-                             "step_ends": ends, "step_labels": labels, "outcome": outcome, "origin": origin})
-    if pending:
-        sp_r = SamplingParams(temperature=cfg.temperature, n=cfg.rollouts_per_step, max_new_tokens=cfg.max_new_tokens,
-                              seed=cfg.seed + 1)
-        rolls = generator.generate([p for _, _, p in pending], sp_r)
-        for (ei, j, prefix), group in zip(pending, rolls, strict=True):
-            ex = examples[ei]
-            gold = ex["answer"]
-            ex["step_labels"][j] = int(any(accuracy_reward(completion=prefix + c.text, answer=gold) == 1.0 for c in group))
+                ex["step_labels"] = list(ex["value_labels"])
+            examples.append(ex)
+    counts: dict[str, Any] = {"sampled": sum(len(g) for g in outs), "examples": len(examples)}
+    if cfg.labels == "rollouts":
+        counts.update(shepherd_labels(generator, tokenizer, examples, cfg))
+    if stats is not None:
+        stats.update(counts)
     return examples
+
+
+def shepherd_labels(generator: Any, tokenizer: Any, examples: list[dict[str, Any]], cfg: SampleConfig
+                    ) -> dict[str, int]:
+    """Math-Shepherd step labels (hard estimation) in place: step j of an output is right iff one completion from
+    the prefix ending at step j reaches the gold answer; the last step keeps the outcome label.
+
+    Completions come from one batched ``generator.generate`` over the distinct prefix prompts (chat prompt +
+    steps 1..j), ``cfg.rollouts_per_step`` each; a correct output is itself a completion of each of its prefixes,
+    so its steps are right without rollouts. Returns counts: prefixes needed, distinct ones sampled, completions."""
+    from stages.core.generation import SamplingParams
+
+    need: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (question, prefix text) -> (example, step) using it
+    for ei, ex in enumerate(examples):
+        ex["step_labels"] = [int(ex["outcome"])] * len(ex["step_ends"])
+        if ex["outcome"]:
+            continue
+        ids = ex["completion_ids"]
+        for j, e in enumerate(ex["step_ends"][:-1]):
+            need.setdefault((ex["question"], tokenizer.decode(ids[:e + 1], skip_special_tokens=True)), []).append((ei, j))
+    keys = list(need)
+    if keys:
+        sp = SamplingParams(temperature=cfg.temperature, n=cfg.rollouts_per_step, max_new_tokens=cfg.max_new_tokens,
+                            seed=cfg.seed + 1)
+        outs = generator.generate([chat_prompt(q, "cot") + prefix for q, prefix in keys], sp)
+        for key, group in zip(keys, outs, strict=True):
+            prefix = key[1]
+            for ei, j in need[key]:
+                ex = examples[ei]
+                ex["step_labels"][j] = int(any(
+                    accuracy_reward(completion=prefix + c.text, answer=ex["answer"]) == 1.0 for c in group))
+    n_prefixes = sum(len(v) for v in need.values())
+    return {"prefixes": n_prefixes, "distinct_prefixes": len(keys), "completions": len(keys) * cfg.rollouts_per_step}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,29 +296,48 @@ def _targets(examples: Sequence[dict[str, Any]], plens: Sequence[int], train_on:
     return pos, lab
 
 
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The example order of one training epoch: a permutation seeded by (seed, epoch), so that a resumed run
+    rebuilds the batches it had not trained yet."""
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
 def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], *, epochs: int, lr: float,
                        batch_size: int, seed: int, train_on: TrainOn, max_grad_norm: float = 1.0,
-                       weight_decay: float = 0.0) -> list[float]:
+                       weight_decay: float = 0.0, resume: dict[str, Any] | None = None,
+                       on_step: Callable[[int, Updater, list[list[float]]], None] | None = None) -> list[float]:
     """Train ``rm`` in place with binary cross-entropy on the labelled positions; return the mean loss per epoch.
 
     ``train_on="process"``: every step end with its step label; ``"outcome"``: the last token with the
     outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``, through the one update
-    path (stages.train.update.Updater: clipping, a non-finite batch skipped).
+    path (stages.train.update.Updater: clipping, a non-finite batch skipped). Epoch e visits the examples in
+    :func:`epoch_order` (seed, e), ``batch_size`` at a time.
+
+    Resuming: ``resume`` = ``{"step": optimizer steps done, "optimizer": its state dict, "loss_sums": [[sum, n]
+    per epoch begun]}`` (the model's weights already loaded) continues with the next batch, so an interrupted and
+    resumed run trains on the same batches in the same order as an uninterrupted one. ``on_step(step, updater,
+    loss_sums)`` is called after every optimizer step (the stage checkpoints there).
     """
     if not examples:
         raise PipelineError("reward model: no training examples (every sampled output was empty)")
     upd = Updater(rm, max_grad_norm=max_grad_norm,
                   optimizer=torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay))
-    rng = random.Random(seed)
+    per_epoch = math.ceil(len(examples) / batch_size)
+    step, sums = 0, [[0.0, 0] for _ in range(epochs)]
+    if resume is not None:
+        step = int(resume["step"])
+        for e, v in enumerate(resume.get("loss_sums", [])[:epochs]):
+            sums[e] = [float(v[0]), int(v[1])]
+        if resume.get("optimizer") is not None:
+            upd.optimizer.load_state_dict(resume["optimizer"])
     cache: dict[str, list[int]] = {}
-    order = list(range(len(examples)))
-    losses = []
     rm.train()
-    for _ in range(epochs):
-        rng.shuffle(order)
-        tot, n = 0.0, 0
-        for b in range(0, len(order), batch_size):
-            batch = [examples[i] for i in order[b:b + batch_size]]
+    for epoch in range(step // per_epoch, epochs):
+        order = epoch_order(len(examples), seed, epoch)
+        for b in range(step - epoch * per_epoch, per_epoch):
+            batch = [examples[i] for i in order[b * batch_size:(b + 1) * batch_size]]
             ids, att, plens = _batch(batch, tokenizer, cache)
             pos, lab = _targets(batch, plens, train_on)
             s = token_scores(rm, ids, att)
@@ -290,11 +347,14 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
             upd.zero_grad()
             upd.backward(loss, last=True)
             upd.step(bad=not bool(torch.isfinite(loss)))
-            tot += loss.item() * len(lab)
-            n += len(lab)
-        losses.append(tot / max(n, 1))
+            if math.isfinite(loss.item()):
+                sums[epoch][0] += loss.item() * len(lab)
+                sums[epoch][1] += len(lab)
+            step += 1
+            if on_step is not None:
+                on_step(step, upd, sums)
     rm.eval()
-    return losses
+    return [tot / max(n, 1) for tot, n in sums]
 
 
 @torch.no_grad()
@@ -333,18 +393,72 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     return (r_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
-def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32
-                          ) -> dict[str, float | None]:
-    """Outcome AUC (last-token score vs outcome label) and step AUC (every step end vs its label)."""
+def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32,
+                          best_of: int = 0) -> dict[str, Any]:
+    """Outcome AUC (last-token score vs outcome label), step AUC (every step end vs its label), and, over the
+    examples with exact labels (``value_labels``), ``step_auc_values``: the step AUC against those exact labels
+    whatever the RM was trained on. ``best_of`` > 0 adds ``best_of_n`` (:func:`best_of_n`)."""
     if not examples:
-        return {"outcome_auc": None, "step_auc": None, "n_examples": 0, "n_steps": 0}
+        return {"outcome_auc": None, "step_auc": None, "step_auc_values": None, "n_examples": 0, "n_steps": 0}
     sc = example_scores(rm, tokenizer, examples, batch_size)
     o_s = [s[-1] for s in sc]
     o_y = [int(ex["outcome"]) for ex in examples]
     st_s = [v for s in sc for v in s]
     st_y = [int(y) for ex in examples for y in ex["step_labels"]]
-    return {"outcome_auc": _r(auc(o_s, o_y)), "step_auc": _r(auc(st_s, st_y)), "n_examples": len(examples),
-            "n_steps": len(st_y), "outcome_pos_frac": _r(sum(o_y) / len(o_y)), "step_pos_frac": _r(sum(st_y) / len(st_y))}
+    ex_v = [(s, ex["value_labels"]) for s, ex in zip(sc, examples, strict=True) if "value_labels" in ex]
+    v_s = [v for s, _ in ex_v for v in s]
+    v_y = [int(y) for _, labels in ex_v for y in labels]
+    out: dict[str, Any] = {
+        "outcome_auc": _r(auc(o_s, o_y)), "step_auc": _r(auc(st_s, st_y)),
+        "step_auc_values": _r(auc(v_s, v_y)) if v_y else None, "n_examples": len(examples), "n_steps": len(st_y),
+        "outcome_pos_frac": _r(sum(o_y) / len(o_y)), "step_pos_frac": _r(sum(st_y) / len(st_y))}
+    if best_of:
+        out["best_of_n"] = best_of_n(examples, sc, best_of)
+    return out
+
+
+def best_of_n(examples: Sequence[dict[str, Any]], scores: Sequence[Sequence[float]], n: int) -> dict[str, Any]:
+    """Best-of-n reranking of the examples' outputs, per question (the first ``n`` samples of each question with at
+    least ``n``), scored by the rule grader (the outcome label: answer correctness):
+
+    - ``random``: the mean accuracy of one sample (a uniformly random pick);
+    - ``rm_last``: the accuracy of the sample with the highest last-step (outcome) score (ties: the first);
+    - ``rm_min``: the same with the lowest step score of each sample as its score (a PRM's min aggregation,
+      Math-Shepherd's);
+    - ``majority``: majority vote over the extracted answers (``pred``; ties: the answer seen first);
+    - ``oracle``: a correct sample among the n (pass@n);
+    - ``gain``: rm_last - random. ``questions``: how many questions were ranked."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(str(ex.get("id")) + "\0" + ex["question"], []).append(i)
+    picks = {"random": 0.0, "rm_last": 0.0, "rm_min": 0.0, "majority": 0.0, "oracle": 0.0}
+    k = 0
+    for idx in groups.values():
+        if len(idx) < n:
+            continue
+        idx = idx[:n]
+        k += 1
+        ok = [int(examples[i]["outcome"]) for i in idx]
+        last = [scores[i][-1] for i in idx]
+        low = [min(scores[i]) for i in idx]
+        picks["random"] += sum(ok) / n
+        picks["rm_last"] += ok[last.index(max(last))]
+        picks["rm_min"] += ok[low.index(max(low))]
+        picks["oracle"] += float(any(ok))
+        votes: dict[str, int] = {}
+        for i in idx:
+            pred = examples[i].get("pred")
+            if pred is not None:
+                votes[str(pred)] = votes.get(str(pred), 0) + 1
+        if votes:
+            top = max(votes.values())
+            winner = next(a for a, c in votes.items() if c == top)
+            picks["majority"] += float(any(ok[j] for j, i in enumerate(idx) if str(examples[i].get("pred")) == winner))
+    if not k:
+        return {"n": n, "questions": 0}
+    out: dict[str, Any] = {"n": n, "questions": k, **{key: _r(v / k) for key, v in picks.items()}}
+    out["gain"] = _r((picks["rm_last"] - picks["random"]) / k)
+    return out
 
 
 def _r(x: float) -> float | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from stages.schema.base import ExistingFile, Fraction, NonNegInt, PosFloat, PosInt, Section
+from pydantic import model_validator
+
+from stages.schema.base import RUNTIME, ExistingFile, Fraction, NonNegInt, PosFloat, PosInt, Section
 
 
 class RewardModelParams(Section):
@@ -15,8 +17,13 @@ class RewardModelParams(Section):
 
     seed: NonNegInt
     """Seed for sampling, the train / held-out split and the training order."""
+    init: Literal["sft", "pretrain", "base"]
+    """The RM's backbone: sft = data/models/sft (the policy it will score); pretrain = data/models/pretrain (the
+    continually pretrained model: the paper initialises its RM from DeepSeekMath-Base 7B); base = data/models/base
+    (the base_model stage's model). The head is new in every case; the samples always come from the SFT model."""
     prompts_file: ExistingFile
-    """null: the corpus stage's data/corpus/problems/rl.jsonl; else a prompt JSONL (schema: stages/rl/data.py)."""
+    """null: the corpus stage's data/corpus/problems/rl.jsonl; else a prompt JSONL (schema: stages/rl/data.py;
+    GSM8K rows {"question", "answer": "... #### N"} and MATH rows {"problem", "answer"} are read too)."""
     questions: PosInt
     """RL problems to sample (the first ones of the file)."""
     samples_per_question: PosInt
@@ -43,5 +50,18 @@ class RewardModelParams(Section):
     """AdamW learning rate, constant (paper: 2e-5 for the 7B RM)."""
     batch_size: PosInt
     """Examples per optimizer step (and per scoring forward)."""
+    best_of_n: PosInt
+    """n of the best-of-n reranking metric: on the held-out questions, the first n samples of each are reranked by
+    the RM and the pick is scored by the rule grader (at most samples_per_question)."""
     num_threads: NonNegInt
     """torch CPU threads (0 = torch's default)."""
+    checkpoint_every: Annotated[NonNegInt, RUNTIME]
+    """Save a resumable checkpoint (under checkpoints/reward_model) every this many optimizer steps; 0 = never. The
+    labelled examples are checkpointed once sampled, whatever this is."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardModelParams:
+        if self.best_of_n > self.samples_per_question:
+            raise ValueError(f"best_of_n ({self.best_of_n}) exceeds samples_per_question ({self.samples_per_question}); "
+                             "rerank at most the samples drawn per question")
+        return self

@@ -16,9 +16,9 @@ torch.set_num_threads(1)
 
 
 def rm_params(**over) -> RewardModelParams:
-    raw = dict(seed=0, prompts_file=None, questions=6, samples_per_question=2, temperature=1.0, max_new_tokens=12,
-               backend="hf", labels="values", rollouts_per_step=2, train_on="process", heldout_fraction=0.34, epochs=1,
-               lr=1e-3, batch_size=4, num_threads=1)
+    raw = dict(seed=0, init="sft", prompts_file=None, questions=6, samples_per_question=2, temperature=1.0,
+               max_new_tokens=12, backend="hf", labels="values", rollouts_per_step=2, train_on="process",
+               heldout_fraction=0.34, epochs=1, lr=1e-3, batch_size=4, best_of_n=2, num_threads=1, checkpoint_every=0)
     raw.update(over)
     return RewardModelParams.model_validate(raw)
 
