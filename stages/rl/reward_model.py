@@ -57,6 +57,7 @@ from stages.core.modeling import resolve_model
 from stages.core.prompts import chat_prompt
 from stages.rl.advantages import step_end_indices
 from stages.rl.rewards import Rewards, accuracy_reward
+from stages.rl.rollout import _cache_kwarg
 from stages.train.update import Updater
 
 LabelMethod = Literal["values", "rollouts"]
@@ -72,11 +73,13 @@ _RESULT = re.compile(r"=\s*(-?\d+(?:\.\d+)?)\s*\.?\s*$")
 
 
 def init_reward_model(path: str | os.PathLike[str]) -> Any:
-    """A 1-label token-classification model whose backbone is loaded from the causal LM at ``path``."""
+    """A 1-label token-classification model whose backbone is loaded from the causal LM at ``path`` (no dropout on
+    the head: its scores are a deterministic function of the weights, and a resumed training repeats the same steps)."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     src = resolve_model(path)
-    cfg = AutoConfig.from_pretrained(src, num_labels=1, classifier_dropout=0.0)
+    cfg = AutoConfig.from_pretrained(src, num_labels=1)
+    cfg.classifier_dropout = 0.0  # not as a from_pretrained kwarg: transformers 5 ignores unknown ones (p = 0.1 then)
     try:
         return AutoModelForTokenClassification.from_pretrained(src, config=cfg, dtype=torch.float32)
     except (OSError, ValueError) as e:
@@ -84,12 +87,15 @@ def init_reward_model(path: str | os.PathLike[str]) -> Any:
 
 
 def load_reward_model(path: str | os.PathLike[str]) -> Any:
-    """Load a reward model saved by the reward_model stage (or by iterative GRPO)."""
-    from transformers import AutoModelForTokenClassification
+    """Load a reward model saved by the reward_model stage (or by iterative GRPO); its head's dropout is 0."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     src = resolve_model(path)
     try:
-        model = AutoModelForTokenClassification.from_pretrained(src, dtype=torch.float32)
+        cfg = AutoConfig.from_pretrained(src)
+        if getattr(cfg, "classifier_dropout", None) is None:
+            cfg.classifier_dropout = 0.0  # an RM saved before the head's dropout was set explicitly (it trained with 0.1)
+        model = AutoModelForTokenClassification.from_pretrained(src, config=cfg, dtype=torch.float32)
     except (OSError, ValueError) as e:
         raise PipelineError(f"{path}: cannot load the reward model ({str(e).splitlines()[0]})") from None
     if model.config.num_labels != 1:
@@ -283,37 +289,97 @@ def token_scores(rm: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return out.to(input_ids.device)
 
 
-def _targets(examples: Sequence[dict[str, Any]], plens: Sequence[int], train_on: TrainOn
-             ) -> tuple[list[tuple[int, int]], list[float]]:
+def _grouped_batch(examples: Sequence[dict[str, Any]], tokenizer: Any, prompt_cache: dict[str, list[int]]
+                   ) -> tuple[Tensor, Tensor, int]:
+    """(input_ids, attention_mask, P) in the rollout layout (stages.rl.rollout): each prompt left-padded to P, the
+    longest prompt of the batch, then the completion, right-padded."""
+    prompts, comps = [], []
+    for ex in examples:
+        q = ex["question"]
+        if q not in prompt_cache:
+            prompt_cache[q] = tokenizer(chat_prompt(q, "cot"))["input_ids"]
+        prompts.append(prompt_cache[q])
+        comps.append(list(ex["completion_ids"]))
+    P, T = max(len(x) for x in prompts), max(len(x) for x in comps)
+    ids = torch.full((len(comps), P + T), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros(len(comps), P + T, dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
+        ids[i, P - len(p):P] = torch.tensor(p)
+        att[i, P - len(p):P] = 1
+        ids[i, P:P + len(c)] = torch.tensor(c)
+        att[i, P:P + len(c)] = 1
+    return ids, att, P
+
+
+def completion_scores(rm: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, *,
+                      share_prompts: bool = True) -> Tensor:
+    """(B, T) score s_t of every completion position, from inputs in the rollout layout (prompt left-padded to
+    ``prompt_len``, completion right-padded; position ids follow the mask), on the inputs' device.
+
+    ``share_prompts``: rows with the same prompt (the samples of one question) run it through the backbone once; its
+    KV cache is copied to every row (differentiably: gradients flow back into the prompt's pass) and the completions
+    attend to it, as stages.rl.rollout.token_logprobs does for the policy. The same scores as one full pass per row
+    up to float rounding (tested), with the prompt tokens computed once per distinct prompt."""
+    prm = next(iter(rm.parameters()), None) if hasattr(rm, "parameters") else None
+    dev = prm.device if prm is not None else input_ids.device
+    ids, att, P = input_ids.to(dev), attention_mask.to(dev), prompt_len
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    base = getattr(rm, str(getattr(rm, "base_model_prefix", "")), None)
+    head = getattr(rm, "score", None)
+    if share_prompts and isinstance(base, torch.nn.Module) and isinstance(head, torch.nn.Module) and ids.shape[1] > P > 0:
+        uniq, inverse = torch.unique(torch.cat([ids[:, :P], att[:, :P]], dim=1), dim=0, return_inverse=True)
+        if uniq.shape[0] < ids.shape[0]:
+            p_att = uniq[:, P:]
+            kw = _cache_kwarg(base)
+            out = base(input_ids=uniq[:, :P], attention_mask=p_att, position_ids=(p_att.cumsum(-1) - 1).clamp(min=0),
+                       use_cache=True)
+            cache = out[kw]
+            cache.batch_select_indices(inverse)
+            h = base(input_ids=ids[:, P:], attention_mask=att, position_ids=pos[:, P:], use_cache=True,
+                     **{kw: cache}).last_hidden_state
+            drop = getattr(rm, "dropout", None)
+            h = drop(h) if isinstance(drop, torch.nn.Module) else h
+            return head(h)[..., 0].float().to(input_ids.device)
+    out = rm(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).logits[..., 0].float()
+    return out[:, P:].to(input_ids.device)
+
+
+def _targets(examples: Sequence[dict[str, Any]], train_on: TrainOn) -> tuple[list[tuple[int, int]], list[float]]:
+    """(row, completion position) of every labelled step end of the batch, and its label."""
     pos, lab = [], []
-    for i, (ex, P) in enumerate(zip(examples, plens, strict=True)):
+    for i, ex in enumerate(examples):
         pairs = list(zip(ex["step_ends"], ex["step_labels"], strict=True))
         if train_on == "outcome":
             pairs = [(ex["step_ends"][-1], ex["outcome"])]
         for e, y in pairs:
-            pos.append((i, P + e))
+            pos.append((i, e))
             lab.append(float(y))
     return pos, lab
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The example order of one training epoch: a permutation seeded by (seed, epoch), so that a resumed run
-    rebuilds the batches it had not trained yet."""
-    order = list(range(n))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order
+def epoch_order(examples: Sequence[dict[str, Any]], seed: int, epoch: int) -> list[int]:
+    """The example order of one training epoch: the questions in a permutation seeded by (seed, epoch), each with
+    all its samples together (they share the prompt's forward pass, :func:`completion_scores`), so that a resumed
+    run rebuilds the batches it had not trained yet."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(ex["question"], []).append(i)
+    keys = list(groups)
+    random.Random(seed * 1_000_003 + epoch).shuffle(keys)
+    return [i for k in keys for i in groups[k]]
 
 
 def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], *, epochs: int, lr: float,
                        batch_size: int, seed: int, train_on: TrainOn, max_grad_norm: float = 1.0,
                        weight_decay: float = 0.0, resume: dict[str, Any] | None = None,
-                       on_step: Callable[[int, Updater, list[list[float]]], None] | None = None) -> list[float]:
+                       on_step: Callable[[int, Updater, list[list[float]]], None] | None = None,
+                       share_prompts: bool = True) -> list[float]:
     """Train ``rm`` in place with binary cross-entropy on the labelled positions; return the mean loss per epoch.
 
     ``train_on="process"``: every step end with its step label; ``"outcome"``: the last token with the
     outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``, through the one update
     path (stages.train.update.Updater: clipping, a non-finite batch skipped). Epoch e visits the examples in
-    :func:`epoch_order` (seed, e), ``batch_size`` at a time.
+    :func:`epoch_order` (seed, e), ``batch_size`` at a time, scored by :func:`completion_scores` (``share_prompts``).
 
     Resuming: ``resume`` = ``{"step": optimizer steps done, "optimizer": its state dict, "loss_sums": [[sum, n]
     per epoch begun]}`` (the model's weights already loaded) continues with the next batch, so an interrupted and
@@ -335,12 +401,12 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
     cache: dict[str, list[int]] = {}
     rm.train()
     for epoch in range(step // per_epoch, epochs):
-        order = epoch_order(len(examples), seed, epoch)
+        order = epoch_order(examples, seed, epoch)
         for b in range(step - epoch * per_epoch, per_epoch):
             batch = [examples[i] for i in order[b * batch_size:(b + 1) * batch_size]]
-            ids, att, plens = _batch(batch, tokenizer, cache)
-            pos, lab = _targets(batch, plens, train_on)
-            s = token_scores(rm, ids, att)
+            ids, att, P = _grouped_batch(batch, tokenizer, cache)
+            pos, lab = _targets(batch, train_on)
+            s = completion_scores(rm, ids, att, P, share_prompts=share_prompts)
             rows_, cols = zip(*pos, strict=True)
             logit = s[list(rows_), list(cols)]
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab))
@@ -358,14 +424,23 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
 
 
 @torch.no_grad()
-def example_scores(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32
-                   ) -> list[list[float]]:
-    """Per example, the RM scores (logits) at its step ends; the last one is the outcome score."""
+def example_scores(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32, *,
+                   share_prompts: bool = False) -> list[list[float]]:
+    """Per example, the RM scores (logits) at its step ends; the last one is the outcome score.
+
+    ``share_prompts``: score consecutive examples of one question with one pass over their prompt
+    (:func:`completion_scores`); else each prompt + completion in its own right-padded row (:func:`token_scores`,
+    the GRPO reward source's path)."""
     rm.eval()
     cache: dict[str, list[int]] = {}
     out: list[list[float]] = []
     for b in range(0, len(examples), batch_size):
         batch = examples[b:b + batch_size]
+        if share_prompts:
+            ids, att, P = _grouped_batch(batch, tokenizer, cache)
+            s = completion_scores(rm, ids, att, P)
+            out.extend([float(s[i, e]) for e in ex["step_ends"]] for i, ex in enumerate(batch))
+            continue
         ids, att, plens = _batch(batch, tokenizer, cache)
         s = token_scores(rm, ids, att)
         for i, (ex, P) in enumerate(zip(batch, plens, strict=True)):
@@ -394,13 +469,13 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
 
 
 def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32,
-                          best_of: int = 0) -> dict[str, Any]:
+                          best_of: int = 0, share_prompts: bool = True) -> dict[str, Any]:
     """Outcome AUC (last-token score vs outcome label), step AUC (every step end vs its label), and, over the
     examples with exact labels (``value_labels``), ``step_auc_values``: the step AUC against those exact labels
     whatever the RM was trained on. ``best_of`` > 0 adds ``best_of_n`` (:func:`best_of_n`)."""
     if not examples:
         return {"outcome_auc": None, "step_auc": None, "step_auc_values": None, "n_examples": 0, "n_steps": 0}
-    sc = example_scores(rm, tokenizer, examples, batch_size)
+    sc = example_scores(rm, tokenizer, examples, batch_size, share_prompts=share_prompts)
     o_s = [s[-1] for s in sc]
     o_y = [int(ex["outcome"]) for ex in examples]
     st_s = [v for s in sc for v in s]
