@@ -469,7 +469,8 @@ def run(p: GrpoParams) -> dict[str, Any]:
             "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
             "heldout": heldout.metrics() if heldout else None,
             "run": {"step_s_mean": summary.get("step_s_mean"), "grpo_wall_s": round(t_grpo, 2),
-                    "memory": info["memory"], "trained_parameters": info.get("trained_parameters")}},
+                    "memory": info["memory"], "trained_parameters": info.get("trained_parameters")},
+            "summary": summary, "iterations": info.get("iterations")},
             indent=2) + "\n")
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
             for s in samples:

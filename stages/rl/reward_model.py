@@ -470,9 +470,11 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
 
 def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32,
                           best_of: int = 0, share_prompts: bool = True) -> dict[str, Any]:
-    """Outcome AUC (last-token score vs outcome label), step AUC (every step end vs its label), and, over the
-    examples with exact labels (``value_labels``), ``step_auc_values``: the step AUC against those exact labels
-    whatever the RM was trained on. ``best_of`` > 0 adds ``best_of_n`` (:func:`best_of_n`)."""
+    """Outcome AUC (last-token score vs outcome label), ``outcome_auc_within`` (the same over pairs of samples of one
+    question only, :func:`within_question_auc`: what GRPO's group-relative advantages see), step AUC (every step end
+    vs its label), and, over the examples with exact labels (``value_labels``), ``step_auc_values``: the step AUC
+    against those exact labels whatever the RM was trained on. ``best_of`` > 0 adds ``best_of_n``
+    (:func:`best_of_n`)."""
     if not examples:
         return {"outcome_auc": None, "step_auc": None, "step_auc_values": None, "n_examples": 0, "n_steps": 0}
     sc = example_scores(rm, tokenizer, examples, batch_size, share_prompts=share_prompts)
@@ -484,12 +486,31 @@ def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, 
     v_s = [v for s, _ in ex_v for v in s]
     v_y = [int(y) for _, labels in ex_v for y in labels]
     out: dict[str, Any] = {
-        "outcome_auc": _r(auc(o_s, o_y)), "step_auc": _r(auc(st_s, st_y)),
+        "outcome_auc": _r(auc(o_s, o_y)), "outcome_auc_within": _r(within_question_auc(examples, o_s, o_y)),
+        "step_auc": _r(auc(st_s, st_y)),
         "step_auc_values": _r(auc(v_s, v_y)) if v_y else None, "n_examples": len(examples), "n_steps": len(st_y),
         "outcome_pos_frac": _r(sum(o_y) / len(o_y)), "step_pos_frac": _r(sum(st_y) / len(st_y))}
     if best_of:
         out["best_of_n"] = best_of_n(examples, sc, best_of)
     return out
+
+
+def within_question_auc(examples: Sequence[dict[str, Any]], scores: Sequence[float], labels: Sequence[int]) -> float:
+    """AUC over the (right, wrong) pairs of samples of the same question only: the share of such pairs in which the
+    right sample scores higher (ties count 1/2); NaN without such a pair. Unlike the pooled AUC it cannot be won by
+    telling easy questions from hard ones, which GRPO's per-group normalisation removes anyway."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(str(ex.get("id")) + "\0" + ex["question"], []).append(i)
+    won, pairs = 0.0, 0
+    for idx in groups.values():
+        pos = [scores[i] for i in idx if labels[i]]
+        neg = [scores[i] for i in idx if not labels[i]]
+        for a in pos:
+            for b in neg:
+                won += 1.0 if a > b else 0.5 if a == b else 0.0
+        pairs += len(pos) * len(neg)
+    return won / pairs if pairs else math.nan
 
 
 def best_of_n(examples: Sequence[dict[str, Any]], scores: Sequence[Sequence[float]], n: int) -> dict[str, Any]:

@@ -475,3 +475,14 @@ def test_math_shepherd_labeller_runs_batched_on_50_real_rows_with_a_model(shared
         assert len(e["step_labels"]) == len(e["step_ends"]) >= 1 and set(e["step_labels"]) <= {0, 1}
         assert e["step_labels"][-1] == e["outcome"]
     assert stats["distinct_prefixes"] <= stats["prefixes"] and stats["completions"] == 2 * stats["distinct_prefixes"]
+
+
+def test_within_question_auc_counts_pairs_of_one_question_only():
+    ex = [{"id": q, "question": q} for q in ("a", "a", "a", "b", "b")]
+    scores = [0.9, 0.1, 0.5, 0.0, 0.0]
+    labels = [1, 0, 0, 1, 0]
+    # a: (0.9 > 0.1), (0.9 > 0.5) -> 2 won; b: a tie -> 0.5; 3 pairs
+    assert R.within_question_auc(ex, scores, labels) == pytest.approx(2.5 / 3)
+    # the pooled AUC mixes questions: b's positive (0) is below a's negatives
+    assert R.auc(scores, labels) != pytest.approx(2.5 / 3)
+    assert math.isnan(R.within_question_auc(ex[:1], scores[:1], labels[:1]))
