@@ -55,15 +55,21 @@ METHODS: dict[str, dict[str, str]] = {
     "ppo_os": {"grpo.algorithm": "ppo", "grpo.advantage_estimator": "gae", "grpo.reward_source": "rule"},
     "grpo_zero": {"grpo.algorithm": "grpo", "grpo.reward_source": "rule", "grpo.start": "pretrain",
                   "grpo.template": "r1", "grpo.reward.format_weight": "1.0"},
+    # issue 19, Figure 6: iterative RL, 2 iterations of 20 steps (the RM retrained on the policy's samples with 10%
+    # replay in between) against the 40-step one-iteration grpo_ps_rm runs: equal total steps
+    "grpo_ps_rm_iter2": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rm",
+                         "grpo.iterative.iterations": "2", "grpo.steps": "20"},
 }
 LABELS = {"rft": "RFT", "online_rft": "Online RFT", "grpo_os": "GRPO+OS", "grpo_ps": "GRPO+PS",
           "grpo_os_rm": "GRPO+OS(RM)", "grpo_ps_rm": "GRPO+PS(RM)", "ppo_os": "PPO+OS",
-          "grpo_zero": "GRPO-Zero (R1)"}
+          "grpo_zero": "GRPO-Zero (R1)", "grpo_ps_rm_iter2": "GRPO+PS(RM), 2 iterations"}
 PAPER_ORDER = ("grpo_ps", "grpo_os", "online_rft", "rft")  # Figure 5, best first (exact labels as the supervision)
 # the same order with trained reward models as the supervision, as in the paper's runs
 PAPER_ORDER_RM = ("grpo_ps_rm", "grpo_os_rm", "online_rft", "rft")
 CHAINS = {"exact": PAPER_ORDER, "reward_model": PAPER_ORDER_RM}
-_RANK = ("grpo_ps", "grpo_ps_rm", "grpo_os", "grpo_os_rm", "online_rft", "rft", "ppo_os", "grpo_zero")  # tie-break
+_RANK = ("grpo_ps", "grpo_ps_rm", "grpo_ps_rm_iter2", "grpo_os", "grpo_os_rm", "online_rft", "rft", "ppo_os",
+         "grpo_zero")  # tie-break
+FIGURE6 = ("grpo_ps_rm", "grpo_ps_rm_iter2")  # (one iteration, two iterations at equal total steps)
 # the grpo stage's inputs, as directories: DVC's -C copies a file only into an existing directory
 UPSTREAM = ("data", "corpus", "sft", "reward_model")  # the stages whose outputs the grpo stage reads
 GRPO_INPUTS = ("data/models/sft", "data/models/pretrain", "data/models/reward_model", "data/corpus/problems",
@@ -81,7 +87,7 @@ def exp_name(tag: str, method: str, seed: int) -> str:
 
 def parse_name(name: str, tag: str) -> tuple[str, int] | None:
     """(method, seed) of an experiment name made by :func:`exp_name` with ``tag``; None for other names."""
-    m = re.fullmatch(rf"paradigm-{re.escape(tag)}-([a-z-]+)-s(\d+)", name or "")
+    m = re.fullmatch(rf"paradigm-{re.escape(tag)}-([a-z0-9-]+)-s(\d+)", name or "")
     if m is None or m.group(1).replace("-", "_") not in METHODS:
         return None
     return m.group(1).replace("-", "_"), int(m.group(2))
@@ -90,8 +96,8 @@ def parse_name(name: str, tag: str) -> tuple[str, int] | None:
 def queue_command(name: str, method: str, seed: int, *, heldout_every: int, heldout_limit: int | None,
                   sets: Sequence[str], copy_paths: Sequence[str]) -> list[str]:
     """The ``dvc exp run --queue`` arguments (after ``dvc``) of one run."""
-    params = {**METHODS[method], "grpo.seed": str(seed), "grpo.heldout.every": str(heldout_every),
-              "grpo.baseline.enabled": "false", "grpo.iterative.iterations": "1"}
+    params = {"grpo.seed": str(seed), "grpo.heldout.every": str(heldout_every), "grpo.baseline.enabled": "false",
+              "grpo.iterative.iterations": "1", **METHODS[method]}  # a method may set iterations (grpo_ps_rm_iter2)
     if heldout_limit is not None:
         params["grpo.heldout.limit"] = str(heldout_limit)
     cmd = ["exp", "run", "--queue", "-s", "-n", name]
@@ -151,14 +157,39 @@ def run_stats(run: dict[str, Any] | None) -> dict[str, Any]:
             "trained_parameters": run.get("trained_parameters")}
 
 
+TRAINING_KEYS = ("reward_mean_first5", "reward_mean_last5", "accuracy_first5", "accuracy_last5", "kl_last5",
+                 "completion_len_first5", "completion_len_last5")
+"""The training signals kept per run (the grpo stage's summary): the reward the policy optimised against the rule
+accuracy of its samples, the KL and the completion length (a reward-hacked run's reward rises as its accuracy falls)."""
+
+
+def training_stats(info: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`TRAINING_KEYS` of a run's pipeline.json ``summary`` and, with iterative RL, the RM's held-out AUCs
+    before / after each update (``iterations[].rm``)."""
+    summ = info.get("summary") or {}
+    out: dict[str, Any] = {k: summ[k] for k in TRAINING_KEYS if summ.get(k) is not None}
+    ups = []
+    for it in info.get("iterations") or []:
+        rm = (it or {}).get("rm") or {}
+        if rm:
+            b, a = rm.get("heldout_before_update") or {}, rm.get("heldout_after_update") or {}
+            ups.append({"iteration": it.get("iteration"), "n_new_examples": rm.get("n_new_examples"),
+                        **{f"{k}_before": b.get(k) for k in ("outcome_auc", "step_auc")},
+                        **{f"{k}_after": a.get(k) for k in ("outcome_auc", "step_auc")}})
+    if ups:
+        out["rm_updates"] = ups
+    return out
+
+
 def read_model_curves(project: Path, runs: list[dict[str, Any]]) -> None:
     """Fill in the curve of runs whose metrics file was not in ``dvc exp show`` (a project whose .gitignore still
     ignores data/metrics, so its experiments do not commit it) from the experiment's DVC-cached model: ``heldout``
-    of data/models/grpo/pipeline.json at the experiment's revision (``dvc.api.read``)."""
+    of data/models/grpo/pipeline.json at the experiment's revision (``dvc.api.read``), with the run's training
+    signals (:func:`training_stats`)."""
     import dvc.api
 
     for r in runs:
-        if r["accuracy"] is not None or not r.get("rev"):
+        if r["accuracy"] is not None or not r.get("rev") or r.get("reused_from"):
             continue
         try:
             info = json.loads(dvc.api.read("data/models/grpo/pipeline.json", repo=str(project), rev=r["rev"]))
@@ -172,6 +203,8 @@ def read_model_curves(project: Path, runs: list[dict[str, Any]]) -> None:
             r["curve_from"] = "data/models/grpo/pipeline.json"
             if info.get("run"):
                 r.update({k: v for k, v in run_stats(info["run"]).items() if v is not None})
+            if training_stats(info):
+                r["training"] = training_stats(info)
 
 
 def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
@@ -205,7 +238,59 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         params = [r["trained_parameters"] for r in done if r.get("trained_parameters")]
         if params:
             out[method]["trained_parameters"] = params[0]
+        train = {k: _mean_sd([(r.get("training") or {}).get(k) for r in done])[0] for k in TRAINING_KEYS}
+        train = {k: round(v, 6) for k, v in train.items() if math.isfinite(v)}
+        if train:
+            out[method]["training"] = train
     return out
+
+
+def reuse_runs(path: Path, skip: Sequence[str]) -> list[dict[str, Any]]:
+    """The finished runs of a previous result file (``--reuse``) for the methods not in ``skip`` (those run now),
+    each marked ``reused_from`` with that file's tag and date."""
+    old = json.loads(Path(path).read_text())
+    src = f"{old.get('tag')} ({str(old.get('measured_at'))[:10]})"
+    return [{**r, "reused_from": src} for r in old.get("runs", []) if r.get("method") in METHODS
+            and r["method"] not in skip and r.get("accuracy")]
+
+
+def _at(run: dict[str, Any], step: int) -> float | None:
+    return run["accuracy"][run["steps"].index(step)] if step in (run.get("steps") or []) else None
+
+
+def iterative_result(runs: Sequence[dict[str, Any]], one: str = FIGURE6[0], two: str = FIGURE6[1]
+                     ) -> dict[str, Any] | None:
+    """Paper Figure 6 from the runs of ``two`` (2 iterations of M steps) and ``one`` (one iteration of 2M steps): per
+    run the held-out accuracy after M and 2M steps, in benchmarks/results/iterative_rl.json's schema (the report
+    reads ``runs[].supervision`` / ``accuracy_per_iteration`` and ``sft_accuracy``), the mean +- sd per method and
+    the final difference; None without finished runs of both."""
+    two_runs = [r for r in runs if r["method"] == two and r.get("accuracy")]
+    one_runs = [r for r in runs if r["method"] == one and r.get("accuracy")]
+    if not two_runs or not one_runs:
+        return None
+    M = max(two_runs[0]["steps"]) // 2
+    labels = {one: f"1 iteration x {2 * M} steps", two: f"2 iterations x {M} steps"}
+    out_runs: list[dict[str, Any]] = []
+    per: dict[str, list[list[float]]] = {}
+    for r in one_runs + two_runs:
+        accs = [_at(r, M), _at(r, 2 * M)]
+        if any(a is None for a in accs):
+            continue
+        out_runs.append({"seed": r["seed"], "method": r["method"], "supervision": labels[r["method"]],
+                         "accuracy_per_iteration": accs, "name": r.get("name"),
+                         "rm_updates": (r.get("training") or {}).get("rm_updates")})
+        per.setdefault(r["method"], []).append(accs)
+    start = [a for r in one_runs + two_runs if (a := _at(r, 0)) is not None]
+    summary = {labels[m]: {"seeds": len(v), "mean": [_mean_sd([x[j] for x in v])[0] for j in range(2)],
+                           "sd": [_mean_sd([x[j] for x in v])[1] for j in range(2)]} for m, v in per.items()}
+    if len(summary) < 2:
+        return None
+    a, b = summary[labels[two]], summary[labels[one]]
+    diff = a["mean"][1] - b["mean"][1]
+    return {"source": "benchmarks/paradigm.py", "sft_accuracy": _mean_sd(start)[0] if start else None,
+            "steps_per_iteration": M, "runs": out_runs, "summary": summary,
+            "comparison": {"two_minus_one_final": round(diff, 6), "clear": abs(diff) > a["sd"][1] + b["sd"][1],
+                           "paper": "iterative RL (2 iterations) improves on one, especially at the first iteration"}}
 
 
 def ordering(summary: dict[str, dict[str, Any]]) -> list[str]:
@@ -273,8 +358,8 @@ def cost_table(summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(summary: dict[str, dict[str, Any]], path: Path, title: str) -> None:
-    """Held-out accuracy versus step, mean over seeds with a +- sd band, one line per method."""
+def plot(summary: dict[str, dict[str, Any]], path: Path, title: str, methods: Sequence[str] | None = None) -> None:
+    """Held-out accuracy versus step, mean over seeds with a +- sd band, one line per method (of ``methods``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -282,7 +367,7 @@ def plot(summary: dict[str, dict[str, Any]], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for m in _RANK:
-        if m not in summary:
+        if m not in summary or (methods is not None and m not in methods):
             continue
         v = summary[m]
         lo = [a - b for a, b in zip(v["mean"], v["sd"], strict=True)]
@@ -410,6 +495,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--poll", type=float, default=20.0)
     ap.add_argument("--timeout", type=float, default=48 * 3600.0)
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--reuse", default=None, metavar="JSON",
+                    help="keep the finished runs of the methods not run now from this earlier result file (e.g. the "
+                         "committed RFT / online-RFT runs), marked reused_from")
+    ap.add_argument("--iterative-out", default=None, metavar="JSON",
+                    help=f"also write paper Figure 6 ({' vs '.join(FIGURE6)}) to this file, in "
+                         "benchmarks/results/iterative_rl.json's schema, with a .png beside it")
     args = ap.parse_args(argv)
     project = Path(args.project).resolve()
     names = {exp_name(args.tag, m, s): (m, s) for m in args.methods for s in args.seeds}
@@ -439,6 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     read_model_curves(project, runs)
     for r in runs:
         r["queue_status"] = states.get(r["name"])
+    reused = reuse_runs(Path(args.reuse), args.methods) if args.reuse else []
+    runs = sorted(reused + runs, key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
     missing = sorted(set(names) - {r["name"] for r in runs if r.get("accuracy")})
     summary = aggregate(runs)
     cmps = {k: compare_with_paper(summary, chain) for k, chain in CHAINS.items()
@@ -446,7 +539,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_path = Path(args.out)
     png = out_path.with_suffix(".png")
     result = {
-        "tag": args.tag, "project": str(project), "methods": args.methods, "seeds": args.seeds,
+        "tag": args.tag, "project": str(project), "methods": [m for m in METHODS if m in summary or m in args.methods],
+        "seeds": args.seeds, "reused_from": sorted({r["reused_from"] for r in reused}) or None,
         "overrides": args.set, "heldout_every": args.heldout_every, "runs": runs, "missing_or_failed": missing,
         "summary": summary, "comparison": cmps,
         "plot": str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png),
@@ -456,7 +550,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1) + "\n")
     if summary:
-        plot(summary, png, f"Held-out accuracy vs step ({args.tag})")
+        plot(summary, png, f"Held-out accuracy vs step ({args.tag})", [m for m in summary if m != FIGURE6[1]])
+    fig6 = iterative_result(runs) if args.iterative_out else None
+    if fig6 is not None:
+        it_path = Path(args.iterative_out)
+        fig6.update(tag=args.tag, measured_at=result["measured_at"], note=result["note"],
+                    plot=str(it_path.with_suffix(".png").relative_to(ROOT)
+                             if it_path.with_suffix(".png").is_relative_to(ROOT) else it_path.with_suffix(".png")))
+        it_path.parent.mkdir(parents=True, exist_ok=True)
+        it_path.write_text(json.dumps(fig6, indent=1) + "\n")
+        plot(summary, it_path.with_suffix(".png"), f"Iterative RL, PS(RM): held-out accuracy vs step ({args.tag})",
+             FIGURE6)
+        print(f"\nFigure 6: {json.dumps(fig6['summary'])}; 2 minus 1 iteration at the end: "
+              f"{fig6['comparison']['two_minus_one_final']:+.3f} (beyond seed spread: {fig6['comparison']['clear']})")
+        print(f"wrote {it_path} and {it_path.with_suffix('.png')}")
     print("\nheld-out greedy accuracy, mean ± sd over seeds")
     print(table(summary) if summary else "(no finished run)")
     print("\n" + cost_table(summary))

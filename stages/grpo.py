@@ -60,7 +60,7 @@ from stages.rl.algorithms import get_algorithm, rule_reward_set
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, load_updaters, run_dir, save_checkpoint
 from stages.rl.data import load_prompts, step_questions
-from stages.rl.iterative import mean_finite, run_iterations
+from stages.rl.iterative import mean_finite, run_iterations, untimed
 from stages.rl.losses import grpo_loss
 from stages.rl.paradigm import RftPool
 from stages.rl.rewards import RewardSet, accuracy_reward
@@ -312,6 +312,8 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
         samples = state["extra"].get("samples", [])
         if heldout is not None:
             heldout.records = list(state["extra"].get("heldout", heldout.records))
+        if state["extra"].get("reward_source") is not None and hasattr(scorer, "load_state_dict"):
+            scorer.load_state_dict(state["extra"]["reward_source"])  # the guards' running statistics
         info["resumed_from_step"] = start
     info["deepspeed_zero_stage"] = upd.zero_stage if upd.distributed else None
     info["world_size"] = upd.world
@@ -358,8 +360,10 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
             on_step(row)
         if ckpt_dir is not None and p.checkpoint_every and (done % p.checkpoint_every == 0) and done < p.steps:
             updaters = {"policy": upd, **({"critic": ctx.critic.updater} if ctx.critic is not None else {})}
-            save_checkpoint(ckpt_dir, updaters=updaters, step=done, history=history,
-                            extra={"samples": samples, "heldout": heldout.records if heldout is not None else []})
+            extra: dict[str, Any] = {"samples": samples, "heldout": heldout.records if heldout is not None else []}
+            if hasattr(scorer, "state_dict"):
+                extra["reward_source"] = scorer.state_dict()  # the guards' running statistics
+            save_checkpoint(ckpt_dir, updaters=updaters, step=done, history=history, extra=extra)
     _wake(generator)
     close = getattr(generator, "close", None)
     if callable(close) and resolve_backend(p.backend) == "vllm":
@@ -515,13 +519,15 @@ def run(p: GrpoParams) -> dict[str, Any]:
         with atomic_path(paths.GRPO_MODEL) as tmp:
             model.to("cpu").save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            # the held-out curve also travels with the (DVC-cached) model: benchmarks/paradigm.py reads it from there
-            # when an experiment's commit lacks the metrics file; no timings or memory peaks here (a cached output
-            # is the same bytes for the same inputs): they are in the metrics
+            # the held-out curve and the training signals also travel with the (DVC-cached) model:
+            # benchmarks/paradigm.py reads them from there when an experiment's commit lacks the metrics file; no
+            # timings or memory peaks here (a cached output is the same bytes for the same inputs): they are in the
+            # metrics
             (tmp / "pipeline.json").write_text(json.dumps({
                 "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
                 "heldout": heldout.metrics() if heldout else None,
-                "run": {"trained_parameters": info.get("trained_parameters")}}, indent=2) + "\n")
+                "run": {"trained_parameters": info.get("trained_parameters")},
+                "summary": untimed(summary), "iterations": untimed(info.get("iterations"))}, indent=2) + "\n")
             with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
                 for s in samples:
                     f.write(json.dumps(s, ensure_ascii=False) + "\n")

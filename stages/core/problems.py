@@ -222,17 +222,39 @@ def load_problem_file(path: str | os.PathLike[str], limit: int | None = None) ->
     return _collect(path, "problem", limit, conv)
 
 
+def benchmark_row(path: str | os.PathLike[str], i: int, row: dict[str, Any]) -> Problem | None:
+    """Row ``i`` (0-based) of a problem file when it is a GSM8K row (an ``answer`` text holding ``####``) or a MATH
+    row (a ``problem`` and no ``question``; its gold is None when the row has no answer); None for any other row
+    (e.g. a generated one)."""
+    p = Path(path)
+    a = row.get("answer")
+    if "question" not in row and "problem" in row:
+        return _math_row(p, i, row)
+    if isinstance(a, str) and "####" in a:
+        return _gsm8k_row(p, i, row)
+    return None
+
+
 def load_rows(path: str | os.PathLike[str], what: str = "problem", default_id: str = "{stem}-{index}"
               ) -> list[dict[str, Any]]:
-    """The rows of a problem file, or of a directory of them, as dicts (SFT problems, RL prompts): each row is
-    checked as a generated-format row (``question``; ``answer`` text or an integer, stored as text), and a raw GSM8K
-    row (``answer`` ending in ``#### N``) gets its gold ``N`` as ``answer``. Rows without ``id`` get
+    """The rows of a problem file, or of a directory of them, as dicts (SFT problems, RL prompts). GSM8K rows
+    (``answer`` ending in ``#### N``) and MATH rows (``problem``, ``answer``, ``solution``, ...) are read through
+    :func:`benchmark_row`: ``question`` / ``answer`` become the problem text and the gold final answer, the original
+    GSM8K ``answer`` / MATH ``solution`` text is kept as ``solution``, and ``id`` (when the row has none) is
+    ``gsm8k-<index>`` / the MATH ``unique_id``; MATH rows without an answer are skipped. Any other row is checked as
+    a generated-format row (``question``; ``answer`` text or an integer, stored as text) and, without ``id``, gets
     ``default_id`` filled in (``stem``: the file's, ``index``: the row's from 0, ``number``: from 1). One-line errors
     as for the loaders above; an empty result is an error."""
     out: list[dict[str, Any]] = []
     for f, i, row in _rows(path, what):
-        a = row.get("answer")
-        prob = _gsm8k_row(f, i, row) if isinstance(a, str) and "####" in a else _generated_row(f, i, row)
+        bench = benchmark_row(f, i, row)
+        if bench is not None:
+            if bench.gold is None:
+                continue  # a MATH row without a gold answer (MATH's train split has two)
+            out.append({**row, "id": row.get("id", bench.id), "question": bench.question, "answer": bench.gold,
+                        "solution": bench.solution})
+            continue
+        prob = _generated_row(f, i, row)
         pid = row["id"] if "id" in row else default_id.format(stem=f.stem, index=i, number=i + 1)
         out.append({**row, "id": pid, "answer": prob.gold})
     if not out:

@@ -268,6 +268,10 @@ def paper_rows(inputs: Inputs) -> list[PaperRow]:
     rm = inputs.metrics.get("reward_model")
     o, s = num(get(rm, "heldout.outcome_auc")), num(get(rm, "heldout.step_auc"))
     ours = None if rm is None else f"outcome AUC {fmt(o)}, step AUC {fmt(s)}"
+    bon = get(rm, "best_of_n")
+    if isinstance(bon, dict) and num(bon.get("rm_last")) is not None:
+        ours += (f"; best-of-{fmt(bon.get('n'))} {fmt(bon.get('rm_last'))} vs a random sample's "
+                 f"{fmt(bon.get('random'))}")
     out.append(PaperRow("reward model quality", c["rm_auc"].text, c["rm_auc"].source, ours, "held-out questions"))
 
     # Figure 5, Figure 6 (committed benchmark results)
@@ -359,7 +363,11 @@ KEYS: dict[str, tuple[Key, ...]] = {
             K("train loss: first → last", "train_loss_first", "train_loss_last", sep=ARROW),
             K("validation loss: before → best", "val_loss_before", "val_loss_best", sep=ARROW),
             K("tokens / s", "tokens_per_s")),
-    "reward_model": (K("training / held-out examples", "n_train_examples", "n_heldout_examples"),
+    "reward_model": (K("init", "init"), K("training / held-out examples", "n_train_examples", "n_heldout_examples"),
+                     K("held-out AUC: outcome / outcome within a question / step / step vs exact labels",
+                       "outcome_auc", "heldout.outcome_auc_within", "step_auc", "step_auc_values"),
+                     K("best-of-n on held-out questions: n / RM pick / random pick / majority / pass@n", "best_of_n.n",
+                       "best_of_n.rm_last", "best_of_n.random", "best_of_n.majority", "best_of_n.oracle"),
                      K("loss per epoch", "loss_per_epoch"), K("sampling / training s", "sampling_s", "training_s")),
     "grpo": (K("algorithm", "algorithm"), K("steps", "grpo.steps"),
              K("reward: first 5 → last 5 steps", "grpo.reward_mean_first5", "grpo.reward_mean_last5", sep=ARROW),

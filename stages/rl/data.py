@@ -11,8 +11,11 @@ stage's problem rows); read by :func:`stages.core.problems.load_rows`::
     cot       str   optional, a reference solution; needed only by the continued-SFT baseline
     ...             any other keys are kept and passed to custom reward functions as ``row``
 
-A row without ``question`` or ``answer`` (or with values of the wrong type) is a one-line PipelineError
-naming the file and row.
+GSM8K rows (``{"question", "answer": "... #### N"}``) and MATH rows (``{"problem", "answer", "solution"?, ...}``)
+are read too (stages.core.problems.benchmark_row): ``question`` / ``answer`` become the problem text and the gold
+final answer, the original ``answer`` / ``solution`` text is kept as ``solution``, and ``id`` is ``gsm8k-<row>`` /
+the MATH ``unique_id``; MATH rows without an answer are skipped. A row without ``question`` or ``answer`` (or with
+values of the wrong type) is a one-line PipelineError naming the file and row.
 """
 
 from __future__ import annotations

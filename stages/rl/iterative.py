@@ -33,6 +33,7 @@ from stages.core.dist import is_main_process, train_device
 from stages.core.io import write_json
 from stages.core.modeling import enable_checkpointing, save_model
 from stages.rl.checkpoint import load_latest, save_checkpoint
+from stages.rl.guards import guarded
 from stages.rl.reward_model import (
     RewardModelSource,
     SampleConfig,
@@ -86,7 +87,8 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
     mixed, n_replay = replay_mix(train, history, it.rm_replay_fraction, p.seed + iteration)
     dev = train_device()
     rm.to(dev)
-    before = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, shard=True)
+    n = it.rm_samples_per_question
+    before = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, shard=True, best_of=n)
     losses: list[float] = []
     if mixed:
         enable_checkpointing(rm, p.gradient_checkpointing)
@@ -95,7 +97,7 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
                                     batch_size=it.rm_batch_size, seed=p.seed + iteration, train_on=it.rm_train_on,
                                     updater=upd)
         del upd  # the optimizer (and a DeepSpeed engine) of this update only
-    after = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, shard=True)
+    after = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, shard=True, best_of=n)
     if p.offload_idle_models:
         rm.to("cpu")
     release_memory()
@@ -167,7 +169,8 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
         t0 = time.perf_counter()
         if rm is not None:
             kind = "outcome" if p.reward_source == "outcome_rm" else "process"
-            scorer = RewardModelSource(rm, tokenizer, kind, batch_size=p.micro_batch_size)
+            scorer = guarded(RewardModelSource(rm, tokenizer, kind, batch_size=p.micro_batch_size), p.rm_reward,
+                             history_ex)
         elif p.reward_source == "process_rule":
             scorer = StepLabelSource(tokenizer)
         pk = p.model_copy(update={"steps": k * M})
@@ -200,7 +203,7 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
             if main:
                 save_reward_model(rm, tokenizer, rm_out, history_ex, None,
                                   {"stage": "grpo", "iteration": k, "reward_source": p.reward_source,
-                                   "metrics": _no_timings(rm_m)})
+                                   "metrics": untimed(rm_m)})
             entry["reward_model"] = str(rm_out)
         info["iterations"].append(it_info)
         index["iterations"].append(entry)
@@ -210,18 +213,27 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
             on_iteration(k, model, rm)
     if main:
         write_json(out_dir / INDEX_FILE, {**index, "final_policy": "data/models/grpo (the stage's final policy)",
-                                          "metrics": _no_timings(info["iterations"])})
+                                          "metrics": untimed(info["iterations"])})
     return history, samples, info
 
 
-def _no_timings(x: Any) -> Any:
-    """``x`` without its ``*_s`` (seconds) entries: a DVC-cached output is the same bytes for the same inputs; the
-    timings are in the stage's metrics."""
+UNTIMED_DROP = ("resumed_from_step", "resumed_from_iteration", "tool_wait_share_of_step")
+"""Keys :func:`untimed` drops besides the timings: whether (and where) a run resumed, a share of time."""
+
+
+def untimed(x: Any) -> Any:
+    """``x`` (nested dicts / lists) without its timings, for a DVC-cached output, which must be the same bytes for
+    the same inputs: keys ending in ``_s`` or holding ``_s_`` (seconds, ``step_s_mean``, ``tool_wait_s_total``),
+    ``t_*`` / ``cpu_*`` (time totals) and :data:`UNTIMED_DROP`. The timings are in the stage's metrics."""
     if isinstance(x, dict):
-        return {k: _no_timings(v) for k, v in x.items() if not str(k).endswith("_s")}
+        return {k: untimed(v) for k, v in x.items()
+                if not (str(k).endswith("_s") or "_s_" in str(k) or str(k).startswith(("t_", "cpu_"))
+                        or k in UNTIMED_DROP)}
     if isinstance(x, list):
-        return [_no_timings(v) for v in x]
+        return [untimed(v) for v in x]
     return x
+
+
 def _save_iteration(ckpt_dir: Path, k: int, model: Any, rm: Any, history_ex: list[dict[str, Any]],
                     history: list[dict[str, Any]], samples: list[dict[str, Any]], info: dict[str, Any],
                     index: dict[str, Any], heldout: Any, cache: dict[str, Any] | None) -> None:

@@ -43,7 +43,7 @@ import math
 import os
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -58,6 +58,7 @@ from stages.core.modeling import load_model, resolve_model
 from stages.core.prompts import prompt_format
 from stages.rl.advantages import step_end_indices
 from stages.rl.rewards import Rewards, accuracy_reward
+from stages.rl.rollout import _cache_kwarg, _checkpointing
 from stages.train.update import Updater
 
 LabelMethod = Literal["values", "rollouts"]
@@ -75,7 +76,8 @@ _RESULT = re.compile(r"=\s*(-?\d+(?:\.\d+)?)\s*\.?\s*$")
 def init_reward_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: Any = None,
                       attn_implementation: str | None = None, ds_config: dict[str, Any] | None = None) -> Any:
     """A 1-label token-classification model whose backbone is loaded from the causal LM at ``path`` (weights read
-    in ``dtype`` onto ``device``; stages.core.modeling.load_model)."""
+    in ``dtype`` onto ``device``; stages.core.modeling.load_model). No dropout on the head: its scores are a
+    deterministic function of the weights, and a resumed training repeats the same steps."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     src = resolve_model(path)
@@ -90,13 +92,20 @@ def init_reward_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torc
 
 def load_reward_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: Any = None,
                       attn_implementation: str | None = None) -> Any:
-    """Load a reward model saved by the reward_model stage (or by iterative GRPO), in ``dtype`` onto ``device``."""
-    from transformers import AutoModelForTokenClassification
+    """Load a reward model saved by the reward_model stage (or by iterative GRPO), in ``dtype`` onto ``device``; its
+    head's dropout is 0."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     src = resolve_model(path)
     try:
+        cfg = AutoConfig.from_pretrained(src)
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"{path}: cannot load the reward model ({str(e).splitlines()[0]})") from None
+    if getattr(cfg, "classifier_dropout", None) is None:
+        cfg.classifier_dropout = 0.0  # an RM saved before the head's dropout was set explicitly (it trained with 0.1)
+    try:
         model = load_model(src, dtype=dtype, device=device, attn_implementation=attn_implementation,
-                           auto_class=AutoModelForTokenClassification)
+                           auto_class=AutoModelForTokenClassification, config=cfg)
     except PipelineError as e:
         raise PipelineError(f"{path}: cannot load the reward model ({str(e).split('(', 1)[-1]}") from None
     if model.config.num_labels != 1:
@@ -181,14 +190,26 @@ class SampleConfig:
 
 
 def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], cfg: SampleConfig, *,
-                     origin: str, generator: Any = None) -> list[dict[str, Any]]:
+                     origin: str, generator: Any = None, stats: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Sample ``cfg.samples_per_question`` outputs per problem from ``policy`` and label them (module docstring).
 
+    Every example also keeps ``pred`` (its extracted final answer, for majority voting) and, when the row has
+    ``values``, ``value_labels`` (the exact labels of :func:`value_step_labels`, the reference the step AUC is also
+    measured against whatever ``cfg.labels`` is). Sampling is one batched call of the generator; with ``rollouts``
+    the completions of all step prefixes are one more batched call, over the distinct prefixes only (the G samples
+    of a question often share their first steps), and a correct output's own continuation counts as one completion
+    of each of its prefixes, so its steps are right without rollouts (:func:`shepherd_labels`). ``stats``, when
+    given, receives the counts: outputs sampled, examples kept and (rollouts) the prefixes and completions.
+
     Several ranks: each samples and labels its contiguous block of ``rows`` (seeded by the rows' positions in the
-    whole list, ``SamplingParams.index_offset``) and every rank returns all the examples, in row order: the same
-    examples as one process."""
+    whole list, ``SamplingParams.index_offset``) and every rank returns all the examples, in row order, and the
+    counts summed over the ranks: the same examples as one process (but for Math-Shepherd prefixes shared by rows
+    of different ranks, which each rank completes on its own)."""
+    from stages.core.answers import extract_answer
     from stages.core.generation import SamplingParams, make_generator, resolve_backend
 
+    if cfg.labels == "values" and any("values" not in r for r in rows):
+        raise PipelineError("reward labels 'values' need problem rows with a 'values' field; use 'rollouts'")
     start, end = block(len(rows))
     rows = list(rows)[start:end]
     own = generator is None
@@ -202,36 +223,69 @@ def collect_examples(policy: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]
                         seed=cfg.seed, index_offset=start)
     outs = generator.generate(prompts, sp)
     examples: list[dict[str, Any]] = []
-    pending: list[tuple[int, int, str]] = []  # (example index, step index, prefix prompt) for rollouts
-    for r, prompt, group in zip(rows, prompts, outs, strict=True):
+    for r, group in zip(rows, outs, strict=True):
         for c in group:
             ids = list(c.token_ids)
             if not ids:
                 continue
             ends, texts = completion_steps(ids, tokenizer)
             outcome = int(accuracy_reward(completion=c.text, answer=r["answer"]))
+            ex = {"id": r.get("id"), "question": r["question"], "answer": r["answer"], "completion_ids": ids,
+                  "step_ends": ends, "step_labels": [outcome] * len(ends), "outcome": outcome,
+                  "pred": extract_answer(c.text, "math"), "origin": origin}
+            if "values" in r:
+                ex["value_labels"] = value_step_labels(texts, r["values"], outcome)
             if cfg.labels == "values":
-                if "values" not in r:
-                    raise PipelineError("reward labels 'values' need problem rows with a 'values' field; use 'rollouts'")
-                labels = value_step_labels(texts, r["values"], outcome)
-            else:
-                labels = [outcome] * len(ends)  # intermediate steps are filled in by the rollouts below
-                for j, e in enumerate(ends[:-1]):
-                    pending.append((len(examples), j, prompt + tokenizer.decode(ids[:e + 1], skip_special_tokens=True)))
-            examples.append({"id": r.get("id"), "question": r["question"], "answer": r["answer"], "completion_ids": ids,
-                             "step_ends": ends, "step_labels": labels, "outcome": outcome, "origin": origin})
-    counts = all_gather_list([len(pending)])  # the rollouts are seeded by their position in the whole list
-    if pending:
-        sp_r = SamplingParams(temperature=cfg.temperature, n=cfg.rollouts_per_step, max_new_tokens=cfg.max_new_tokens,
-                              seed=cfg.seed + 1, index_offset=sum(counts[:rank()]))
-        rolls = generator.generate([p for _, _, p in pending], sp_r)
-        for (ei, j, prefix), group in zip(pending, rolls, strict=True):
-            ex = examples[ei]
-            gold = ex["answer"]
-            ex["step_labels"][j] = int(any(accuracy_reward(completion=prefix + c.text, answer=gold) == 1.0 for c in group))
+                ex["step_labels"] = list(ex["value_labels"])
+            examples.append(ex)
+    counts: dict[str, Any] = {"sampled": sum(len(g) for g in outs), "examples": len(examples)}
+    if cfg.labels == "rollouts":  # every rank (a collective inside)
+        counts.update(shepherd_labels(generator, tokenizer, examples, cfg))
     if own and resolve_backend(cfg.backend) == "vllm":
         generator.close()  # its memory goes back before the RM trains
+    if stats is not None:
+        parts = all_gather_list([counts])
+        stats.update({k: sum(c[k] for c in parts) for k in counts})
     return all_gather_list(examples)
+
+
+def shepherd_labels(generator: Any, tokenizer: Any, examples: list[dict[str, Any]], cfg: SampleConfig
+                    ) -> dict[str, int]:
+    """Math-Shepherd step labels (hard estimation) in place: step j of an output is right iff one completion from
+    the prefix ending at step j reaches the gold answer; the last step keeps the outcome label.
+
+    Completions come from one batched ``generator.generate`` over the distinct prefix prompts (chat prompt +
+    steps 1..j), ``cfg.rollouts_per_step`` each; a correct output is itself a completion of each of its prefixes,
+    so its steps are right without rollouts. Returns counts: prefixes needed, distinct ones sampled, completions.
+
+    Several ranks (each with its own ``examples``): every rank calls it; the completions are seeded by the prefixes'
+    positions in the ranks' concatenated list (``SamplingParams.index_offset``)."""
+    from stages.core.generation import SamplingParams
+
+    fmt = prompt_format(tokenizer)
+
+    need: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (question, prefix text) -> (example, step) using it
+    for ei, ex in enumerate(examples):
+        ex["step_labels"] = [int(ex["outcome"])] * len(ex["step_ends"])
+        if ex["outcome"]:
+            continue
+        ids = ex["completion_ids"]
+        for j, e in enumerate(ex["step_ends"][:-1]):
+            need.setdefault((ex["question"], tokenizer.decode(ids[:e + 1], skip_special_tokens=True)), []).append((ei, j))
+    keys = list(need)
+    offsets = all_gather_list([len(keys)])  # the completions are seeded by their position in the whole list
+    if keys:
+        sp = SamplingParams(temperature=cfg.temperature, n=cfg.rollouts_per_step, max_new_tokens=cfg.max_new_tokens,
+                            seed=cfg.seed + 1, index_offset=sum(offsets[:rank()]))
+        outs = generator.generate([fmt.prompt(q, "cot") + prefix for q, prefix in keys], sp)
+        for key, group in zip(keys, outs, strict=True):
+            prefix = key[1]
+            for ei, j in need[key]:
+                ex = examples[ei]
+                ex["step_labels"][j] = int(any(
+                    accuracy_reward(completion=prefix + c.text, answer=ex["answer"]) == 1.0 for c in group))
+    n_prefixes = sum(len(v) for v in need.values())
+    return {"prefixes": n_prefixes, "distinct_prefixes": len(keys), "completions": len(keys) * cfg.rollouts_per_step}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,56 +320,150 @@ def token_scores(rm: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return out.to(input_ids.device)
 
 
-def _targets(examples: Sequence[dict[str, Any]], plens: Sequence[int], train_on: TrainOn
-             ) -> tuple[list[tuple[int, int]], list[float]]:
+def _grouped_batch(examples: Sequence[dict[str, Any]], tokenizer: Any, prompt_cache: dict[str, list[int]]
+                   ) -> tuple[Tensor, Tensor, int]:
+    """(input_ids, attention_mask, P) in the rollout layout (stages.rl.rollout): each prompt left-padded to P, the
+    longest prompt of the batch, then the completion, right-padded."""
+    prompts, comps = [], []
+    for ex in examples:
+        q = ex["question"]
+        if q not in prompt_cache:
+            prompt_cache[q] = tokenizer(prompt_format(tokenizer).prompt(q, "cot"))["input_ids"]
+        prompts.append(prompt_cache[q])
+        comps.append(list(ex["completion_ids"]))
+    P, T = max(len(x) for x in prompts), max(len(x) for x in comps)
+    ids = torch.full((len(comps), P + T), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros(len(comps), P + T, dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
+        ids[i, P - len(p):P] = torch.tensor(p)
+        att[i, P - len(p):P] = 1
+        ids[i, P:P + len(c)] = torch.tensor(c)
+        att[i, P:P + len(c)] = 1
+    return ids, att, P
+
+
+def completion_scores(rm: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, *,
+                      share_prompts: bool = True) -> Tensor:
+    """(B, T) score s_t of every completion position, from inputs in the rollout layout (prompt left-padded to
+    ``prompt_len``, completion right-padded; position ids follow the mask), on the inputs' device.
+
+    ``share_prompts``: rows with the same prompt (the samples of one question) run it through the backbone once; its
+    KV cache is copied to every row (differentiably: gradients flow back into the prompt's pass) and the completions
+    attend to it, as stages.rl.rollout.token_logprobs does for the policy. The same scores as one full pass per row
+    up to float rounding (tested), with the prompt tokens computed once per distinct prompt. A model training with
+    gradient checkpointing takes the plain pass (transformers drops the KV cache of checkpointed layers)."""
+    prm = next(iter(rm.parameters()), None) if hasattr(rm, "parameters") else None
+    dev = prm.device if prm is not None else input_ids.device
+    ids, att, P = input_ids.to(dev), attention_mask.to(dev), prompt_len
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    net = getattr(rm, "module", rm)  # a DeepSpeed engine wraps the model
+    base = getattr(net, str(getattr(net, "base_model_prefix", "")), None)
+    head = getattr(net, "score", None)
+    if share_prompts and isinstance(base, torch.nn.Module) and isinstance(head, torch.nn.Module) \
+            and ids.shape[1] > P > 0 and not _checkpointing(rm):
+        uniq, inverse = torch.unique(torch.cat([ids[:, :P], att[:, :P]], dim=1), dim=0, return_inverse=True)
+        if uniq.shape[0] < ids.shape[0]:
+            p_att = uniq[:, P:]
+            kw = _cache_kwarg(base)
+            out = base(input_ids=uniq[:, :P], attention_mask=p_att, position_ids=(p_att.cumsum(-1) - 1).clamp(min=0),
+                       use_cache=True)
+            cache = out[kw]
+            cache.batch_select_indices(inverse)
+            h = base(input_ids=ids[:, P:], attention_mask=att, position_ids=pos[:, P:], use_cache=True,
+                     **{kw: cache}).last_hidden_state
+            drop = getattr(net, "dropout", None)
+            h = drop(h) if isinstance(drop, torch.nn.Module) else h
+            return head(h)[..., 0].float().to(input_ids.device)
+    out = rm(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).logits[..., 0].float()
+    return out[:, P:].to(input_ids.device)
+
+
+def _targets(examples: Sequence[dict[str, Any]], train_on: TrainOn) -> tuple[list[tuple[int, int]], list[float]]:
+    """(row, completion position) of every labelled step end of the batch, and its label."""
     pos, lab = [], []
-    for i, (ex, P) in enumerate(zip(examples, plens, strict=True)):
+    for i, ex in enumerate(examples):
         pairs = list(zip(ex["step_ends"], ex["step_labels"], strict=True))
         if train_on == "outcome":
             pairs = [(ex["step_ends"][-1], ex["outcome"])]
         for e, y in pairs:
-            pos.append((i, P + e))
+            pos.append((i, e))
             lab.append(float(y))
     return pos, lab
 
 
+def _share(n: int, r: int, w: int) -> tuple[int, int]:
+    """Rank ``r``'s contiguous share ``[start, end)`` of ``n`` items among ``w`` ranks (the first ``n % w`` take one
+    more)."""
+    base, extra = divmod(n, w)
+    start = r * base + min(r, extra)
+    return start, start + base + (1 if r < extra else 0)
+
+
+def epoch_order(examples: Sequence[dict[str, Any]], seed: int, epoch: int) -> list[int]:
+    """The example order of one training epoch: the questions in a permutation seeded by (seed, epoch), each with
+    all its samples together (they share the prompt's forward pass, :func:`completion_scores`), so that a resumed
+    run rebuilds the batches it had not trained yet."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(ex["question"], []).append(i)
+    keys = list(groups)
+    random.Random(seed * 1_000_003 + epoch).shuffle(keys)
+    return [i for k in keys for i in groups[k]]
+
+
 def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], *, epochs: int, lr: float,
                        batch_size: int, seed: int, train_on: TrainOn, max_grad_norm: float = 1.0,
-                       weight_decay: float = 0.0, updater: Updater | None = None) -> list[float]:
+                       weight_decay: float = 0.0, updater: Updater | None = None,
+                       resume: dict[str, Any] | None = None,
+                       on_step: Callable[[int, Updater, list[list[float]]], None] | None = None,
+                       share_prompts: bool = True) -> list[float]:
     """Train ``rm`` in place with binary cross-entropy on the labelled positions; return the mean loss per epoch.
 
     ``train_on="process"``: every step end with its step label; ``"outcome"``: the last token with the
     outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``, through the one update
     path: ``updater`` (e.g. DeepSpeed on the accelerator, stages.rl.update.rl_updater) or a plain
-    :class:`stages.train.update.Updater` (clipping, a non-finite batch skipped).
+    :class:`stages.train.update.Updater` (clipping, a non-finite batch skipped). Epoch e visits the examples in
+    :func:`epoch_order` (seed, e), ``batch_size`` at a time, scored by :func:`completion_scores` (``share_prompts``).
 
-    Several ranks (a DeepSpeed updater in a multi-rank launch): each rank scores its share ``rank::world`` of every
-    batch, normalised by the whole batch's labelled positions, so a step equals one process's on the whole batch; a
-    rank without a share runs a zero-gradient pass.
+    Resuming: ``resume`` = ``{"step": optimizer steps done, "loss_sums": [[sum, n] per epoch begun]}`` (the model's
+    weights, and the updater's optimizer state, already loaded: stages.rl.checkpoint.load_updaters; or the optimizer
+    state dict as ``"optimizer"``) continues with the next batch, so an interrupted and resumed run trains on the
+    same batches in the same order as an uninterrupted one. ``on_step(step, updater, loss_sums)`` is called after
+    every optimizer step, on every rank (the stage checkpoints there).
+
+    Several ranks (a DeepSpeed updater in a multi-rank launch): each rank scores its contiguous share of every batch
+    (the samples of a question stay together), normalised by the whole batch's labelled positions, so a step equals
+    one process's on the whole batch; a rank without a share runs a zero-gradient pass. The loss sums are summed
+    over the ranks every step (every rank holds the same ``loss_sums``).
     """
     if not examples:
         raise PipelineError("reward model: no training examples (every sampled output was empty)")
     upd = updater or Updater(rm, max_grad_norm=max_grad_norm,
                              optimizer=torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay))
     r, w = upd.rank, upd.world
-    rng = random.Random(seed)
+    per_epoch = math.ceil(len(examples) / batch_size)
+    step, sums = 0, [[0.0, 0] for _ in range(epochs)]
+    if resume is not None:
+        step = int(resume["step"])
+        for e, v in enumerate(resume.get("loss_sums", [])[:epochs]):
+            sums[e] = [float(v[0]), int(v[1])]
+        if resume.get("optimizer") is not None:
+            upd.optimizer.load_state_dict(resume["optimizer"])
     cache: dict[str, list[int]] = {}
-    order = list(range(len(examples)))
-    losses = []
     rm.train()
-    for _ in range(epochs):
-        rng.shuffle(order)
-        tot, n = 0.0, 0
-        for b in range(0, len(order), batch_size):
-            batch = [examples[i] for i in order[b:b + batch_size]]
+    for epoch in range(step // per_epoch, epochs):
+        order = epoch_order(examples, seed, epoch)
+        for b in range(step - epoch * per_epoch, per_epoch):
+            batch = [examples[i] for i in order[b * batch_size:(b + 1) * batch_size]]
             n_lab = sum(len(ex["step_ends"]) if train_on == "process" else 1 for ex in batch)
-            mine = batch[r::w]
+            lo, hi = _share(len(batch), r, w)
+            mine = batch[lo:hi]
             upd.zero_grad()
-            bad = False
+            bad, tot = False, 0.0
             if mine:
-                ids, att, plens = _batch(mine, tokenizer, cache)
-                pos, lab = _targets(mine, plens, train_on)
-                s = token_scores(upd.forward_model, ids, att)
+                ids, att, P = _grouped_batch(mine, tokenizer, cache)
+                pos, lab = _targets(mine, train_on)
+                s = completion_scores(upd.forward_model, ids, att, P, share_prompts=share_prompts)
                 rows_, cols = zip(*pos, strict=True)
                 logit = s[list(rows_), list(cols)]
                 loss_sum = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab),
@@ -325,23 +473,32 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
                     upd.dummy_backward(last=True)
                 elif not bad:
                     upd.backward(loss_sum / n_lab, last=True)
-                tot += float(loss_sum.detach())
+                    tot = float(loss_sum.detach())
             else:
                 upd.dummy_backward(last=True)
             upd.step(bad=bad)
-            n += n_lab
-        if upd.distributed:
-            tot = all_reduce([tot])[0]
-        losses.append(tot / max(n, 1))
+            if w > 1:
+                tot, n_bad = all_reduce([tot, float(bad)])
+                bad = n_bad > 0
+            if not bad:
+                sums[epoch][0] += tot
+                sums[epoch][1] += n_lab
+            step += 1
+            if on_step is not None:
+                on_step(step, upd, sums)
     rm.eval()
-    return losses
+    return [tot / max(n, 1) for tot, n in sums]
 
 
 @torch.no_grad()
 def example_scores(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32, *,
-                   shard: bool = False) -> list[list[float]]:
-    """Per example, the RM scores (logits) at its step ends; the last one is the outcome score. ``shard`` (every
-    rank holds the same ``examples``): each rank scores its contiguous block and every rank returns all the scores."""
+                   shard: bool = False, share_prompts: bool = False) -> list[list[float]]:
+    """Per example, the RM scores (logits) at its step ends; the last one is the outcome score.
+
+    ``share_prompts``: score consecutive examples of one question with one pass over their prompt
+    (:func:`completion_scores`); else each prompt + completion in its own right-padded row (:func:`token_scores`,
+    the GRPO reward source's path). ``shard`` (every rank holds the same ``examples``): each rank scores its
+    contiguous block and every rank returns all the scores."""
     rm.eval()
     cache: dict[str, list[int]] = {}
     out: list[list[float]] = []
@@ -349,6 +506,11 @@ def example_scores(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], 
     mine = list(examples)[start:end]
     for b in range(0, len(mine), batch_size):
         batch = mine[b:b + batch_size]
+        if share_prompts:
+            ids, att, P = _grouped_batch(batch, tokenizer, cache)
+            s = completion_scores(rm, ids, att, P)
+            out.extend([float(s[i, e]) for e in ex["step_ends"]] for i, ex in enumerate(batch))
+            continue
         ids, att, plens = _batch(batch, tokenizer, cache)
         s = token_scores(rm, ids, att)
         for i, (ex, P) in enumerate(zip(batch, plens, strict=True)):
@@ -376,19 +538,94 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     return (r_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
-def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32, *,
-                          shard: bool = False) -> dict[str, float | None]:
-    """Outcome AUC (last-token score vs outcome label) and step AUC (every step end vs its label); ``shard``: the
-    ranks (holding the same ``examples``) score a block each (:func:`example_scores`)."""
+def evaluate_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any]], batch_size: int = 32,
+                          best_of: int = 0, share_prompts: bool = True, *, shard: bool = False) -> dict[str, Any]:
+    """Outcome AUC (last-token score vs outcome label), ``outcome_auc_within`` (the same over pairs of samples of one
+    question only, :func:`within_question_auc`: what GRPO's group-relative advantages see), step AUC (every step end
+    vs its label), and, over the examples with exact labels (``value_labels``), ``step_auc_values``: the step AUC
+    against those exact labels whatever the RM was trained on. ``best_of`` > 0 adds ``best_of_n``
+    (:func:`best_of_n`). ``shard``: the ranks (holding the same ``examples``) score a block each
+    (:func:`example_scores`)."""
     if not examples:
-        return {"outcome_auc": None, "step_auc": None, "n_examples": 0, "n_steps": 0}
-    sc = example_scores(rm, tokenizer, examples, batch_size, shard=shard)
+        return {"outcome_auc": None, "step_auc": None, "step_auc_values": None, "n_examples": 0, "n_steps": 0}
+    sc = example_scores(rm, tokenizer, examples, batch_size, shard=shard, share_prompts=share_prompts)
     o_s = [s[-1] for s in sc]
     o_y = [int(ex["outcome"]) for ex in examples]
     st_s = [v for s in sc for v in s]
     st_y = [int(y) for ex in examples for y in ex["step_labels"]]
-    return {"outcome_auc": _r(auc(o_s, o_y)), "step_auc": _r(auc(st_s, st_y)), "n_examples": len(examples),
-            "n_steps": len(st_y), "outcome_pos_frac": _r(sum(o_y) / len(o_y)), "step_pos_frac": _r(sum(st_y) / len(st_y))}
+    ex_v = [(s, ex["value_labels"]) for s, ex in zip(sc, examples, strict=True) if "value_labels" in ex]
+    v_s = [v for s, _ in ex_v for v in s]
+    v_y = [int(y) for _, labels in ex_v for y in labels]
+    out: dict[str, Any] = {
+        "outcome_auc": _r(auc(o_s, o_y)), "outcome_auc_within": _r(within_question_auc(examples, o_s, o_y)),
+        "step_auc": _r(auc(st_s, st_y)),
+        "step_auc_values": _r(auc(v_s, v_y)) if v_y else None, "n_examples": len(examples), "n_steps": len(st_y),
+        "outcome_pos_frac": _r(sum(o_y) / len(o_y)), "step_pos_frac": _r(sum(st_y) / len(st_y))}
+    if best_of:
+        out["best_of_n"] = best_of_n(examples, sc, best_of)
+    return out
+
+
+def within_question_auc(examples: Sequence[dict[str, Any]], scores: Sequence[float], labels: Sequence[int]) -> float:
+    """AUC over the (right, wrong) pairs of samples of the same question only: the share of such pairs in which the
+    right sample scores higher (ties count 1/2); NaN without such a pair. Unlike the pooled AUC it cannot be won by
+    telling easy questions from hard ones, which GRPO's per-group normalisation removes anyway."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(str(ex.get("id")) + "\0" + ex["question"], []).append(i)
+    won, pairs = 0.0, 0
+    for idx in groups.values():
+        pos = [scores[i] for i in idx if labels[i]]
+        neg = [scores[i] for i in idx if not labels[i]]
+        for a in pos:
+            for b in neg:
+                won += 1.0 if a > b else 0.5 if a == b else 0.0
+        pairs += len(pos) * len(neg)
+    return won / pairs if pairs else math.nan
+
+
+def best_of_n(examples: Sequence[dict[str, Any]], scores: Sequence[Sequence[float]], n: int) -> dict[str, Any]:
+    """Best-of-n reranking of the examples' outputs, per question (the first ``n`` samples of each question with at
+    least ``n``), scored by the rule grader (the outcome label: answer correctness):
+
+    - ``random``: the mean accuracy of one sample (a uniformly random pick);
+    - ``rm_last``: the accuracy of the sample with the highest last-step (outcome) score (ties: the first);
+    - ``rm_min``: the same with the lowest step score of each sample as its score (a PRM's min aggregation,
+      Math-Shepherd's);
+    - ``majority``: majority vote over the extracted answers (``pred``; ties: the answer seen first);
+    - ``oracle``: a correct sample among the n (pass@n);
+    - ``gain``: rm_last - random. ``questions``: how many questions were ranked."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(str(ex.get("id")) + "\0" + ex["question"], []).append(i)
+    picks = {"random": 0.0, "rm_last": 0.0, "rm_min": 0.0, "majority": 0.0, "oracle": 0.0}
+    k = 0
+    for idx in groups.values():
+        if len(idx) < n:
+            continue
+        idx = idx[:n]
+        k += 1
+        ok = [int(examples[i]["outcome"]) for i in idx]
+        last = [scores[i][-1] for i in idx]
+        low = [min(scores[i]) for i in idx]
+        picks["random"] += sum(ok) / n
+        picks["rm_last"] += ok[last.index(max(last))]
+        picks["rm_min"] += ok[low.index(max(low))]
+        picks["oracle"] += float(any(ok))
+        votes: dict[str, int] = {}
+        for i in idx:
+            pred = examples[i].get("pred")
+            if pred is not None:
+                votes[str(pred)] = votes.get(str(pred), 0) + 1
+        if votes:
+            top = max(votes.values())
+            winner = next(a for a, c in votes.items() if c == top)
+            picks["majority"] += float(any(ok[j] for j, i in enumerate(idx) if str(examples[i].get("pred")) == winner))
+    if not k:
+        return {"n": n, "questions": 0}
+    out: dict[str, Any] = {"n": n, "questions": k, **{key: _r(v / k) for key, v in picks.items()}}
+    out["gain"] = _r((picks["rm_last"] - picks["random"]) / k)
+    return out
 
 
 def _r(x: float) -> float | None:

@@ -34,6 +34,26 @@ class GrpoRewardParams(Section):
         return self
 
 
+class GrpoRmRewardParams(Section):
+    """Guards against reward hacking for a reward-model reward (reward_source outcome_rm / process_rm;
+    stages/rl/guards.py): each is off at its neutral value (normalize false, rule_weight 0, length_penalty 0)."""
+
+    normalize: bool
+    """Running normalisation of the RM's rewards: (r - running mean) / (running std + 1e-4) over every RM reward of
+    the run so far (OpenRLHF's normalize_reward). GRPO's group normalisation undoes it on its own; it matters with
+    clip, rule_weight, length_penalty, scale_rewards batch / none, and PPO."""
+    clip: PosFloat | None
+    """With normalize: clip the normalised rewards to [-clip, clip]; null = no clip."""
+    rule_weight: Annotated[float, Field(ge=0.0)]
+    """Mixed reward: add rule_weight x answer correctness (the rule reward) to each output's RM reward (process
+    supervision: to its last step); 0 = the RM alone (the paper)."""
+    length_penalty: Annotated[float, Field(ge=0.0)]
+    """Length control: subtract length_penalty x |L - T| / T from the reward of an output of L tokens (process: from
+    its last step); 0 = off."""
+    length_target: PosInt | None
+    """T of length_penalty in tokens; null = the mean completion length of the SFT samples the RM was trained on."""
+
+
 class GrpoBaselineParams(Section):
     """The continued-SFT baseline: the same start model trained with the SFT loss on the reference CoT
     solutions of the same questions, for the same number of steps (written to data/models/grpo_sft_baseline)."""
@@ -263,6 +283,9 @@ class GrpoParams(Section):
     unused). RM: data/models/reward_model (reward_model stage). The paper's RL uses a model reward.
     process_rule: process supervision from exact step labels (the generated problems' running values, the
     labeller the PRM is trained on; an oracle PRM, not in the paper); needs rows with 'values'."""
+    rm_reward: GrpoRmRewardParams
+    """Guards against reward hacking of a reward-model reward (outcome_rm / process_rm): running normalisation, a
+    mixed rule + RM reward, length control."""
     iterative: GrpoIterativeParams
     """Iterative RL (Algorithm 1): iterations, reference reset, RM updates with replay."""
     baseline: GrpoBaselineParams
@@ -356,6 +379,13 @@ class GrpoParams(Section):
             if uses_pot and self.reward.format_weight:
                 raise ValueError("reward.format_weight: the format reward reads a \\boxed{} answer, which PoT outputs "
                                  "do not write; set it to 0 with PoT rollouts")
+        g = self.rm_reward
+        if (g.normalize or g.rule_weight or g.length_penalty) and self.reward_source not in ("outcome_rm", "process_rm"):
+            raise ValueError(f"rm_reward guards apply to a reward-model reward; reward_source is {self.reward_source!r}: "
+                             "set rm_reward.normalize false, rule_weight 0 and length_penalty 0, or use outcome_rm / "
+                             "process_rm")
+        if g.clip is not None and not g.normalize:
+            raise ValueError("rm_reward.clip clips the normalised rewards: set rm_reward.normalize true, or clip null")
         if self.deepspeed.zero_stage == 3:
             raise ValueError("deepspeed.zero_stage 3 is not supported by the grpo stage (ranks' rollout and "
                              "log-prob passes differ in length, and ZeRO-3 makes every forward a collective); use 0-2")

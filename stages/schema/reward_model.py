@@ -21,8 +21,14 @@ class RewardModelParams(Section):
     enabled: bool
     """false: no reward model is trained (data/models/reward_model then holds only a note); for a grpo section
     whose reward_source is rule and iterations 1, which never reads it."""
+    init: Literal["sft", "pretrain", "base"]
+    """The RM's backbone: sft = data/models/sft (the policy it will score); pretrain = data/models/pretrain (the
+    continually pretrained model: the paper initialises its RM from DeepSeekMath-Base 7B); base = data/models/base
+    (the base_model stage's model). The head is new in every case; the samples always come from the SFT model."""
     prompts_file: DataPath
-    """The RL prompts whose samples are labelled: as grpo.prompts_file (a JSONL file or a directory of them)."""
+    """The RL prompts whose samples are labelled: as grpo.prompts_file (a JSONL file or a directory of them; schema:
+    stages/rl/data.py; GSM8K rows {"question", "answer": "... #### N"} and MATH rows {"problem", "answer"} are read
+    too)."""
     questions: PosInt
     """RL problems to sample (the first ones of the file)."""
     samples_per_question: PosInt
@@ -49,6 +55,9 @@ class RewardModelParams(Section):
     """AdamW learning rate, constant (paper: 2e-5 for the 7B RM)."""
     batch_size: PosInt
     """Examples per optimizer step (and per scoring forward)."""
+    best_of_n: PosInt
+    """n of the best-of-n reranking metric: on the held-out questions, the first n samples of each are reranked by
+    the RM and the pick is scored by the rule grader (at most samples_per_question)."""
     num_threads: NonNegInt
     """torch CPU threads (0 = torch's default)."""
     attn_implementation: AttnImplementation
@@ -63,10 +72,16 @@ class RewardModelParams(Section):
     deepspeed: DeepSpeedParams
     """DeepSpeed ZeRO 0-3 for the RM's training (stages/train/ds_config.py); used when enabled or when launched by
     deepspeed / torchrun (``deepspeed --module stages.reward_model``: each rank samples and trains on its share)."""
+    checkpoint_every: Annotated[NonNegInt, RUNTIME]
+    """Save a resumable checkpoint (under checkpoints/reward_model) every this many optimizer steps; 0 = never. The
+    labelled examples are checkpointed once sampled, whatever this is."""
 
     @model_validator(mode="after")
-    def _no_zero3(self) -> RewardModelParams:
+    def _check(self) -> RewardModelParams:
         if self.deepspeed.zero_stage == 3:
             raise ValueError("deepspeed.zero_stage 3 is not supported by the reward_model stage (its ranks score "
                              "shares of different sizes, and ZeRO-3 makes every forward a collective); use 0-2")
+        if self.best_of_n > self.samples_per_question:
+            raise ValueError(f"best_of_n ({self.best_of_n}) exceeds samples_per_question ({self.samples_per_question}); "
+                             "rerank at most the samples drawn per question")
         return self

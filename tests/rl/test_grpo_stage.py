@@ -30,6 +30,7 @@ def tiny_params(**over) -> GrpoParams:
                     custom_weights=[1.0]),
         baseline=dict(enabled=True, lr=1e-3), log_completions_every=1, checkpoint_every=1, num_threads=1,
         reward_source="rule",
+        rm_reward=dict(normalize=False, clip=None, rule_weight=0.0, length_penalty=0.0, length_target=None),
         iterative=dict(iterations=1, rm_replay_fraction=0.1, rm_questions=4, rm_samples_per_question=2,
                        rm_labels="values", rm_rollouts_per_step=2, rm_train_on="process", rm_heldout_fraction=0.25,
                        rm_epochs=1, rm_lr=1e-3, rm_batch_size=4),

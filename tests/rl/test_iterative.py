@@ -74,3 +74,19 @@ def test_rule_reward_iterations_write_policies_only(rm_project):
     assert len(m["iterations"]) == 2 and "rm" not in m["iterations"][0]
     assert (paths.GRPO_ITERS / "iter1" / "config.json").is_file()
     assert not (paths.GRPO_ITERS / "rm_iter1").exists()
+
+
+def test_untimed_drops_timings_and_resume_markers_from_cached_outputs():
+    """What goes into DVC-cached files (grpo's pipeline.json summary / iterations, iterations.json, an RM's
+    pipeline.json) keeps the results and drops the seconds, time totals, rates and resume markers."""
+    from stages.rl.iterative import untimed
+
+    summary = {"steps": 2, "reward_mean_first5": 0.25, "t_generation_total": 1.0, "cpu_update_total": 2.0,
+               "step_s_total": 3.0, "step_s_mean": 1.5, "tool_wait_s_total": 1.0, "tool_programs_per_s": 2.0,
+               "tool_wait_share_of_step": 0.1, "tool_programs_total": 3, "n_reward_failures": 0}
+    assert untimed(summary) == {"steps": 2, "reward_mean_first5": 0.25, "tool_programs_total": 3,
+                                "n_reward_failures": 0}
+    its = [{"iteration": 1, "grpo_s": 3.0, "resumed_from_step": 4, "accuracy_mean": 0.5,
+            "rm": {"rm_update_s": 2.0, "n_new_examples": 8, "heldout_after_update": {"outcome_auc": 0.75}}}]
+    assert untimed(its) == [{"iteration": 1, "accuracy_mean": 0.5,
+                             "rm": {"n_new_examples": 8, "heldout_after_update": {"outcome_auc": 0.75}}}]

@@ -3,6 +3,7 @@ RM scores into outcome / process advantages (step ends at newline tokens) agains
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from types import SimpleNamespace
@@ -217,3 +218,271 @@ def test_step_label_scorer_rewards_are_the_value_labels(tiny_model_dir):
     ro2 = build_rollout(rows_nv, [chat_prompt(r_["question"]) for r_ in rows_nv], comps, tok, mask_truncated=False)
     with pytest.raises(R.PipelineError, match="process_rule needs problem rows with a 'values' field"):
         scorer.step_rewards(ro2)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 19: shared-prompt scoring, resumable training, best-of-n, exact-label AUC, Math-Shepherd at scale
+
+
+def test_shared_prompt_scores_and_gradients_equal_one_pass_per_row(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    torch.manual_seed(0)
+    rm = R.init_reward_model(tiny_model_dir)
+    ex = _examples(tok, 6)
+    ex = [dict(e, question=ex[0]["question"]) for e in ex[:3]] + ex[3:]  # 3 samples of one question, then 3 more
+    ids, att, P = R._grouped_batch(ex, tok, {})
+    plain = R.completion_scores(rm, ids, att, P, share_prompts=False)
+    shared = R.completion_scores(rm, ids, att, P, share_prompts=True)
+    assert torch.allclose(plain, shared, atol=1e-5)
+    # the rollout layout gives the right-padded layout's scores (token_scores, the reward source's path)
+    ids_r, att_r, plens = R._batch(ex, tok, {})
+    ref = R.token_scores(rm, ids_r, att_r)
+    for i, e in enumerate(ex):
+        for t in e["step_ends"]:
+            assert shared[i, t].item() == pytest.approx(ref[i, plens[i] + t].item(), abs=1e-5)
+    grads = []
+    for share in (False, True):
+        rm.zero_grad()
+        R.completion_scores(rm, ids, att, P, share_prompts=share)[att[:, P:].bool()].sum().backward()
+        grads.append({k: p.grad.clone() for k, p in rm.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5), k
+    for a, b in zip(R.example_scores(rm, tok, ex, share_prompts=True), R.example_scores(rm, tok, ex), strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    ex = _examples(tok, 20)
+    kw = dict(epochs=2, lr=3e-3, batch_size=6, seed=1, train_on="process")  # 4 batches an epoch: 8 steps
+
+    def fresh():
+        torch.manual_seed(0)
+        return R.init_reward_model(tiny_model_dir)
+
+    full = fresh()
+    want = R.train_reward_model(full, tok, ex, **kw)
+    saved: dict = {}
+
+    def stop_at_5(step, upd, sums):
+        if step == 5:
+            saved.update(step=step, model={k: v.clone() for k, v in full2.state_dict().items()},
+                         optimizer=copy.deepcopy(upd.optimizer.state_dict()), loss_sums=copy.deepcopy(sums))
+            raise KeyboardInterrupt
+
+    full2 = fresh()
+    with pytest.raises(KeyboardInterrupt):
+        R.train_reward_model(full2, tok, ex, on_step=stop_at_5, **kw)
+    again = fresh()
+    again.load_state_dict(saved["model"])
+    got = R.train_reward_model(again, tok, ex, resume={k: saved[k] for k in ("step", "optimizer", "loss_sums")}, **kw)
+    assert got == pytest.approx(want, rel=1e-6)
+    for k, v in full.state_dict().items():
+        assert torch.allclose(v, again.state_dict()[k], atol=1e-6), k
+
+
+def test_epoch_order_keeps_a_question_together_and_depends_on_the_epoch():
+    ex = [{"question": f"q{i // 3}"} for i in range(12)]
+    o0, o1 = R.epoch_order(ex, 0, 0), R.epoch_order(ex, 0, 1)
+    assert sorted(o0) == list(range(12)) and o0 != o1 and o0 == R.epoch_order(ex, 0, 0)
+    for b in range(0, 12, 3):
+        assert len({ex[i]["question"] for i in o0[b:b + 3]}) == 1
+
+
+def test_best_of_n_against_hand_computed_picks():
+    def e(q, ok, pred):
+        return {"id": q, "question": q, "outcome": ok, "pred": pred}
+
+    examples = [e("a", 0, "1"), e("a", 1, "2"), e("a", 0, "1"), e("a", 1, "2"),  # majority tie -> "1" (first): wrong
+                e("b", 0, "3"), e("b", 0, "3"), e("b", 1, "4"), e("b", 0, "5"),  # majority "3": wrong
+                e("c", 1, "7"), e("c", 1, "7"), e("c", 0, "8"), e("c", 1, "7"),
+                e("d", 1, "9")]  # fewer than n samples: not ranked
+    scores = [[0.1, 0.9], [0.5, 0.2], [0.3], [0.0, 0.4],
+              [0.1], [0.2], [0.0, 0.15], [-1.0],
+              [0.2, 0.3], [0.5, 0.1], [0.9], [0.0, 0.0],
+              [1.0]]
+    got = R.best_of_n(examples, scores, 4)
+    # rm_last picks the highest last score: a -> sample 0 (0.9, wrong), b -> 1 (0.2, wrong), c -> 2 (0.9, wrong)
+    assert got["questions"] == 3
+    assert got["random"] == pytest.approx(round((2 / 4 + 1 / 4 + 3 / 4) / 3, 4))
+    assert got["rm_last"] == pytest.approx(round((0 + 0 + 0) / 3, 4))
+    # rm_min: a -> mins [0.1, 0.2, 0.3, 0.0] -> idx 2 (wrong); b -> [0.1, 0.2, 0.0, -1] -> idx 1 (wrong);
+    # c -> [0.2, 0.1, 0.9, 0.0] -> idx 2 (wrong)
+    assert got["rm_min"] == 0.0
+    assert got["majority"] == pytest.approx(round(1 / 3, 4))
+    assert got["oracle"] == 1.0
+    assert got["gain"] == pytest.approx(round(-(2 / 4 + 1 / 4 + 3 / 4) / 3, 4), abs=1e-4)
+    scores[1] = [0.5, 2.0]  # a: now the correct sample 1 has the best last score
+    assert R.best_of_n(examples, scores, 4)["rm_last"] == pytest.approx(round(1 / 3, 4))
+    assert R.best_of_n(examples, scores, 5) == {"n": 5, "questions": 0}
+
+
+def test_step_auc_values_uses_the_exact_labels(tiny_model_dir):
+    """evaluate_reward_model measures the step AUC against value_labels (the exact labels) besides the training
+    labels, with the stub RM's known scores."""
+    tok = load_tokenizer(tiny_model_dir)
+    ex = _examples(tok, 8)
+    rng = random.Random(3)
+    for e in ex:
+        e["value_labels"] = [rng.randint(0, 1) for _ in e["step_labels"]]
+    m = R.evaluate_reward_model(_StubRM(), tok, ex, share_prompts=False)
+    sc = R.example_scores(_StubRM(), tok, ex)
+    assert m["step_auc"] == pytest.approx(round(R.auc([v for s in sc for v in s],
+                                                      [y for e in ex for y in e["step_labels"]]), 4))
+    assert m["step_auc_values"] == pytest.approx(round(R.auc([v for s in sc for v in s],
+                                                             [y for e in ex for y in e["value_labels"]]), 4))
+    assert R.evaluate_reward_model(_StubRM(), tok, [{k: v for k, v in e.items() if k != "value_labels"} for e in ex],
+                                   share_prompts=False)["step_auc_values"] is None
+
+
+class _ScriptedGenerator:
+    """A generator whose completion of a prompt is fixed by a rule: sampled outputs are given per question; a
+    rollout from a prefix reaches the gold answer iff the prefix has no wrong step ("= 9." marks a wrong one)."""
+
+    def __init__(self, outputs: dict[str, list[str]], tok) -> None:
+        self.outputs, self.tok, self.calls = outputs, tok, []
+
+    def generate(self, prompts, sp):
+        self.calls.append(list(prompts))
+        out = []
+        for pr in prompts:
+            q = next((q for q in self.outputs if pr.startswith(chat_prompt(q, "cot"))), None)
+            prefix = pr[len(chat_prompt(q, "cot")):]
+            if prefix:  # a Math-Shepherd rollout from a step prefix
+                text = "The answer is \\boxed{3}." if "= 9." in prefix else "The answer is \\boxed{5}."
+                out.append([Completion(text=text, token_ids=[1], logprobs=[0.0], finish_reason="stop")] * sp.n)
+            else:
+                out.append([Completion(text=t, token_ids=self.tok(t, add_special_tokens=False)["input_ids"]
+                                       + [self.tok.eos_token_id], logprobs=[0.0], finish_reason="stop")
+                            for t in self.outputs[q][: sp.n]])
+        return out
+
+
+def test_math_shepherd_labels_deduplicate_prefixes_and_skip_correct_outputs(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    q = "Tom has 3 apples. He buys 2 more. How many apples does Tom have now?"
+    outs = {q: ["3 + 2 = 5.\nThe answer is \\boxed{5}.",          # right: all steps right, no rollout
+                "3 + 2 = 5.\n5 + 0 = 5.\nThe answer is \\boxed{6}.",  # wrong answer after right steps
+                "3 + 2 = 5.\n5 + 0 = 5.\nThe answer is \\boxed{7}.",  # the same two first steps (dedup)
+                "3 + 2 = 9.\nThe answer is \\boxed{9}."]}             # wrong at step 1
+    gen = _ScriptedGenerator(outs, tok)
+    cfg = R.SampleConfig(samples_per_question=4, temperature=1.0, max_new_tokens=16, labels="rollouts",
+                         rollouts_per_step=2, seed=0)
+    stats: dict = {}
+    ex = R.collect_examples(None, tok, [{"id": "p0", "question": q, "answer": "5", "values": [5]}], cfg, origin="sft",
+                            generator=gen, stats=stats)
+    assert [e["step_labels"] for e in ex] == [[1, 1], [1, 1, 0], [1, 1, 0], [0, 0]]
+    assert [e["value_labels"] for e in ex] == [[1, 1], [1, 0, 0], [1, 0, 0], [0, 0]]  # 5 + 0 = 5 is past values
+    assert [e["pred"] for e in ex] == ["5", "6", "7", "9"]
+    # prefixes: 2 + 2 + 1 from the three wrong outputs, 3 of them distinct; the right output needs none
+    assert stats == {"sampled": 4, "examples": 4, "prefixes": 5, "distinct_prefixes": 3, "completions": 6}
+    assert len(gen.calls) == 2 and len(gen.calls[1]) == 3
+
+
+class _ReferenceGenerator:
+    """Scripted policy on real rows: ``outputs`` gives each question's sampled outputs; a rollout from a step prefix
+    finishes the row's reference solution (reaching the gold answer) iff the prefix is a prefix of it, else answers
+    wrong. Records every call (batching)."""
+
+    def __init__(self, rows, outputs, tok):
+        self.by_prompt = {chat_prompt(r["question"], "cot"): (r, outputs[i]) for i, r in enumerate(rows)}
+        self.tok, self.calls = tok, []
+
+    def _c(self, text):
+        return Completion(text=text, token_ids=self.tok(text, add_special_tokens=False)["input_ids"]
+                          + [self.tok.eos_token_id], logprobs=[0.0], finish_reason="stop")
+
+    def generate(self, prompts, sp):
+        self.calls.append(len(prompts))
+        out = []
+        for pr in prompts:
+            head = next(h for h in self.by_prompt if pr.startswith(h))
+            row, outputs = self.by_prompt[head]
+            prefix = pr[len(head):]
+            if not prefix:
+                out.append([self._c(t) for t in outputs[: sp.n]])
+                continue
+            ref = outputs[0]
+            rest = ref[len(prefix):] if ref.startswith(prefix) else "The answer is \\boxed{WRONG}."
+            out.append([self._c(rest)] * sp.n)
+        return out
+
+
+def _reference_outputs(rows):
+    """Per row: its reference solution as the right output, the same with a wrong final answer, and one whose first
+    step is wrong (the rollouts from its prefixes cannot recover)."""
+    import re
+
+    outs = []
+    for r in rows:
+        sol = re.sub(r"<<[^>]*>>", "", r["solution"])
+        if "####" in sol:  # GSM8K
+            lines = [ln for ln in sol.split("####")[0].splitlines() if ln.strip()]
+            right = "\n".join(lines) + f"\nThe answer is \\boxed{{{r['answer']}}}."
+            wrong_end = "\n".join(lines) + "\nThe answer is \\boxed{WRONG}."
+            wrong_first = "\n".join(["This step is wrong."] + lines[1:]) + "\nThe answer is \\boxed{WRONG}."
+        else:  # MATH: its solution text ends in \boxed{answer}
+            body = sol.replace("\n\n", "\n").strip()
+            right = body + f"\nThe answer is \\boxed{{{r['answer']}}}."
+            wrong_end = body + "\nThe answer is \\boxed{WRONG}."
+            wrong_first = "This step is wrong.\n" + body.replace("\\boxed", "\\fbox") + "\nThe answer is \\boxed{WRONG}."
+        outs.append([right, wrong_end, wrong_first])
+    return outs
+
+
+def test_math_shepherd_labeller_on_50_real_gsm8k_and_math_rows(shared_data, tiny_model_dir):
+    """The rollouts labeller (labels: rollouts) on real GSM8K and MATH training rows, read by the prompt loader: one
+    batched sampling call and one batched rollout call for the 50 problems (25 of each), and on every row the hard-estimation
+    labels a scripted policy implies (the right output: every step right without rollouts; the right steps before a
+    wrong final answer: right; a wrong first step: every step wrong)."""
+    from stages.rl.data import load_prompts
+
+    tok = load_tokenizer(tiny_model_dir)
+    rows = load_prompts(shared_data / "gsm8k" / "train.jsonl")[:25] + load_prompts(shared_data / "math" / "train.jsonl")[:25]
+    assert len({r["id"] for r in rows}) == 50
+    outputs = _reference_outputs(rows)
+    gen = _ReferenceGenerator(rows, outputs, tok)
+    cfg = R.SampleConfig(samples_per_question=3, temperature=1.0, max_new_tokens=64, labels="rollouts",
+                         rollouts_per_step=4, seed=0)
+    stats: dict = {}
+    ex = R.collect_examples(None, tok, rows, cfg, origin="sft", generator=gen, stats=stats)
+    assert len(ex) == 150 and gen.calls[0] == 50 and len(gen.calls) == 2
+    for i, r in enumerate(rows):
+        right, wrong_end, wrong_first = ex[3 * i: 3 * i + 3]
+        assert right["outcome"] == 1 and right["step_labels"] == [1] * len(right["step_ends"]), r["id"]
+        assert wrong_end["outcome"] == 0 and wrong_end["step_labels"] == [1] * (len(wrong_end["step_ends"]) - 1) + [0]
+        assert wrong_first["outcome"] == 0 and wrong_first["step_labels"] == [0] * len(wrong_first["step_ends"])
+        assert "value_labels" not in right  # real rows have no running values
+    assert stats["distinct_prefixes"] == gen.calls[1] <= stats["prefixes"]
+    assert stats["completions"] == 4 * stats["distinct_prefixes"]
+
+
+def test_math_shepherd_labeller_runs_batched_on_50_real_rows_with_a_model(shared_data, tiny_model_dir):
+    """The same labeller with the tiny model through the hf generator (batched): labels for every sample of 50 real
+    GSM8K rows, the last step's label equal to the outcome, counts consistent."""
+    from stages.core.modeling import load_model
+    from stages.rl.data import load_prompts
+
+    tok, model = load_tokenizer(tiny_model_dir), load_model(tiny_model_dir)
+    rows = load_prompts(shared_data / "gsm8k" / "test.jsonl")[:50]
+    cfg = R.SampleConfig(samples_per_question=2, temperature=1.0, max_new_tokens=12, labels="rollouts",
+                         rollouts_per_step=2, seed=0)
+    stats: dict = {}
+    ex = R.collect_examples(model, tok, rows, cfg, origin="sft", stats=stats)
+    assert stats["sampled"] == 100 and len(ex) == stats["examples"] >= 1  # empty outputs (EOS first) are dropped
+    for e in ex:
+        assert len(e["step_labels"]) == len(e["step_ends"]) >= 1 and set(e["step_labels"]) <= {0, 1}
+        assert e["step_labels"][-1] == e["outcome"]
+    assert stats["distinct_prefixes"] <= stats["prefixes"] and stats["completions"] == 2 * stats["distinct_prefixes"]
+
+
+def test_within_question_auc_counts_pairs_of_one_question_only():
+    ex = [{"id": q, "question": q} for q in ("a", "a", "a", "b", "b")]
+    scores = [0.9, 0.1, 0.5, 0.0, 0.0]
+    labels = [1, 0, 0, 1, 0]
+    # a: (0.9 > 0.1), (0.9 > 0.5) -> 2 won; b: a tie -> 0.5; 3 pairs
+    assert R.within_question_auc(ex, scores, labels) == pytest.approx(2.5 / 3)
+    # the pooled AUC mixes questions: b's positive (0) is below a's negatives
+    assert R.auc(scores, labels) != pytest.approx(2.5 / 3)
+    assert math.isnan(R.within_question_auc(ex[:1], scores[:1], labels[:1]))

@@ -71,3 +71,20 @@ def test_accuracy_reward_has_no_percent_rule() -> None:
 
     assert accuracy_reward(completion="so \\boxed{2}.", answer="2") == 1.0
     assert accuracy_reward(completion="so \\boxed{200}.", answer="2") == 0.0  # the reference would accept it
+
+
+def test_load_prompts_reads_gsm8k_and_math_rows(tmp_path):
+    import json
+
+    f = tmp_path / "mixed.jsonl"
+    rows = [{"question": "Ann has 2,000 coins and gets 125 more. How many?", "answer": "2000 + 125 = 2125\n#### 2,125"},
+            {"problem": "What is $1+1$?", "solution": "$1+1=\\boxed{2}$", "answer": "2", "unique_id": "test/a/1.json"},
+            {"problem": "No gold here.", "solution": "?", "answer": None},
+            {"id": "g1", "question": "Tom has 3 apples.", "answer": "3", "values": [3]}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = load_prompts(f)
+    assert [r["id"] for r in got] == ["gsm8k-0", "test/a/1.json", "g1"]  # the MATH row without an answer is skipped
+    assert [r["answer"] for r in got] == ["2125", "2", "3"]
+    assert got[0]["question"].startswith("Ann has") and got[0]["solution"].endswith("#### 2,125")
+    assert got[1]["question"] == "What is $1+1$?" and got[1]["solution"] == "$1+1=\\boxed{2}$"
+    assert got[2]["values"] == [3] and "solution" not in got[2]

@@ -1,0 +1,74 @@
+"""Reward models compared on the same held-out questions (issue 19): outcome AUC, within-question outcome AUC, step
+AUC against the exact ``values`` labels and best-of-n reranking gain, for each ``--rm`` directory, on the held-out
+examples of ``--heldout`` (a reward model directory's heldout.jsonl) minus every question any of the compared RMs
+trained on (its examples.jsonl), so that no RM is scored on its own training questions.
+
+    python benchmarks/rm_auc.py --rm main=/work/wt/baserun/data/models/reward_model \
+        --rm rm=/tmp/rmp/proj/data/models/reward_model --heldout /tmp/rmp/proj/data/models/reward_model/heldout.jsonl
+
+Scores with stages.rl.reward_model.evaluate_reward_model (the reward_model stage's own metrics); writes
+benchmarks/results/reward_model_auc.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from stages.core.io import read_jsonl
+from stages.core.modeling import load_tokenizer
+from stages.rl.reward_model import evaluate_reward_model, load_examples, load_reward_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _key(ex: dict) -> str:
+    return str(ex["id"]) + "\0" + ex["question"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rm", action="append", required=True, metavar="NAME=DIR")
+    ap.add_argument("--heldout", required=True, help="heldout.jsonl of labelled examples")
+    ap.add_argument("--best-of", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "reward_model_auc.json"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rms = dict(s.split("=", 1) for s in args.rm)
+    held = read_jsonl(args.heldout)
+    trained = {name: {_key(ex) for ex in load_examples(d)} for name, d in rms.items()}
+    seen = set().union(*trained.values())
+    keep = [ex for ex in held if _key(ex) not in seen]
+    out: dict = {"heldout_file": args.heldout, "n_heldout_examples": len(held), "n_kept_examples": len(keep),
+                 "n_kept_questions": len({_key(ex) for ex in keep}),
+                 "excluded_questions_trained_on": {n: len({_key(ex) for ex in held} & t) for n, t in trained.items()},
+                 "reward_models": {}}
+    for name, d in rms.items():
+        t0 = time.perf_counter()
+        rm = load_reward_model(d)
+        tok = load_tokenizer(d)
+        with torch.no_grad():
+            ev = evaluate_reward_model(rm, tok, keep, 32, best_of=args.best_of)
+        info = json.loads((Path(d) / "pipeline.json").read_text()) if (Path(d) / "pipeline.json").is_file() else {}
+        out["reward_models"][name] = {"dir": os.fspath(d), "n_train_examples": len(load_examples(d)),
+                                      "train_params": (info.get("params") or {}), **ev,
+                                      "eval_s": round(time.perf_counter() - t0, 1)}
+        b = ev.get("best_of_n") or {}
+        print(f"{name:>8}: outcome AUC {ev['outcome_auc']}, within-question {ev['outcome_auc_within']}, step AUC "
+              f"(exact labels) {ev['step_auc_values']}, best-of-{b.get('n')} {b.get('rm_last')} vs random "
+              f"{b.get('random')} (gain {b.get('gain')})", flush=True)
+    out["load_average"] = os.getloadavg()
+    out["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
