@@ -132,14 +132,14 @@ def test_repro_runs_ingestion_sft_grpo_evaluate_on_real_rows(graph: dict[str, An
             "ingest@math_rl", "base_model", "sft", "grpo", "evaluate@sft", "evaluate@grpo", "report"} <= ran
     sft_rows = [json.loads(x) for f in sorted((proj / "data/ingest/sft").glob("*.jsonl")) for x in f.open()]
     assert len(sft_rows) >= 2 * N_TRAIN - 10 and {r["benchmark"] for r in sft_rows} == {"gsm8k", "math"}
-    sft = json.loads((proj / "data/metrics/sft.json").read_text())
+    sft = json.loads((proj / "data/details/sft.json").read_text())
     assert sft["prompt_format"] == "chat_template" and sft["steps_run"] == 2
     tok_cfg = json.loads((proj / "data/models/sft/tokenizer_config.json").read_text())
     assert tok_cfg["pipeline_prompt_format"] == "chat_template"  # recorded with the model, travels with it
-    g = json.loads((proj / "data/metrics/grpo.json").read_text())
+    g = json.loads((proj / "data/details/grpo.json").read_text())
     assert g["grpo"]["steps"] == 2
     assert json.loads((proj / "data/models/grpo/config.json").read_text())["model_type"] == "qwen2"
-    ev = json.loads((proj / "data/metrics/evaluate_grpo.json").read_text())
+    ev = json.loads((proj / "data/details/evaluate_grpo.json").read_text())
     assert ev["gsm8k"]["cot"]["greedy"]["n"] == N_TEST and ev["math500"]["cot"]["greedy"]["n"] == N_TEST
     prompts = (proj / "data/eval/grpo/prompts.txt").read_text()
     assert "<|im_start|>user\n" in prompts and "<|im_start|>assistant\n" in prompts  # the model's own template

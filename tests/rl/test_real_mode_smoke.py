@@ -134,7 +134,7 @@ def test_real_mode_grpo_on_two_ranks(shared_data: Path, tmp_path: Path) -> None:
     proj = _project(shared_data, tmp_path)
     _run("sft", proj)
     wall = _run("grpo", proj, ranks=2)
-    g = json.loads((proj / "data/metrics/grpo.json").read_text())
+    g = json.loads((proj / "data/details/grpo.json").read_text())  # every metric (data/metrics: the headline)
     assert g["world_size"] == 2 and g["generation_backend"] == "vllm" and g["deepspeed_zero_stage"] == 2
     assert g["grpo"]["steps"] == 2 and g["baseline"]["steps"] == 2
     mismatch = [float(r.split(",")[1]) for r in (proj / "data/plots/grpo/mismatch_abs_mean.csv").read_text().splitlines()[1:]]
