@@ -60,7 +60,8 @@ def smoke_params(shared: Path) -> dict[str, Any]:
         "sft": {"problems": "data/sft.jsonl", "formats": {"cot": 1.0, "pot": 0.0, "tir": 0.0}, "verify_programs": False,
                 "val_problems": 4, "train": {"steps": 3, "micro_batch_size": 2, "grad_accum": 2, "seq_len": 384,
                                              "lr": 1e-3, "precision": "fp32", "num_threads": 1, "eval_every": 0,
-                                             "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}}},
+                                             "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}},
+                "launcher": {"nproc_per_node": 1, "nnodes": 1}},
         "grpo": {"prompts_file": "data/rl.jsonl", "steps": 2, "questions_per_step": 2, "group_size": 4,
                  "max_new_tokens": 24, "backend": "vllm", "lr": 1e-3, "micro_batch_size": 4,
                  # a dense toy reward next to the rule reward: a random model is never right, and the update
@@ -70,14 +71,16 @@ def smoke_params(shared: Path) -> dict[str, Any]:
                  "reward_source": "rule", "iterative": {"iterations": 1},
                  "baseline": {"enabled": True, "lr": 1e-3}, "num_threads": 1,
                  "heldout": {"every": 1, "problems_file": gsm_test, "limit": N_TEST, "max_new_tokens": 24},
-                 "vllm_gpu_memory_utilization": 0.05, "vllm_enable_sleep_mode": True, "precision": "fp32",
+                 "vllm_gpu_memory_utilization": 0.05, "precision": "fp32",
+                 "launcher": {"nproc_per_node": 1, "nnodes": 1},  # the runner calls run() in 1 or 2 ranks itself
                  "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}},
         "evaluate": {"common": {"backend": "vllm", "dtype": "float32", "num_threads": 1, "batch_size": 8,
                                 "max_new_tokens": 24, "limit": N_TEST, "sample_limit": 2,
                                 "testsets": "data/testsets", "benchmarks": ["gsm8k"], "n_shots": 0},
                      "models": {"grpo": {"path": "data/models/grpo", "prompting": "zero_shot", "greedy_modes": ["cot"],
                                          "sample_modes": ["cot"], "n_samples": 2, "limit": None}}},
-        "runtime": {"sft": {"train": {"checkpoint_every": 0, "log_every": 1}}, "grpo": {"checkpoint_every": 0}},
+        "runtime": {"sft": {"train": {"checkpoint_every": 0, "log_every": 1}},
+                    "grpo": {"checkpoint_every": 0, "vllm_enable_sleep_mode": True}},
     })
 
 
