@@ -163,11 +163,12 @@ class VLLMGenerator:
             # vLLM's CPU runner crashes ("CPU Generator does not use offset") when it discards the token
             # sampled for a seeded request whose prompt was only partly prefilled; whole-prompt prefills avoid it
             engine_kwargs.setdefault("enable_chunked_prefill", False)
-        launched = torch.distributed.is_available() and torch.distributed.is_initialized() and \
-            torch.distributed.get_world_size() > 1
+        grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+        launched = grouped and torch.distributed.get_world_size() > 1
         self._launched = launched
-        if launched:
+        if grouped:  # one process with DeepSpeed's 1-rank group too: the baseline's engine after this one needs it
             _keep_default_process_group()
+        if launched:
             # colocated under deepspeed / torchrun: one engine per rank (or per group of tensor_parallel_size
             # consecutive ranks), in this process, on this rank's device, inside the existing process group
             in_process = self.in_process = True
@@ -321,8 +322,9 @@ class VLLMGenerator:
             self.asleep = False
 
     def close(self) -> None:
-        """Shut the engine down and remove the temporary model directory, if any. Under a launch the launch's default
-        process group survives (:func:`_keep_default_process_group`)."""
+        """Shut the engine down and remove the temporary model directory, if any. A default process group that
+        existed before the engine (a launch's, or DeepSpeed's in one process) survives
+        (:func:`_keep_default_process_group`)."""
         llm = getattr(self, "llm", None)
         if llm is not None:
             engine = getattr(llm, "llm_engine", None)
