@@ -41,9 +41,11 @@ def _norm(path: str | os.PathLike[str]) -> str:
 
 
 def _is_produced(path: str, produced: Collection[str]) -> bool:
-    """``path`` is (inside) an output of a stage that runs before the one reading it."""
+    """``path`` is (inside) an output of a stage that runs before the one reading it, or a directory that such an
+    output is in (``data/testsets``, where each testsets@ stage writes its file)."""
     p = _norm(path)
-    return any(p == q or p.startswith(q.rstrip(os.sep) + os.sep) for q in map(_norm, produced))
+    return any(p == q or p.startswith(q.rstrip(os.sep) + os.sep) or q.startswith(p.rstrip(os.sep) + os.sep)
+               for q in map(_norm, produced))  # the last: a directory an earlier stage writes into
 
 
 def _remote(path: str) -> bool:
