@@ -123,15 +123,21 @@ def release_lease(client: int | None = None) -> None:
         (state_dir() / "leases" / f"{os.getpid() if client is None else client}.json").unlink()
 
 
-def leases() -> tuple[bool, bool]:
-    """(some lease's client or owner is alive, some lease's client is alive); stale lease files are removed."""
-    any_alive = any_client = False
+def _lease_records() -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every readable lease file of the project and its record (unreadable ones are skipped)."""
     d = state_dir() / "leases"
     for f in d.glob("*.json") if d.is_dir() else []:
         try:
             info = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
+        yield f, info
+
+
+def leases() -> tuple[bool, bool]:
+    """(some lease's client or owner is alive, some lease's client is alive); stale lease files are removed."""
+    any_alive = any_client = False
+    for f, info in _lease_records():
         c, o = alive(int(info["client"])), info.get("owner") is not None and alive(int(info["owner"]))
         any_client |= c
         any_alive |= c or o
@@ -270,12 +276,7 @@ def stop_servers_of(owner: int | None) -> None:
     of idling out. Servers that other runs (other owners, live clients) use are left alone."""
     if owner is None:
         return
-    d = state_dir() / "leases"
-    for f in d.glob("*.json") if d.is_dir() else []:
-        try:
-            info = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
+    for _, info in _lease_records():
         c, o = int(info["client"]), info.get("owner")
         if (alive(c) and c != os.getpid() and o != owner) or (o is not None and o != owner and alive(int(o))):
             return

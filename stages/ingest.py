@@ -37,8 +37,8 @@ from typing import Any
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.ingestion import HUB_PIN, convert, metrics_of
-from stages.core.io import atomic_path, write_json, write_jsonl
+from stages.core.ingestion import HUB_PIN, convert, write_report
+from stages.core.io import atomic_path, write_jsonl
 from stages.schema.datasets import DatasetSpec
 from stages.schema.ingest import IngestParams
 
@@ -82,11 +82,7 @@ def run(p: IngestParams, name: str) -> dict[str, Any]:
     if not rows:
         raise PipelineError(f"{name}: decontamination removed every row; check ingest.common.decontam")
     write_jsonl(paths.ingest_file(spec.role, name), rows)
-    wall_s = report.pop("wall_s", None)  # in the metrics only: the report is a cached output (same bytes, same inputs)
-    write_json(paths.report_file("ingest", name), report)
-    metrics = {**metrics_of(report), "wall_s": wall_s}
-    write_json(paths.metrics_file(f"ingest_{name}"), metrics)
-    return metrics
+    return write_report("ingest", name, report)
 
 
 # ---------------------------------------------------------------------------------------------- fetch

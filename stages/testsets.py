@@ -19,8 +19,8 @@ from typing import Any
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.ingestion import convert, metrics_of
-from stages.core.io import write_json, write_jsonl
+from stages.core.ingestion import convert, write_report
+from stages.core.io import write_jsonl
 from stages.schema.testsets import TestsetsParams
 
 
@@ -34,8 +34,4 @@ def run(p: TestsetsParams, name: str) -> dict[str, Any]:
     for r in rows:
         r["source"] = name
     write_jsonl(paths.testset_file(name), rows)
-    wall_s = report.pop("wall_s", None)  # in the metrics only: the report is a cached output (same bytes, same inputs)
-    write_json(paths.report_file("testsets", name), report)
-    metrics = {**metrics_of(report), "wall_s": wall_s}
-    write_json(paths.metrics_file(f"testsets_{name}"), metrics)
-    return metrics
+    return write_report("testsets", name, report)

@@ -23,7 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from stages.core import paths
 from stages.core.errors import PipelineError
+from stages.core.io import write_json
 from stages.core.problems import ADAPTERS, read_source
 from stages.schema.datasets import DatasetSpec
 
@@ -210,3 +212,13 @@ def metrics_of(report: Mapping[str, Any]) -> dict[str, Any]:
             return {k: v for k, v in out.items() if v is not None and v != {}}
         return d if isinstance(d, (int, float, bool)) else None
     return nums(report)
+
+
+def write_report(stage: str, name: str, report: dict[str, Any]) -> dict[str, Any]:
+    """Write data set ``name``'s report of ``stage`` (testsets / ingest) and its metrics; return the metrics. The
+    report is a cached output (the same bytes for the same inputs), so its ``wall_s`` goes to the metrics only."""
+    wall_s = report.pop("wall_s", None)
+    write_json(paths.report_file(stage, name), report)
+    metrics = {**metrics_of(report), "wall_s": wall_s}
+    write_json(paths.metrics_file(f"{stage}_{name}"), metrics)
+    return metrics
