@@ -147,14 +147,15 @@ def run_one(project: Path, name: str, corpus: str, seed: int, steps: int, warmup
     args = ["exp", "run", "-s", "-n", name]
     for s in sets:
         args += ["-S", s]
-    t = time.perf_counter()
+    t, load = time.perf_counter(), os.getloadavg()
     dvc(project, *args, "pretrain", "evaluate@pretrain")
     pre = json.loads((project / "data" / "metrics" / "pretrain.json").read_text())
     ev = json.loads((project / "data" / "metrics" / "evaluate_pretrain.json").read_text())
     return {"corpus": corpus, "seed": seed, "name": name, "wall_s": round(time.perf_counter() - t, 1),
             "heldout_loss": pre["eval_loss_after"], "heldout_loss_before": pre["eval_loss_before"],
             "heldout_tokens": pre["heldout_tokens"], "train_tokens": sum(pre["mixture_tokens"].values()),
-            "epochs": next(iter(pre["source_epochs"].values())), "evaluate": ev}
+            "epochs": next(iter(pre["source_epochs"].values())),
+            "load_before": [round(x, 2) for x in load], "load_after": [round(x, 2) for x in os.getloadavg()], "evaluate": ev}
 
 
 def _accuracy(ev: dict[str, Any]) -> tuple[float, int]:
@@ -233,7 +234,8 @@ def main() -> int:
     ap.add_argument("--heldout", type=int, default=100)
     ap.add_argument("--limit", type=int, default=None, help="evaluate at most this many test problems")
     ap.add_argument("--tag", default=time.strftime("%Y%m%d-%H%M"))
-    ap.add_argument("--append", action="store_true", help="keep table1.json's runs of other seeds (same settings)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep table1.json's runs (same settings) and run only the planned (corpus, seed) pairs it lacks")
     args = ap.parse_args()
     if args.collect_only:
         data = json.loads(RESULTS.read_text())
@@ -255,7 +257,10 @@ def main() -> int:
     load0 = os.getloadavg()
     runs = []
     if args.append and RESULTS.is_file():
-        runs = [r for r in json.loads(RESULTS.read_text())["runs"] if r["seed"] not in args.seeds]
+        runs = json.loads(RESULTS.read_text())["runs"]
+        done = {(r["corpus"], r["seed"]) for r in runs}
+        plan = [(c, s, n) for c, s, n in plan if (c, s) not in done]
+    seeds = sorted({r["seed"] for r in runs} | {s for _, s, _ in plan})
     for c, s, n in plan:
         r = run_one(project, n, c, s, args.steps, args.warmup, args.heldout, args.limit, args.threads)
         runs.append(r)
@@ -263,7 +268,7 @@ def main() -> int:
         summary = summarise(runs)
         RESULTS.write_text(json.dumps({"steps": args.steps, "warmup_steps": args.warmup, "eval_limit": args.limit,
                                        "num_threads": args.threads,
-                                       "seeds": args.seeds, "heldout_rows": args.heldout,
+                                       "seeds": seeds, "heldout_rows": args.heldout,
                                        "project": str(project), "load_before": load0, "load_after": os.getloadavg(),
                                        "corpora": sizes, "summary": summary, "paper_table1": PAPER, "runs": runs},
                                       indent=1) + "\n")
