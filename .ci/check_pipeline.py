@@ -32,7 +32,7 @@ from pathlib import Path
 #   Prefect API server's start (~15 s with DB migrations on a fresh PREFECT_HOME); measured 134 s in all.
 #   Then the stage server (flows/_stage_server.py) paid the imports once per run: reduced pipeline of
 #   benchmarks/orchestration.py, 128.1 s -> 45.6 s of overhead; 70 s is 10% of a ~700 s full run.
-# - report 30: reads the metrics and curves, draws eight matplotlib figures (measured 2-4 s; 30 s leaves room).
+# - report 30: reads the metrics and curves, draws nine matplotlib figures (measured 2-4 s; 30 s leaves room).
 # - testsets 10: the tiny default's one test set (the generated problems, converted as they are: ~0.2 s).
 BUDGETS_S = {"data": 20, "testsets": 10, "corpus": 90, "base_model": 30, "pretrain": 180, "sft": 180,
              "reward_model": 60, "grpo": 240, "evaluate": 160, "report": 30}

@@ -124,6 +124,9 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
     n_shards = max(1, -(-pages // shard_pages))
     c.update(crawl_path=str(crawl), seed_path=str(seed), problems_dir=str(ROOT / "data" / "generated" / "problems"),
              n_shards=n_shards)
+    dec = c.get("decontam") or {}
+    if dec.get("testsets") and not Path(dec["testsets"]).is_absolute():  # the testsets stage's output, read by path
+        dec["testsets"] = str(ROOT / dec["testsets"])
     runtime = params.get("runtime", {}).get("corpus")
     target = runtime if runtime is not None and "task_runner" in runtime else c
     target.update(task_runner="dask", workers=workers, address=None)
@@ -164,7 +167,9 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
     if cluster:  # the scheduler process, and the largest worker process under the `dask worker` launcher
         row["scheduler_peak_mb"] = round(cs[0].driver / 2**20)
         row["worker_peak_mb"] = round(cs[1].worker / 2**20)
-    mf = proj / "data" / "metrics" / "corpus.json"
+    mf = proj / "data" / "details" / "corpus.json"  # everything the stage measured (data/metrics: the headline)
+    if not mf.is_file():
+        mf = proj / "data" / "metrics" / "corpus.json"  # checkouts before the metrics / details split
     if rc == 0 and mf.is_file():
         m = json.loads(mf.read_text())
         row.update(stage_wall_s=m["wall_s"], timings_s=m["timings_s"], pages_in=m["pages_in"],

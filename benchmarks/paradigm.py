@@ -245,13 +245,13 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def reuse_runs(path: Path, skip: Sequence[str]) -> list[dict[str, Any]]:
-    """The finished runs of a previous result file (``--reuse``) for the methods not in ``skip`` (those run now),
-    each marked ``reused_from`` with that file's tag and date."""
+def reuse_runs(path: Path) -> list[dict[str, Any]]:
+    """The finished runs of a previous result file (``--reuse``), each marked ``reused_from`` with the file it first
+    came from (its own ``reused_from``, else this file's tag and date)."""
     old = json.loads(Path(path).read_text())
     src = f"{old.get('tag')} ({str(old.get('measured_at'))[:10]})"
-    return [{**r, "reused_from": src} for r in old.get("runs", []) if r.get("method") in METHODS
-            and r["method"] not in skip and r.get("accuracy")]
+    return [{**r, "reused_from": r.get("reused_from") or src} for r in old.get("runs", [])
+            if r.get("method") in METHODS and r.get("accuracy")]
 
 
 def _at(run: dict[str, Any], step: int) -> float | None:
@@ -496,14 +496,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=48 * 3600.0)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--reuse", default=None, metavar="JSON",
-                    help="keep the finished runs of the methods not run now from this earlier result file (e.g. the "
-                         "committed RFT / online-RFT runs), marked reused_from")
+                    help="keep the finished runs of this earlier result file (e.g. the committed RFT / online-RFT "
+                         "runs), marked reused_from, and run only the (method, seed) pairs it has no finished run of")
     ap.add_argument("--iterative-out", default=None, metavar="JSON",
                     help=f"also write paper Figure 6 ({' vs '.join(FIGURE6)}) to this file, in "
                          "benchmarks/results/iterative_rl.json's schema, with a .png beside it")
     args = ap.parse_args(argv)
     project = Path(args.project).resolve()
-    names = {exp_name(args.tag, m, s): (m, s) for m in args.methods for s in args.seeds}
+    reused = reuse_runs(Path(args.reuse)) if args.reuse else []
+    done = {(r["method"], r["seed"]) for r in reused}
+    names = {exp_name(args.tag, m, s): (m, s) for m in args.methods for s in args.seeds if (m, s) not in done}
     t0 = time.perf_counter()
     copy = copy_inputs(project) if args.copy_inputs else []
     if args.run:
@@ -530,7 +532,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     read_model_curves(project, runs)
     for r in runs:
         r["queue_status"] = states.get(r["name"])
-    reused = reuse_runs(Path(args.reuse), args.methods) if args.reuse else []
     runs = sorted(reused + runs, key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
     missing = sorted(set(names) - {r["name"] for r in runs if r.get("accuracy")})
     summary = aggregate(runs)

@@ -13,7 +13,9 @@ paths on a shared file system, or fsspec URLs for the crawl and seed), and so mu
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -33,11 +35,23 @@ def shard_task(fn: Callable[..., Any], kwargs: dict[str, Any], index: int) -> An
     return fn(**kwargs)
 
 
-def prefect_map(fn: Callable[..., Any], items: list[dict[str, Any]]) -> list[Any]:
-    """A :data:`stages.corpus.MapFn` that submits each shard as a Prefect task and waits for all, in order."""
+def prefect_map(fn: Callable[..., Any], items: list[dict[str, Any]], max_in_flight: int | None = None) -> list[Any]:
+    """A :data:`stages.corpus.MapFn` that submits each item as a Prefect task and returns the results in order.
+
+    At most ``max_in_flight`` tasks are submitted at a time (None: all): the next is submitted when the oldest has
+    finished and its future is dropped, so the driver holds the submission state (serialised context, task
+    spec, future) of a bounded number of tasks whatever the shard count."""
     t = shard_task.with_options(name=fn.__name__, task_run_name=f"{fn.__name__}[{{index}}]")
-    futures = [t.submit(fn, kw, i) for i, kw in enumerate(items)]
-    return [f.result() for f in futures]
+    window = max_in_flight or max(1, len(items))
+    results: list[Any] = []
+    pending: deque[Any] = deque()
+    for i, kw in enumerate(items):
+        if len(pending) >= window:
+            results.append(pending.popleft().result())
+        pending.append(t.submit(fn, kw, i))
+    while pending:
+        results.append(pending.popleft().result())
+    return results
 
 
 def make_task_runner(p: CorpusParams) -> Any:
@@ -64,7 +78,7 @@ def make_task_runner(p: CorpusParams) -> Any:
 @flow(name="corpus-shards")
 def corpus_shards_flow(p: CorpusParams) -> dict[str, Any]:
     """The stage itself, inside the chosen task runner."""
-    return corpus.run(p, map_fn=prefect_map, log=get_run_logger().info)
+    return corpus.run(p, map_fn=partial(prefect_map, max_in_flight=p.max_in_flight), log=get_run_logger().info)
 
 
 @flow(name="corpus")

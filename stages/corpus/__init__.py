@@ -232,9 +232,8 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
         t_train = time.perf_counter() - tr0
 
         ts = time.perf_counter()
-        hists = mp(tasks.score_shard, [dict(shard_dir=d, model_path=model_path, bins=p.recall.bins) for d in dirs])
-        hp = np.sum([h[0] for h in hists], axis=0)
-        ht = np.sum([h[1] for h in hists], axis=0)
+        mp(tasks.score_shard, [dict(shard_dir=d, model_path=model_path, bins=p.recall.bins) for d in dirs])
+        hp, ht = mp(tasks.sum_histograms, [dict(shard_dirs=dirs)])[0]
         thr = select_threshold(hp, ht, min_score=p.recall.min_score, max_pages=budget_for_round(p.recall.max_pages, k),
                                max_tokens=budget_for_round(p.recall.max_tokens, k))
         last = k == p.recall.rounds

@@ -10,7 +10,7 @@ language filter and decontamination), ``norm.txt`` (each page's text normalised 
 per line, so rounds never normalise twice), ``meta.json`` (id, domain, prefix, near_dup_of),
 ``tokens.npy`` / ``label.npy`` (token counts, ground truth), ``sig.npy`` (MinHash signatures),
 ``entries.npy`` (dedup bucket entries, sorted), and the state the rounds update: ``keep.npy``,
-``added.npy``, ``new_added.npy``, ``negatives.npy``, ``scores.npy``, ``collected.npy``,
+``added.npy``, ``new_added.npy``, ``negatives.npy``, ``scores.npy``, ``hist_pages.npy`` / ``hist_tokens.npy`` (the round's score histograms), ``collected.npy``,
 ``first_round.npy``.
 """
 
@@ -336,8 +336,10 @@ def train_round(*, positive_files: list[str], positive_rate: float, negative_fil
     return n_p, n_n
 
 
-def score_shard(shard_dir: str, model_path: str, bins: int, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Score the kept pages of a shard (NaN for the rest, in ``scores.npy``); histograms of pages and tokens."""
+def score_shard(shard_dir: str, model_path: str, bins: int, batch_size: int = 4096) -> int:
+    """Score the kept pages of a shard (NaN for the rest, in ``scores.npy``) and write their histograms of pages and
+    tokens (``hist_pages.npy``, ``hist_tokens.npy``, summed by :func:`sum_histograms`); return the pages scored.
+    The histograms stay in files (2 x ``bins`` values per shard): the driver never holds one per shard."""
     keep, tokens = _load(shard_dir, "keep"), _load(shard_dir, "tokens")
     clf = MathClassifier.load(model_path)
     scores = np.full(len(keep), np.nan, dtype=np.float32)
@@ -360,6 +362,18 @@ def score_shard(shard_dir: str, model_path: str, bins: int, batch_size: int = 40
     s = scores[keep]
     hp, _ = np.histogram(s, bins=bins, range=(0.0, 1.0))
     ht, _ = np.histogram(s, bins=bins, range=(0.0, 1.0), weights=tokens[keep].astype(np.float64))
+    _save(Path(shard_dir) / "hist_pages.npy", hp)
+    _save(Path(shard_dir) / "hist_tokens.npy", ht)
+    return int(len(s))
+
+
+def sum_histograms(shard_dirs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The score histograms of pages and tokens summed over the shards (one reduction task per round; it reads
+    2 x bins values per shard)."""
+    hp, ht = _load(shard_dirs[0], "hist_pages"), _load(shard_dirs[0], "hist_tokens")
+    for d in shard_dirs[1:]:
+        hp += _load(d, "hist_pages")
+        ht += _load(d, "hist_tokens")
     return hp, ht
 
 

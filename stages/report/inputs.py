@@ -32,7 +32,7 @@ def input_files(p: ReportParams) -> list[Path]:
     out = [paths.details_file(s) for s in STAGES]
     out += [paths.details_file(f"evaluate_{m}") for m in p.models]
     out += [paths.plots_dir(s) / f"{c}.tsv" for s in TRAINING_STAGES for c in LOSS_CURVES]
-    out += [paths.plots_dir("grpo"), paths.PARADIGM_RESULT, paths.ITERATIVE_RESULT]
+    out += [paths.plots_dir("grpo"), paths.PARADIGM_RESULT, paths.PARADIGM_RM_RESULT, paths.ITERATIVE_RESULT]
     return out
 
 
@@ -49,9 +49,13 @@ class Inputs:
     grpo_curves: dict[str, list[Row]]
     """metric -> rows (step, <metric>) of data/plots/grpo/<metric>.csv (absent metrics: not in the dict)."""
     paradigm: dict[str, Any] | None
+    """benchmarks/results/paradigm.json: Figure 5 with the rule reward and exact step labels."""
     iterative: dict[str, Any] | None
+    """benchmarks/results/iterative_rl.json: Figure 6."""
     missing: list[str] = field(default_factory=list)
     """Inputs not found (relative paths), for the report's own metrics."""
+    paradigm_rm: dict[str, Any] | None = None
+    """benchmarks/results/paradigm_rm.json: Figure 5 with the learned reward models (same schema as paradigm)."""
 
 
 def read_json_opt(path: Path) -> dict[str, Any] | None:
@@ -130,7 +134,8 @@ def load(p: ReportParams, root: Path = Path(".")) -> Inputs:
         missing.append(str(paths.plots_dir("grpo")))
     paradigm = opt_json(paths.PARADIGM_RESULT) if p.benchmark_results else None
     iterative = opt_json(paths.ITERATIVE_RESULT) if p.benchmark_results else None
-    return Inputs(metrics, evaluate, curves, grpo_curves, paradigm, iterative, missing)
+    paradigm_rm = opt_json(paths.PARADIGM_RM_RESULT) if p.benchmark_results else None
+    return Inputs(metrics, evaluate, curves, grpo_curves, paradigm, iterative, missing, paradigm_rm)
 
 
 def get(d: Any, dotted: str) -> Any:

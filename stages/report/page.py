@@ -276,11 +276,14 @@ def paper_rows(inputs: Inputs) -> list[PaperRow]:
 
     # Figure 5, Figure 6 (committed benchmark results)
     for kind, label in (("exact", "rule reward / exact step labels"), ("reward_model", "learned reward models")):
-        comp = get(inputs.paradigm, f"comparison.{kind}")
+        src, name = inputs.paradigm, "paradigm.json"
+        if kind == "reward_model" and isinstance(get(inputs.paradigm_rm, f"comparison.{kind}"), dict):
+            src, name = inputs.paradigm_rm, "paradigm_rm.json"  # the comparison run for the learned RMs
+        comp = get(src, f"comparison.{kind}")
         if isinstance(comp, dict) and isinstance(comp.get("measured_order"), list):
             ours = " > ".join(str(x) for x in comp["measured_order"])
             note = (f"{fmt(comp.get('pairs_agreeing'))} of {fmt(comp.get('n_pairs'))} pairs in the paper's order "
-                    f"({fmt(comp.get('pairs_clear_agreeing'))} beyond seed spread); {paradigm_source(inputs.paradigm)}")
+                    f"({fmt(comp.get('pairs_clear_agreeing'))} beyond seed spread); {paradigm_source(src, name)}")
         else:
             ours, note = None, "benchmarks/paradigm.py result absent"
         out.append(PaperRow(f"unified paradigm, {label}", c["paradigm_order"].text, c["paradigm_order"].source,
@@ -298,11 +301,11 @@ def paper_rows(inputs: Inputs) -> list[PaperRow]:
     return out
 
 
-def paradigm_source(d: dict[str, Any] | None) -> str:
-    """Where a committed comparison result came from (its tag, seeds and date)."""
+def paradigm_source(d: dict[str, Any] | None, name: str = "paradigm.json") -> str:
+    """Where a committed comparison result came from (its file, seeds and date)."""
     bits = [f"seeds {fmt(d.get('seeds'))}" if d and d.get("seeds") else "",
             f"measured {str(d.get('measured_at'))[:10]}" if d and d.get("measured_at") else ""]
-    return "benchmarks/results/paradigm.json" + (f" ({', '.join(b for b in bits if b)})" if any(bits) else "")
+    return f"benchmarks/results/{name}" + (f" ({', '.join(b for b in bits if b)})" if any(bits) else "")
 
 
 def iterative_series(d: dict[str, Any] | None) -> dict[str, list[list[float]]]:
@@ -673,29 +676,12 @@ def _comparisons_section(inputs: Inputs, enabled: bool) -> str:
                         f'<p class="na">{NOT_RUN}: report.benchmark_results is false (the committed comparisons '
                         "describe the tiny default).</p>")
     body = ["<h3>Unified paradigm: held-out accuracy during training (paper Figure 5)</h3>"]
-    d = inputs.paradigm
-    summary = get(d, "summary")
-    if isinstance(summary, dict) and summary:
-        body.append(f'<p class="note">{esc(paradigm_source(d))}. {esc(get(d, "note") or "")}</p>')
-        body.append(img(figures.paradigm(summary), "unified paradigm: held-out accuracy per step"))
-        rows = []
-        for k, v in summary.items():
-            if isinstance(v, dict):
-                rows.append([k, acc(get(v, "final_mean")), acc(get(v, "final_sd")), fmt(len(seq(get(v, "seeds"))))])
-        body.append(html_table(("method", "final held-out accuracy (mean)", "sd over seeds", "seeds"), rows,
-                               numeric=(1, 2, 3)))
-        for kind in ("exact", "reward_model"):
-            comp = get(d, f"comparison.{kind}")
-            if isinstance(comp, dict) and isinstance(comp.get("pairs"), list):
-                body.append(f"<p>Paper order ({esc(kind)}): {esc(' > '.join(map(str, seq(comp.get('paper_order')))))}"
-                            f"; measured: {esc(' > '.join(map(str, seq(comp.get('measured_order')))))}.</p>")
-                prows = [[str(get(p, "pair")), fmt(get(p, "diff")), str(get(p, "verdict")),
-                          "yes" if get(p, "clear") else "no"] for p in comp["pairs"] if isinstance(p, dict)]
-                body.append(html_table(("pair (paper's order)", "difference", "verdict", "beyond seed spread"),
-                                       prows, numeric=(1,)))
-    else:
+    if not _paradigm_block(body, inputs.paradigm, "paradigm.json"):
         body.append(f'<p class="na">{NOT_RUN}: benchmarks/results/paradigm.json absent '
                     "(<code>python benchmarks/paradigm.py --run</code>).</p>")
+    if inputs.paradigm_rm is not None:
+        body.append("<h3>Figure 5 with the learned reward models</h3>")
+        _paradigm_block(body, inputs.paradigm_rm, "paradigm_rm.json")
     body.append("<h3>Iterative RL (paper Figure 6)</h3>")
     it = iterative_series(inputs.iterative)
     if it:
@@ -708,6 +694,32 @@ def _comparisons_section(inputs: Inputs, enabled: bool) -> str:
                     "(<code>python benchmarks/iterative_rl.py</code>).</p>")
     return _section("comparisons", TITLES["comparisons"], inputs.paradigm is not None or bool(it), None,
                     "\n".join(body))
+
+
+def _paradigm_block(body: list[str], d: dict[str, Any] | None, name: str) -> bool:
+    """Append one paradigm comparison (benchmarks/paradigm.py's result file ``name``) to ``body``: its plot, the
+    final accuracy per method and the pairs against the paper's order; False when it has no summary."""
+    summary = get(d, "summary")
+    if not (isinstance(summary, dict) and summary):
+        return False
+    body.append(f'<p class="note">{esc(paradigm_source(d, name))}. {esc(get(d, "note") or "")}</p>')
+    body.append(img(figures.paradigm(summary), f"unified paradigm ({name}): held-out accuracy per step"))
+    rows = []
+    for k, v in summary.items():
+        if isinstance(v, dict):
+            rows.append([k, acc(get(v, "final_mean")), acc(get(v, "final_sd")), fmt(len(seq(get(v, "seeds"))))])
+    body.append(html_table(("method", "final held-out accuracy (mean)", "sd over seeds", "seeds"), rows,
+                           numeric=(1, 2, 3)))
+    for kind in ("exact", "reward_model"):
+        comp = get(d, f"comparison.{kind}")
+        if isinstance(comp, dict) and isinstance(comp.get("pairs"), list):
+            body.append(f"<p>Paper order ({esc(kind)}): {esc(' > '.join(map(str, seq(comp.get('paper_order')))))}"
+                        f"; measured: {esc(' > '.join(map(str, seq(comp.get('measured_order')))))}.</p>")
+            prows = [[str(get(p, "pair")), fmt(get(p, "diff")), str(get(p, "verdict")),
+                      "yes" if get(p, "clear") else "no"] for p in comp["pairs"] if isinstance(p, dict)]
+            body.append(html_table(("pair (paper's order)", "difference", "verdict", "beyond seed spread"),
+                                   prows, numeric=(1,)))
+    return True
 
 
 def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at: datetime | None = None) -> str:

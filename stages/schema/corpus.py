@@ -133,6 +133,10 @@ class CorpusParams(Section):
     """Local threads (task_runner local) or local Dask workers; ignored for Ray."""
     address: Annotated[str | None, RUNTIME]
     """Address of an existing Dask scheduler or Ray cluster; null = start a local one."""
+    max_in_flight: Annotated[PosInt | None, RUNTIME]
+    """Tasks of one step the driver keeps submitted at once (a sliding window; each submission holds a serialised
+    Prefect context until it finishes), so the driver's memory does not grow with the shard count; at least twice
+    the worker count keeps every worker busy; null = every task of the step at once."""
     classifier: ClassifierParams
     """fastText settings."""
     recall: RecallParams

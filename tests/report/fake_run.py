@@ -38,7 +38,7 @@ def _evaluate(model: str) -> dict[str, Any]:
 
 def write_fake_run(root: Path, skip: tuple[str, ...] = ()) -> Path:
     """Write every report input under ``root`` (a project root), except the stages / files named in ``skip``
-    (a stage name, ``evaluate_<model>``, ``plots_grpo``, ``paradigm``, ``iterative``)."""
+    (a stage name, ``evaluate_<model>``, ``plots_grpo``, ``paradigm``, ``paradigm_rm``, ``iterative``)."""
     metrics = {
         "data": {"problems": {"test": 500, "sft": 4000, "rl": 2000},
                  "crawl": {"pages": 12726, "math_pages": 3740, "domains": 144, "seed_pages": 1500,
@@ -102,6 +102,15 @@ def write_fake_run(root: Path, skip: tuple[str, ...] = ()) -> Path:
                                 "pairs_agreeing": 5, "n_pairs": 6, "pairs_clear_agreeing": 3}}
         _w(root, "benchmarks/results/paradigm.json", {"seeds": [0, 1, 2], "summary": summary, "comparison": comparison,
                                                       "note": "fake", "measured_at": "2026-11-30T15:43:15"})
+    if "paradigm_rm" not in skip:
+        rm = {m: v for m, v in summary.items() if m in ("rft", "online_rft", "grpo_os_rm", "grpo_ps_rm")}
+        _w(root, "benchmarks/results/paradigm_rm.json", {
+            "seeds": [0, 1, 2], "summary": rm, "note": "fake", "measured_at": "2026-12-01T18:00:00",
+            "comparison": {"reward_model": {"paper_order": ["grpo_ps_rm", "grpo_os_rm", "online_rft", "rft"],
+                                            "measured_order": ["online_rft", "rft", "grpo_ps_rm", "grpo_os_rm"],
+                                            "pairs": [{"pair": "grpo_ps_rm > grpo_os_rm", "diff": 0.01,
+                                                       "verdict": "agree", "clear": False}],
+                                            "pairs_agreeing": 2, "n_pairs": 6, "pairs_clear_agreeing": 1}}})
     if "iterative" not in skip:
         _w(root, "benchmarks/results/iterative_rl.json", {
             "sft_accuracy": 0.0467, "measured_at": "2026-11-30T10:26:19", "note": "fake",

@@ -25,7 +25,7 @@ def test_report_renders_cleanly_offline(browser: tuple[str, str], tmp_path: Path
     shot = tmp_path / "report.png"
     r = render(tmp_path / "data/report/index.html", shot)
     assert r.problems() == []
-    assert r.images == metrics["figures"] == 8
+    assert r.images == metrics["figures"] == 9
     assert r.title == "DeepSeekMath pipeline: the tiny default run"
     png = shot.read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 50_000

@@ -32,7 +32,7 @@ def test_dvc_repro_report_prints_headline_and_path(tmp_path: Path, prefect_api: 
         if (ROOT / rel).is_file():
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, tmp_path / rel)
-    write_fake_run(tmp_path, skip=("paradigm", "iterative"))  # the committed comparison results stay
+    write_fake_run(tmp_path, skip=("paradigm", "paradigm_rm", "iterative"))  # the committed comparison results stay
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)

@@ -47,9 +47,10 @@ def test_full_run_page_summary_and_metrics(project: Path, params: ReportParams) 
     metrics = report.run(params)
     html = (project / "data/report/index.html").read_text()
     assert metrics["stages_not_run"] == [] and metrics["missing_inputs"] == []
-    # one figure each: corpus rounds, pretrain and sft loss, GRPO curves, accuracy bars, pass@k / maj@k, Figure 5, 6
+    # one figure each: corpus rounds, pretrain and sft loss, GRPO curves, accuracy bars, pass@k / maj@k, Figure 5
+    # (exact labels, learned RMs), Figure 6
     pngs = _images(html)
-    assert len(pngs) == metrics["figures"] == 8
+    assert len(pngs) == metrics["figures"] == 9
     assert all(p.startswith(b"\x89PNG\r\n\x1a\n") and len(p) > 2000 for p in pngs)
     # self-contained: no script, no stylesheet or image from elsewhere, only a data: favicon
     assert "<script" not in html and "url(" not in html
@@ -75,7 +76,7 @@ def test_full_run_page_summary_and_metrics(project: Path, params: ReportParams) 
 
 def test_missing_inputs_show_not_run(project: Path, params: ReportParams) -> None:
     write_fake_run(project, skip=("grpo", "evaluate_grpo", "evaluate_sft_continued", "reward_model", "sft",
-                                  "paradigm", "iterative"))
+                                  "paradigm", "paradigm_rm", "iterative"))
     metrics = report.run(params)
     assert metrics["stages_not_run"] == ["sft", "reward_model", "grpo", "evaluate@sft_continued", "evaluate@grpo"]
     assert "data/details/grpo.json" in metrics["missing_inputs"] and "data/plots/grpo" in metrics["missing_inputs"]
@@ -99,8 +100,8 @@ def test_nothing_run_yet(project: Path, params: ReportParams) -> None:
 
 def test_committed_benchmark_results_are_read(project: Path, params: ReportParams) -> None:
     """The real result files' format (not only the fake's): Figure 5 and 6 sections filled in."""
-    write_fake_run(project, skip=("paradigm", "iterative"))
-    for name in ("paradigm.json", "iterative_rl.json"):
+    write_fake_run(project, skip=("paradigm", "paradigm_rm", "iterative"))
+    for name in ("paradigm.json", "paradigm_rm.json", "iterative_rl.json"):
         (project / "benchmarks/results").mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / "benchmarks/results" / name, project / "benchmarks/results" / name)
     report.run(params)
@@ -108,7 +109,10 @@ def test_committed_benchmark_results_are_read(project: Path, params: ReportParam
     committed = json.loads((ROOT / "benchmarks/results/paradigm.json").read_text())
     order = " &gt; ".join(committed["comparison"]["exact"]["measured_order"])
     assert order in _section(html, "paper") and order in _section(html, "comparisons")
-    assert len(_images(_section(html, "comparisons"))) == 2
+    rm = json.loads((ROOT / "benchmarks/results/paradigm_rm.json").read_text())  # the learned-RM row reads this file
+    rm_order = " &gt; ".join(rm["comparison"]["reward_model"]["measured_order"])
+    assert rm_order in _section(html, "paper") and "paradigm_rm.json" in _section(html, "paper")
+    assert len(_images(_section(html, "comparisons"))) == 3
 
 
 @pytest.mark.parametrize(("rel", "text", "expect"), [
