@@ -111,3 +111,24 @@ def test_exact_and_reward_model_chains_are_compared_separately() -> None:
     assert not rm["matches_paper"] and rm["measured_order"] == ["online_rft", "rft", "grpo_ps_rm", "grpo_os_rm"]
     assert rm["pairs_agreeing"] == 2  # ps_rm > os_rm and online_rft > rft
     assert P.ordering(summary)[:2] == ["grpo_ps", "grpo_os"]
+
+
+def test_reuse_keeps_finished_runs_and_plan_skips_their_pairs(tmp_path, capsys) -> None:
+    """``--reuse``: the earlier file's finished runs are kept (with where they first came from) and the plan holds
+    only the (method, seed) pairs without one."""
+    import json
+
+    old = {"tag": "b2", "measured_at": "2026-12-01T14:20:09", "runs": [
+        {"method": "rft", "seed": 0, "accuracy": [0.35, 0.4], "steps": [0, 10]},
+        {"method": "rft", "seed": 1, "accuracy": None, "error": "killed"},  # failed: run again
+        {"method": "grpo_os", "seed": 0, "accuracy": [0.35, 0.5], "steps": [0, 10], "reused_from": "b1 (2026-11-30)"},
+        {"method": "not_a_method", "seed": 0, "accuracy": [0.1]}]}
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(old))
+    got = P.reuse_runs(f)
+    assert [(r["method"], r["seed"], r["reused_from"]) for r in got] == [("rft", 0, "b2 (2026-12-01)"),
+                                                                         ("grpo_os", 0, "b1 (2026-11-30)")]
+    assert P.main(["--project", str(tmp_path), "--methods", "rft", "grpo_os", "--seeds", "0", "1", "--tag", "t",
+                   "--reuse", str(f)]) == 0
+    plan = [line.split(" -n ")[1].split()[0] for line in capsys.readouterr().out.splitlines() if " -n " in line]
+    assert plan == ["paradigm-t-rft-s1", "paradigm-t-grpo-os-s1"]
