@@ -204,14 +204,14 @@ def main() -> int:
         return 0
     if args.cmd == "table":
         rows = json.loads(RESULTS.read_text())["runs"]
-        print("| code | pages | workers | scheduler | stage s (prepare / dedup / rounds / write) | pages/s/worker | "
+        print("| code | pages | shards | workers | scheduler | stage s (prepare / dedup / rounds / write) | pages/s/worker | "
               "driver MB | worker MB | scheduler MB | load before / after |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for x in sorted(rows, key=lambda x: (x["pages"], x["workers"], "scheduler" in x and x["scheduler"] == "external",
                                              x["code"])):
             t = x.get("timings_s", {})
             ext = x.get("scheduler") == "external"
-            print(f"| {x['code']} | {x.get('pages_in', x['pages'])} | {x['workers']} | {'own process' if ext else 'in driver'} | "
+            print(f"| {x['code']} | {x.get('pages_in', x['pages'])} | {x['shards']} | {x['workers']} | {'own process' if ext else 'in driver'} | "
                   f"{x.get('stage_wall_s')} ({t.get('prepare')} / {t.get('dedup')} / {t.get('rounds')} / {t.get('write')}) | "
                   f"{x.get('pages_per_s_per_worker')} | {x['driver_peak_mb']} | {x['worker_peak_mb']} | "
                   f"{x.get('scheduler_peak_mb', '-')} | {x['load_before'][0]:.0f} / {x['load_after'][0]:.0f} |")
