@@ -156,8 +156,8 @@ def corpus_scaling(sizes: list[int], repeats: int) -> dict[str, Any]:
         shard = tmp / f"shard{n}"
         shard.mkdir(exist_ok=True)
         (shard / "norm.txt").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
-        keep = np.ones(n, dtype=bool)
-        tokens = np.array([len(x.split()) for x in lines], dtype=np.int64)
+        np.save(shard / "keep.npy", np.ones(n, dtype=bool))  # the shard state score_shard reads
+        np.save(shard / "tokens.npy", np.array([len(x.split()) for x in lines], dtype=np.int64))
         best: dict[str, float] = {}
 
         def timed(key: str, fn: Any, best: dict[str, float] = best) -> None:
@@ -168,7 +168,7 @@ def corpus_scaling(sizes: list[int], repeats: int) -> dict[str, Any]:
         clf = MathClassifier.load(model_path)
         bare = fasttext.load_model(str(model_path))
         for _ in range(repeats):
-            timed("stage_task_s", lambda: score_shard(str(shard), str(model_path), keep, tokens, str(tmp / "s.npy"), 10000))  # noqa: B023
+            timed("stage_task_s", lambda: score_shard(str(shard), str(model_path), 10000))  # noqa: B023
             timed("bare_load_predict_s", lambda: fasttext.load_model(str(model_path)).predict(lines, k=2))  # noqa: B023
             timed("classifier_score_s", lambda: clf.score(lines, normalized=True))  # noqa: B023
             timed("bare_predict_s", lambda: bare.predict(lines, k=2))  # noqa: B023
