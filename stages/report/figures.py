@@ -222,17 +222,24 @@ def _band(ax: Any, steps: list[float], mean: list[float], sd: list[float] | None
                         [m + s for m, s in zip(mean, sd, strict=True)], color=color, alpha=0.15)
 
 
+def paradigm_panels(methods: list[str]) -> list[tuple[str, list[str]]]:
+    """The panels of :func:`paradigm`: (title, methods) for rule rewards / exact labels, and for the learned reward
+    models (methods named ``*_rm`` or ``*_rm_*``, e.g. ``grpo_ps_rm_iter2``) when any, with RFT and online RFT."""
+    learned = [k for k in methods if k.endswith("_rm") or "_rm_" in k]
+    panels = [("rule reward / exact step labels", [k for k in methods if k not in learned])]
+    if learned:
+        panels.append(("learned reward models", [k for k in methods if k in ("rft", "online_rft")] + learned))
+    return panels
+
+
 def paradigm(summary: dict[str, Any] | None) -> str | None:
     """Held-out accuracy against step per method, mean +- sd over seeds (paper Figure 5): rule rewards and exact
-    step labels on the left, learned reward models (``*_rm``) on the right, RFT and online RFT on both."""
+    step labels on the left, learned reward models (``*_rm``, ``*_rm_*``) on the right, RFT and online RFT on both."""
     methods = {k: v for k, v in (summary or {}).items() if isinstance(v, dict)
                and isinstance(v.get("steps"), list) and isinstance(v.get("mean"), list)}
     if not methods:
         return None
-    learned = [k for k in methods if k.endswith("_rm")]
-    panels = [("rule reward / exact step labels", [k for k in methods if not k.endswith("_rm")])]
-    if learned:
-        panels.append(("learned reward models", [k for k in methods if k in ("rft", "online_rft")] + learned))
+    panels = paradigm_panels(list(methods))
     fig, axes = _figure(len(panels), 3.2)
     colors = {k: COLORS[i % len(COLORS)] for i, k in enumerate(methods)}
     for ax, (title, names) in zip(axes, panels, strict=True):

@@ -188,3 +188,12 @@ def test_unexpected_shapes_in_valid_json_never_raise(project: Path, params: Repo
         page.markdown_summary(params.title, inputs, "x")
         page.headline_lines(inputs, None)
         assert html.startswith("<!DOCTYPE html>")
+
+
+def test_paradigm_panels_put_every_learned_rm_method_on_the_right() -> None:
+    from stages.report.figures import paradigm_panels
+
+    got = paradigm_panels(["rft", "online_rft", "grpo_os", "grpo_os_rm", "grpo_ps_rm", "grpo_ps_rm_iter2"])
+    assert got == [("rule reward / exact step labels", ["rft", "online_rft", "grpo_os"]),
+                   ("learned reward models", ["rft", "online_rft", "grpo_os_rm", "grpo_ps_rm", "grpo_ps_rm_iter2"])]
+    assert paradigm_panels(["rft", "grpo_ps"]) == [("rule reward / exact step labels", ["rft", "grpo_ps"])]
