@@ -94,7 +94,7 @@ class Sampler(threading.Thread):
             time.sleep(0.2)
 
 
-def _start_cluster(workers: int, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, subprocess.Popen, str]:
+def start_cluster(workers: int, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, subprocess.Popen, str]:
     """A Dask scheduler and ``workers`` single-threaded workers as their own processes (as on a real cluster)."""
     import socket
 
@@ -115,6 +115,16 @@ def _start_cluster(workers: int, env: dict[str, str], log: Path) -> tuple[subpro
     return sched, work, addr
 
 
+def point_at(c: dict[str, Any], crawl: Path, seed: Path, n_shards: int) -> None:
+    """Point a params file's ``corpus`` section at a generated crawl and seed corpus, in ``n_shards`` shards, reading
+    this checkout's problem splits and test sets (the data and testsets stages' outputs) by absolute path."""
+    c.update(crawl_path=str(crawl), seed_path=str(seed), problems_dir=str(ROOT / "data" / "generated" / "problems"),
+             n_shards=n_shards)
+    dec = c.get("decontam") or {}
+    if dec.get("testsets") and not Path(dec["testsets"]).is_absolute():
+        dec["testsets"] = str(ROOT / dec["testsets"])
+
+
 def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers: int, shard_pages: int,
             external: bool = False) -> dict[str, Any]:
     import yaml
@@ -122,11 +132,7 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
     params = yaml.safe_load((code / "params.yaml").read_text())
     c = params["corpus"]
     n_shards = max(1, -(-pages // shard_pages))
-    c.update(crawl_path=str(crawl), seed_path=str(seed), problems_dir=str(ROOT / "data" / "generated" / "problems"),
-             n_shards=n_shards)
-    dec = c.get("decontam") or {}
-    if dec.get("testsets") and not Path(dec["testsets"]).is_absolute():  # the testsets stage's output, read by path
-        dec["testsets"] = str(ROOT / dec["testsets"])
+    point_at(c, crawl, seed, n_shards)
     runtime = params.get("runtime", {}).get("corpus")
     target = runtime if runtime is not None and "task_runner" in runtime else c
     target.update(task_runner="dask", workers=workers, address=None)
@@ -135,7 +141,7 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
     env = {**os.environ, "PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1", "PREFECT_HOME": str(proj / ".prefect")}
     cluster = None
     if external:
-        cluster = _start_cluster(workers, env, proj / "log.txt")
+        cluster = start_cluster(workers, env, proj / "log.txt")
         target["address"] = cluster[2]
         (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     # PREFECT_API_URL from the caller's environment (a running `prefect server start`) when set: under heavy load the

@@ -10,8 +10,8 @@ language filter and decontamination), ``norm.txt`` (each page's text normalised 
 per line, so rounds never normalise twice), ``meta.json`` (id, domain, prefix, near_dup_of),
 ``tokens.npy`` / ``label.npy`` (token counts, ground truth), ``sig.npy`` (MinHash signatures),
 ``entries.npy`` (dedup bucket entries, sorted), and the state the rounds update: ``keep.npy``,
-``added.npy``, ``new_added.npy``, ``negatives.npy``, ``scores.npy``, ``hist_pages.npy`` / ``hist_tokens.npy`` (the round's score histograms), ``collected.npy``,
-``first_round.npy``.
+``added.npy``, ``new_added.npy``, ``negatives.npy``, ``scores.npy``, ``hist_pages.npy`` /
+``hist_tokens.npy`` (the round's score histograms), ``collected.npy``, ``first_round.npy``.
 """
 
 from __future__ import annotations
