@@ -312,8 +312,10 @@ def _one_of(values: list[int]) -> list:
 
 
 def build_seccomp(*, unix_stream_only: bool = True, no_file_locks: bool = True,
-                  no_fs_notify: bool = True) -> tuple[_SockFprog, ctypes.Array]:
-    """The allow-list filter program (built once in the zygote; sandboxes only install it)."""
+                  no_fs_notify: bool = True, allow_exec: bool = False) -> tuple[_SockFprog, ctypes.Array]:
+    """The allow-list filter program (built once in the zygote; sandboxes only install it). ``allow_exec``: also
+    what starting a new interpreter needs (execve, arch_prctl, set_tid_address): for a launcher such as
+    bubblewrap, which installs the filter before it execs the program (benchmarks/sandbox_attacks.py)."""
     if not seccomp_supported():
         raise SetupError("seccomp", f"no syscall table for {platform.machine()}")
     fcntl_ok = dict(_FCNTL_ALLOW)
@@ -340,6 +342,8 @@ def build_seccomp(*, unix_stream_only: bool = True, no_file_locks: bool = True,
     allowed = allowed_syscalls(locks=not no_file_locks, notify=not no_fs_notify)
     if not unix_stream_only:
         allowed.update({"socketpair": _X86_64_SOCKETPAIR, "sendto": _X86_64_SENDTO})
+    if allow_exec:
+        allowed.update({"execve": 59, "arch_prctl": 158, "set_tid_address": 218})
     prog: list = [
         (_LD, 0, 0, 4),  # A = arch
         (_JEQ, 1, 0, AUDIT_ARCH_X86_64),

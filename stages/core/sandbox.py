@@ -210,7 +210,8 @@ class SandboxExecutor:
     see); ``hide``: host paths never shown, even inside the allow-list (covered by an empty read-only mount);
     ``disable``: mechanisms to switch off (for tests of degraded hosts; each one is logged as a warning);
     ``disk_mb``: tmpfs size prepared in advance (other sizes cost a remount); ``max_concurrent``: programs
-    running at once through this executor (more callers wait).
+    running at once through this executor (more callers wait); ``python``: the interpreter of the zygote and
+    of every program (default: this one), whose installation the sandboxes see.
     """
 
     def __init__(
@@ -225,6 +226,7 @@ class SandboxExecutor:
         disk_mb: int = 64,
         max_concurrent: int | None = None,
         startup_timeout_s: float = 120.0,
+        python: str | None = None,
     ) -> None:
         self._cfg: dict[str, Any] = {
             "prefork": int(prefork), "preload": list(preload), "disable": list(disable),
@@ -232,6 +234,7 @@ class SandboxExecutor:
             "uid_base": int(uid_base), "disk_mb": int(disk_mb), "memory_mb": 512, "max_procs": 32,
         }
         self._startup_timeout_s = startup_timeout_s
+        self._python = python or sys.executable
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -259,7 +262,7 @@ class SandboxExecutor:
                "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1"}
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
+                [self._python, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
                 pass_fds=[b.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 start_new_session=True,
             )
