@@ -32,7 +32,8 @@ from stages.core.generation import make_generator  # noqa: E402
 from stages.core.modeling import load_model, load_tokenizer  # noqa: E402
 from stages.rl.algorithms import get_algorithm  # noqa: E402
 from stages.rl.data import load_prompts  # noqa: E402
-from stages.rl.step import StepContext, run_step  # noqa: E402
+from stages.rl.step import run_step  # noqa: E402
+from stages.rl.types import StepContext  # noqa: E402
 from stages.rl.update import rl_updater  # noqa: E402
 from stages.schema.grpo import GrpoParams  # noqa: E402
 
@@ -59,7 +60,8 @@ def setup(algo: str, p: GrpoParams, model_dir: str, rows: list[dict[str, Any]]) 
     pa = p.updated({"algorithm": algo, "advantage.estimator": "gae" if algo == "ppo" else "grpo"})
     ref = grpo.frozen_copy(model) if a.uses_reference(pa) else None
     ctx = StepContext(p=pa, model=model, tokenizer=tok, generator=make_generator("hf", model, tok),
-                      updater=rl_updater(model, pa), rows=rows, reward_set=a.reward_functions(pa), ref_model=ref)
+                      updater=rl_updater(model, pa), rows=rows, algorithm=a, reward_set=a.reward_functions(pa),
+                      ref_model=ref)
     torch.manual_seed(p.seed)
     ctx.critic = a.make_critic(ctx, {})
     return ctx

@@ -65,7 +65,8 @@ from stages.rl.losses import grpo_loss
 from stages.rl.paradigm import RftPool
 from stages.rl.rewards import RewardSet, accuracy_reward
 from stages.rl.rollout import Rollout, rollout_prompt
-from stages.rl.step import StepContext, run_step
+from stages.rl.step import run_step
+from stages.rl.types import StepContext
 from stages.rl.update import as_updater, release_memory, rl_updater
 from stages.schema.grpo import GrpoParams
 from stages.train.loop import use_bf16
@@ -100,8 +101,8 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
     samples (required for rft). ``offload``: keep the reference / reward model in CPU memory except while they score
     (GPU only). ``critic``: PPO's value model (stages.rl.value.Critic)."""
     ctx = StepContext(p=p, model=model, tokenizer=tokenizer, generator=generator, updater=as_updater(model, optimizer, p),
-                      rows=rows, reward_set=reward_set, source=scorer, ref_model=ref_model, critic=critic, pool=pool,
-                      offload=offload)
+                      rows=rows, algorithm=get_algorithm(p.algorithm), reward_set=reward_set, source=scorer,
+                      ref_model=ref_model, critic=critic, pool=pool, offload=offload)
     return run_step(step, ctx)
 
 
@@ -328,7 +329,7 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     sandbox_pool = ThreadPoolExecutor(max_workers=p.rollout.exec_workers, thread_name_prefix="sandbox") \
         if rollout_modes(p) != ("cot",) else None
     ctx = StepContext(p=p, model=model, tokenizer=tokenizer, generator=generator, updater=upd, rows=rows,
-                      reward_set=reward_set, source=scorer, ref_model=ref_model, pool=pool, offload=offload,
+                      algorithm=algo, reward_set=reward_set, source=scorer, ref_model=ref_model, pool=pool, offload=offload,
                       sandbox_pool=sandbox_pool)
     ctx.critic = algo.make_critic(ctx, cache)
     if ctx.critic is not None:

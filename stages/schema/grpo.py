@@ -20,7 +20,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, REWARD_SOURCES, Registry, check_run
+from stages.rl.needs import check_run
+from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, Registry
+from stages.rl.sources import REWARD_SOURCES
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
 from stages.schema.reward_model import RmDataParams
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
@@ -139,7 +141,7 @@ class GrpoRewardParams(Section):
     is the accuracy metric with every source."""
 
     source: str
-    """A registered reward source (stages/rl/sources/; stages/rl/registry.py REWARD_SOURCES): rule = the weighted
+    """A registered reward source (one module each in stages/rl/sources/): rule = the weighted
     functions below (outcome supervision); outcome_rm = sigmoid of the reward model's last-token score; process_rm =
     the reward model's score at every step end, with process-supervised advantages (paper 4.1.3; group normalisation
     over all step rewards, advantage.scale_rewards unused); RM: data/models/reward_model (reward_model stage), the
