@@ -199,7 +199,7 @@ def run(p: SftParams) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
         write_metrics("sft", metrics, ["enabled", "steps", "world_size", "train_loss_last", "val_loss_before",
-                                        "val_loss_best", "best_step", "train_examples", "tokens_per_s"])
+                                        "val_loss_best", "best_step", "train_examples"])
     return metrics
 
 
