@@ -156,6 +156,29 @@ def test_value_loss_matches_a_loop_reference(clip: float | None, aggregation: st
     assert float(v.grad[mask == 0].abs().max()) == 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_vf_clip_frac_counts_only_tokens_the_clamp_acted_on(dtype: torch.dtype) -> None:
+    """vf_clip_frac against an explicit comparison per token, in Python floats: the clamp acted (|v - old| > c) and
+    the clipped squared error is the larger. The old metric compared ``(old + clamp(v - old) - R)^2 > (v - R)^2`` in
+    the tensors' dtype, where ``old + (v - old)`` differs from v by rounding inside the band; on these bf16 values it
+    counted 0.0190 for a true 0.0183 (issue 27)."""
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(64, 256, generator=g).to(dtype)
+    v = (old.float() + torch.randn(64, 256, generator=g) * 0.1).to(dtype)
+    ret = torch.randn(64, 256, generator=g).to(dtype)
+    mask = torch.ones(64, 256)
+    clip = 0.2
+    _, m = value_loss(v, old, ret, mask, clip=clip, aggregation="token-mean")
+    n_clip = 0
+    for a, b, r in zip(v.flatten().tolist(), old.flatten().tolist(), ret.flatten().tolist(), strict=True):
+        d = a - b
+        n_clip += abs(d) > clip and (b + max(-clip, min(clip, d)) - r) ** 2 > (a - r) ** 2
+    assert m["vf_clip_frac"] == n_clip / v.numel()
+    naive = float(((old + torch.clamp(v - old, -clip, clip) - ret) ** 2 > (v - ret) ** 2).double().mean())
+    if dtype == torch.bfloat16:  # the data does exercise the rounding the old metric counted
+        assert naive > m["vf_clip_frac"] + 1e-4
+
+
 def test_ppo_policy_loss_is_the_clipped_surrogate_without_kl() -> None:
     """The 'clipped' loss at PPO's settings (beta 0 in the loss: the KL is in the reward), per-token advantages,
     ratio away from 1, against a loop over tokens of -min(rho A, clip(rho) A) with the paper's per-sequence mean."""
@@ -167,7 +190,7 @@ def test_ppo_policy_loss_is_the_clipped_surrogate_without_kl() -> None:
     adv = torch.randn(4, 8, generator=g)
     cfg = LossConfig(clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="seq-mean-token-mean")
     algo = get_algorithm("ppo")
-    p = tiny_params(algorithm="ppo", advantage_estimator="gae")
+    p = tiny_params(algorithm="ppo", advantage__estimator="gae")
     assert algo.policy_loss(p) == "clipped" and algo.loss_config(p).beta == 0.0
     loss, m = POLICY_LOSSES["clipped"](lp, old, ref, adv, mask, cfg, LossNormalizer.from_mask(mask))
     per_seq = []
@@ -191,15 +214,15 @@ def test_registries_name_their_entries_in_one_line_errors() -> None:
     assert {"grpo", "gae"} <= set(ADVANTAGE_ESTIMATORS) and {"clipped", "nll"} <= set(POLICY_LOSSES)
     with pytest.raises(Exception, match=r"unknown algorithm 'dpo'; registered: sft, rft, online_rft, grpo, ppo"):
         tiny_params(algorithm="dpo")
-    with pytest.raises(Exception, match=r"unknown advantage_estimator 'vtrace'; registered: .*grpo.*gae"):
-        tiny_params(advantage_estimator="vtrace")
-    with pytest.raises(Exception, match=r"unknown policy_loss 'gspo'; registered: clipped, nll"):
-        tiny_params(policy_loss="gspo")
-    with pytest.raises(Exception, match="set advantage_estimator: gae"):
+    with pytest.raises(Exception, match=r"unknown advantage estimator 'vtrace'; registered: .*grpo.*gae"):
+        tiny_params(advantage__estimator="vtrace")
+    with pytest.raises(Exception, match=r"unknown policy loss 'gspo'; registered: clipped, nll"):
+        tiny_params(loss__policy="gspo")
+    with pytest.raises(Exception, match=r"algorithm ppo estimates advantages with its value model: set advantage\.estimator to one that uses it \(gae\)"):
         tiny_params(algorithm="ppo")
     with pytest.raises(Exception, match="needs a value model"):
-        tiny_params(algorithm="grpo", advantage_estimator="gae")
-    assert tiny_params(algorithm="ppo", advantage_estimator="gae", reward_source="outcome_rm").algorithm == "ppo"
+        tiny_params(algorithm="grpo", advantage__estimator="gae")
+    assert tiny_params(algorithm="ppo", advantage__estimator="gae", reward__source="outcome_rm").algorithm == "ppo"
 
 
 def test_value_model_shares_the_policy_backbone_and_aligns_with_log_probs(project) -> None:
@@ -218,7 +241,7 @@ def test_value_model_shares_the_policy_backbone_and_aligns_with_log_probs(projec
 
 
 def _ppo(**over):
-    kw = dict(algorithm="ppo", advantage_estimator="gae", steps=2, baseline=dict(enabled=False, lr=1e-3),
+    kw = dict(algorithm="ppo", advantage__estimator="gae", steps=2, baseline=dict(enabled=False, lr=1e-3),
               checkpoint_every=0)
     kw.update(over)
     return tiny_params(**kw)
@@ -250,7 +273,7 @@ def test_ppo_trains_every_valid_output_and_resumes_with_its_value_model(project)
 
     with pytest.raises(KeyboardInterrupt):
         grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
-    assert seen[0]["n_train_outputs"] == p.questions_per_step * p.group_size  # every output (none failed)
+    assert seen[0]["n_train_outputs"] == p.questions_per_step * p.rollout.group_size  # every output (none failed)
     model = load_model(paths.SFT_MODEL)
     cache: dict = {}
     hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, cache=cache)
