@@ -127,7 +127,8 @@ def convert(spec: DatasetSpec, name: str, *, role: str | None, timeout_s: float,
     # the pipeline's own rows were checked where they were made (the data stage writes programs that compute their
     # answers; SFT runs them again with sft.verify_programs): only other data sets' programs run here
     prog = [k for k, r in enumerate(rows) if r.get("pot") and spec.adapter != "pipeline"]
-    results = sandbox.run_many_pot([rows[k]["pot"] for k in prog], workers=workers, timeout_s=timeout_s) if prog else []
+    results = sandbox.run_many_pot([rows[k]["pot"] for k in prog], workers=workers, **sandbox.cpu_limit(timeout_s)) \
+        if prog else []
     runs = dict(zip(prog, results, strict=True))
     values = {k: v for k, (_, v) in runs.items()}
     for k in prog:
