@@ -52,7 +52,7 @@ from stages.core import paths
 from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
-from stages.core.io import atomic_path, write_metrics
+from stages.core.io import atomic_path, is_timing_key, write_metrics
 from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
 from stages.core.prompts import rl_prompt
@@ -532,7 +532,9 @@ def run(p: GrpoParams) -> dict[str, Any]:
             with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
                 for s in samples:
                     f.write(json.dumps(s, ensure_ascii=False) + "\n")
-        write_plots(paths.plots_dir("grpo"), history, PLOT_METRICS + ("sft_loss", "nll"))
+        names = PLOT_METRICS + ("sft_loss", "nll")  # the per-step timings go to data/timings/grpo (no DVC output)
+        write_plots(paths.plots_dir("grpo"), history, tuple(n for n in names if not is_timing_key(n)))
+        write_plots(paths.TIMINGS / "grpo", history, tuple(n for n in names if is_timing_key(n)))
     metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summary, "grpo_wall_s": round(t_grpo, 2),
                                **info}
     if heldout is not None and main:
@@ -569,8 +571,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
-                                     "grpo.step_s_mean", "grpo_wall_s", "memory", "trained_parameters",
-                                     "baseline.sft_loss_last", "heldout"])
+                                     "trained_parameters", "baseline.sft_loss_last", "heldout"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

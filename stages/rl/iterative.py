@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from stages.core.dist import is_main_process, train_device
-from stages.core.io import write_json
+from stages.core.io import untimed, write_json
 from stages.core.modeling import enable_checkpointing, save_model
 from stages.rl.checkpoint import load_latest, save_checkpoint
 from stages.rl.guards import guarded
@@ -215,23 +215,6 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
         write_json(out_dir / INDEX_FILE, {**index, "final_policy": "data/models/grpo (the stage's final policy)",
                                           "metrics": untimed(info["iterations"])})
     return history, samples, info
-
-
-UNTIMED_DROP = ("resumed_from_step", "resumed_from_iteration", "tool_wait_share_of_step")
-"""Keys :func:`untimed` drops besides the timings: whether (and where) a run resumed, a share of time."""
-
-
-def untimed(x: Any) -> Any:
-    """``x`` (nested dicts / lists) without its timings, for a DVC-cached output, which must be the same bytes for
-    the same inputs: keys ending in ``_s`` or holding ``_s_`` (seconds, ``step_s_mean``, ``tool_wait_s_total``),
-    ``t_*`` / ``cpu_*`` (time totals) and :data:`UNTIMED_DROP`. The timings are in the stage's metrics."""
-    if isinstance(x, dict):
-        return {k: untimed(v) for k, v in x.items()
-                if not (str(k).endswith("_s") or "_s_" in str(k) or str(k).startswith(("t_", "cpu_"))
-                        or k in UNTIMED_DROP)}
-    if isinstance(x, list):
-        return [untimed(v) for v in x]
-    return x
 
 
 def _save_iteration(ckpt_dir: Path, k: int, model: Any, rm: Any, history_ex: list[dict[str, Any]],
