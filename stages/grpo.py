@@ -29,7 +29,7 @@ import torch
 from stages.core import paths
 from stages.core.dist import is_main_process, train_device
 from stages.core.errors import PipelineError
-from stages.core.io import atomic_path, write_metrics
+from stages.core.io import atomic_path, is_timing_key, untimed, write_metrics
 from stages.core.modeling import (
     check_compatible,
     enable_checkpointing,
@@ -45,7 +45,7 @@ from stages.rl.checkpoint import run_dir
 from stages.rl.data import load_prompts
 from stages.rl.heldout import HeldoutEval
 from stages.rl.iterative import run_iterations
-from stages.rl.metrics import PLOT_METRICS, summarize, untimed
+from stages.rl.metrics import PLOT_METRICS, summarize
 from stages.rl.needs import run_needs
 from stages.rl.run import close, setup, train_sft
 from stages.rl.update import release_memory, rl_updater
@@ -97,7 +97,9 @@ def save_policy(p: GrpoParams, init: Path, model: Any, tokenizer: Any, history: 
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
             for s in samples:
                 f.write(json.dumps(s, ensure_ascii=False) + "\n")
-    write_metric_files(paths.plots_dir("grpo"), history, PLOT_METRICS + ("sft_loss", "nll"))
+    names = PLOT_METRICS + ("sft_loss", "nll")  # the per-step timings go to data/timings/grpo (no DVC output)
+    write_metric_files(paths.plots_dir("grpo"), history, tuple(n for n in names if not is_timing_key(n)))
+    write_metric_files(paths.TIMINGS / "grpo", history, tuple(n for n in names if is_timing_key(n)))
     if heldout is not None:
         write_metric_files(paths.plots_dir("grpo"), heldout.records, ("heldout_accuracy",))
 
@@ -167,8 +169,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
-                                     "grpo.step_s_mean", "grpo_wall_s", "memory", "trained_parameters",
-                                     "baseline.sft_loss_last", "heldout"])
+                                     "trained_parameters", "baseline.sft_loss_last", "heldout"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

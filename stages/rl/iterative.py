@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from stages.core.dist import is_main_process, train_device
-from stages.core.io import write_json
+from stages.core.io import untimed, write_json
 from stages.core.modeling import enable_checkpointing, save_model
 from stages.rl.checkpoint import load_latest, save_checkpoint
-from stages.rl.metrics import mean_finite, untimed
+from stages.rl.metrics import mean_finite
 from stages.rl.rm.labels import SampleConfig, collect_examples
 from stages.rl.rm.metrics import evaluate_reward_model
 from stages.rl.rm.model import save_reward_model

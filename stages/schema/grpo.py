@@ -102,7 +102,8 @@ class GrpoRolloutParams(Section):
     tir_max_rounds: PosInt
     """Most generations per TIR output (the evaluation's reference: 2); each round may add ``max_new_tokens`` tokens."""
     exec_timeout_s: PosFloat
-    """Wall-clock limit of one program run in the sandbox (the evaluation's reference: 10)."""
+    """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
+    stages.core.sandbox.cpu_limit; the evaluation's reference: 10)."""
     chunks: PosInt
     """pot / tir: a step's questions are generated in this many fixed chunks, so that one chunk's programs run in the
     sandbox while the next chunk generates (stages/core/tool_loop.py); 1 = generate all, then run all. Results depend

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from stages import grpo
 from stages.core import paths
 from stages.core.errors import PipelineError
+from stages.core.io import untimed
 from stages.params import GrpoParams
 from stages.rl.run import fit
 
@@ -80,12 +81,15 @@ def test_tiny_grpo_run_end_to_end(project):
     assert any(not torch.equal(before[k], after[k]) for k in before)  # GRPO changed the policy
     assert any(not torch.equal(before[k], base[k]) for k in before)  # the baseline trained too
     saved = json.loads(paths.details_file("grpo").read_text())
-    assert saved["grpo"]["steps"] == 2 and saved["wall_s"] > 0 and saved == json.loads(json.dumps(m))
+    assert saved["grpo"]["steps"] == 2 and saved == untimed(json.loads(json.dumps(m)))  # timings: data/timings
+    assert json.loads(paths.timings_file("grpo").read_text())["wall_s"] == m["wall_s"] > 0
     assert saved["grpo"]["skipped_nonfinite"] == 0
     plots = paths.plots_dir("grpo")
     for name in ("reward_mean", "kl", "entropy", "grad_norm", "t_generation", "mismatch_abs_mean"):
-        lines = (plots / f"{name}.csv").read_text().splitlines()
+        where = paths.TIMINGS / "grpo" if name.startswith("t_") else plots  # per-step timings: no DVC output
+        lines = (where / f"{name}.csv").read_text().splitlines()
         assert lines[0] == f"step,{name}" and len(lines) == 3
+    assert not (plots / "t_generation.csv").exists()
     assert (plots / "baseline_sft_loss.csv").is_file()
     samples = (paths.GRPO_MODEL / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 2 * 3 and "completion" in json.loads(samples[0])
