@@ -35,7 +35,8 @@ class TemplateFormat:
 
 
 class HeldoutEval:
-    """The held-out curve: ``records`` of ``{"step": steps done, "heldout_accuracy": share correct}``."""
+    """The held-out curve: ``records`` of ``{"step": steps done, "heldout_accuracy": share correct}``; ``last``:
+    the evaluation records (stages/evaluate/loop.py's, one per problem) of the latest evaluation."""
 
     def __init__(self, problems: list[Problem], every: int, max_new_tokens: int,
                  template: str = "deepseekmath") -> None:
@@ -44,6 +45,7 @@ class HeldoutEval:
         self.max_new_tokens = max_new_tokens
         self.template = template
         self.records: list[dict[str, Any]] = []
+        self.last: list[dict[str, Any]] = []
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -71,8 +73,8 @@ class HeldoutEval:
                                 top_p=1.0, seed=0, tir_max_rounds=1, exec_timeout_s=10.0, exec_workers=1)
         fmt = TemplateFormat(self.template, getattr(generator, "tokenizer", None))
         with ThreadPoolExecutor(max_workers=1) as pool:  # cot runs no program
-            records = evaluate_batch(generator, self.problems, spec, settings, "zero_shot", None, 0, pool, fmt=fmt)
-        return summarize(records, spec, None)
+            self.last = evaluate_batch(generator, self.problems, spec, settings, "zero_shot", None, 0, pool, fmt=fmt)
+        return summarize(self.last, spec, None)
 
     def evaluate(self, done: int, generator: Any) -> float:
         """Evaluate now (``generator`` holds the current weights); record and return the accuracy."""
