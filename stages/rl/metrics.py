@@ -24,10 +24,6 @@ PLOT_METRICS = (
 )
 """The per-step metrics drawn as curves (data/plots/grpo/<metric>.csv), besides the baseline's."""
 
-UNTIMED_DROP = ("resumed_from_step", "resumed_from_iteration", "tool_wait_share_of_step")
-"""Keys :func:`untimed` drops besides the timings: whether (and where) a run resumed, a share of time."""
-
-
 def run_logger() -> Any:
     """Prefect's run logger inside a flow run (shown in the UI), else this module's logger."""
     try:
@@ -97,19 +93,6 @@ def summarize(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
     out["skipped_nonfinite"] = sum(r.get("skipped_nonfinite", 0) for r in history)
     out["mismatch_abs_mean"] = mean_finite([r.get("mismatch_abs_mean") for r in history])
     return out
-
-
-def untimed(x: Any) -> Any:
-    """``x`` (nested dicts / lists) without its timings, for a DVC-cached output, which must be the same bytes for
-    the same inputs: keys ending in ``_s`` or holding ``_s_`` (seconds, ``step_s_mean``, ``tool_wait_s_total``),
-    ``t_*`` / ``cpu_*`` (time totals) and :data:`UNTIMED_DROP`. The timings are in the stage's metrics."""
-    if isinstance(x, dict):
-        return {k: untimed(v) for k, v in x.items()
-                if not (str(k).endswith("_s") or "_s_" in str(k) or str(k).startswith(("t_", "cpu_"))
-                        or k in UNTIMED_DROP)}
-    if isinstance(x, list):
-        return [untimed(v) for v in x]
-    return x
 
 
 def mean_finite(xs: list[Any]) -> float | None:

@@ -76,7 +76,7 @@ def test_rule_reward_iterations_write_policies_only(rm_project):
 def test_untimed_drops_timings_and_resume_markers_from_cached_outputs():
     """What goes into DVC-cached files (grpo's pipeline.json summary / iterations, iterations.json, an RM's
     pipeline.json) keeps the results and drops the seconds, time totals, rates and resume markers."""
-    from stages.rl.metrics import untimed
+    from stages.core.io import untimed
 
     summary = {"steps": 2, "reward_mean_first5": 0.25, "t_generation_total": 1.0, "cpu_update_total": 2.0,
                "step_s_total": 3.0, "step_s_mean": 1.5, "tool_wait_s_total": 1.0, "tool_programs_per_s": 2.0,
