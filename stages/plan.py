@@ -92,7 +92,7 @@ class ModelShape:
         return emb + head + self.layers * self.layer_params() + self.hidden
 
     def reward_model(self) -> ModelShape:
-        """The reward model built on this backbone (stages/rl/reward_model.py: ``AutoModelForTokenClassification``
+        """The reward model built on this backbone (stages/rl/rm/model.py: ``AutoModelForTokenClassification``
         with one label): the same embedding table, which its training trains, and a one-output score head."""
         return ModelShape(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab,
                           tied=False, qkv_bias=self.qkv_bias, out_features=1)

@@ -46,15 +46,10 @@ from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, wri
 from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer
 from stages.rl.checkpoint import load_latest, load_updaters, run_dir, save_checkpoint
 from stages.rl.data import load_prompts
-from stages.rl.reward_model import (
-    SampleConfig,
-    collect_examples,
-    evaluate_reward_model,
-    init_reward_model,
-    save_reward_model,
-    split_by_question,
-    train_reward_model,
-)
+from stages.rl.rm.labels import SampleConfig, collect_examples
+from stages.rl.rm.metrics import evaluate_reward_model
+from stages.rl.rm.model import init_reward_model, save_reward_model
+from stages.rl.rm.train import split_by_question, train_reward_model
 from stages.rl.update import release_memory
 from stages.schema.reward_model import RewardModelParams
 from stages.train.ds_config import build_deepspeed_config

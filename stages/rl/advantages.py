@@ -180,19 +180,6 @@ def process_advantages(step_rewards: Tensor, step_ends: Tensor, length: int, *, 
     return adv.to(torch.float32)
 
 
-def step_end_indices(token_texts: list[str], *, step_sep: str = "\n") -> list[int]:
-    """Completion-token indices where a reasoning step ends (paper 4.1.3: ``index(j)``).
-
-    A step ends at the token whose decoded text contains ``step_sep`` (a newline, as the generated CoT
-    writes one step per line) and at the last token of the completion (the final step, which usually
-    ends with EOS instead of a newline). ``token_texts`` is the decoded text of each completion token.
-    """
-    ends = [t for t, s in enumerate(token_texts) if step_sep in s]
-    if token_texts and (not ends or ends[-1] != len(token_texts) - 1):
-        ends.append(len(token_texts) - 1)
-    return ends
-
-
 # ---------------------------------------------------------------------------------------------
 # PPO: the per-token reward of eq. 2 and generalised advantage estimation
 

@@ -94,8 +94,10 @@ class StepContext:
 
     What the loop keeps (:func:`stages.rl.run.train`): ``history`` (a metrics row per step), ``samples`` (the
     completion tables), ``info`` (run facts for the stage metrics), ``heldout`` (the held-out evaluation, or None),
-    ``ckpt_dir`` (resumable checkpoints, or None), ``total_steps`` (the run's last step, for logs and the held-out
-    schedule) and ``on_step`` (called with each row)."""
+    ``ckpt_dir`` (resumable checkpoints, or None), ``total_steps`` (the run's steps over all iterations),
+    ``on_step`` (called with each row), ``step`` (the next step to run), ``iteration`` (Algorithm 1's, from 1),
+    ``cache`` (what iterations continue with: rft's pool, PPO's value model), and with a reward-model source the
+    ``reward_model`` and the examples it was trained on (``rm_examples``)."""
 
     p: Any
     model: Any
@@ -118,6 +120,11 @@ class StepContext:
     ckpt_dir: Path | None = None
     total_steps: int = 0
     on_step: Any = None
+    step: int = 0
+    iteration: int = 1
+    cache: dict[str, Any] = field(default_factory=dict)
+    reward_model: Any = None
+    rm_examples: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def device(self) -> torch.device:

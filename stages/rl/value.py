@@ -1,7 +1,7 @@
 """PPO's value model (DeepSeekMath paper section 4.1.1, Figure 4): the policy architecture with a scalar head per
 token, trained alongside the policy; GRPO's point is to do without it.
 
-The model is the reward model's class (``AutoModelForTokenClassification`` with one label, stages/rl/reward_model.py),
+The model is the reward model's class (``AutoModelForTokenClassification`` with one label, stages/rl/rm/model.py),
 initialised from the model RL starts from (``grpo.ppo.value_init: policy``: its backbone, a new head) or from the
 trained reward model (``reward_model``: backbone and head; the paper's PPO initialises it from the RM, as
 InstructGPT does). V(s_t), the value of the state before completion token t (prompt + o_<t), is the head's output at
@@ -19,7 +19,7 @@ from torch import Tensor
 from stages.core import paths
 from stages.core.modeling import enable_checkpointing
 from stages.rl.checkpoint import load_updaters
-from stages.rl.reward_model import load_reward_model
+from stages.rl.rm.model import load_reward_model
 from stages.rl.update import rl_updater
 from stages.train.update import Updater
 
