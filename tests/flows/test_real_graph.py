@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.flows._project import copy_sources
 from tests.tiny_models import tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,12 +109,7 @@ def graph(tmp_path_factory: pytest.TempPathFactory, prefect_api: str, shared_dat
     texts += [json.loads(x)["problem"] + "\n" + json.loads(x)["solution"] for x in (real / "math_train.jsonl").open()]
     model = tiny_qwen2(texts, base / "tiny-qwen2", vocab_size=700)
     proj = base / "proj"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file():
-            (proj / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, proj / rel)
+    copy_sources(proj)
     (proj / "params.yaml").write_text(yaml.safe_dump(_params(real, model), sort_keys=False))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q"], cwd=proj, check=True)
