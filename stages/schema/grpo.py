@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
 
 
@@ -168,7 +168,7 @@ class GrpoRolloutParams(Section):
     """Shares of the modes with ``mode: mixture`` (unused otherwise)."""
     tir_max_rounds: PosInt
     """Most generations per TIR output (the evaluation's reference: 2); each round may add ``max_new_tokens`` tokens."""
-    exec_timeout_s: PosFloat
+    exec_timeout_s: TimeoutS
     """Wall-clock limit of one program run in the sandbox (the evaluation's reference: 10)."""
     chunks: PosInt
     """pot / tir: a step's questions are generated in this many fixed chunks, so that one chunk's programs run in the
@@ -180,7 +180,7 @@ class GrpoRolloutParams(Section):
     every output before issue 21, when no rollout ran a program; the tiny default keeps it). false: only the tool
     loop's injected tokens are masked, by provenance, and every token the policy wrote trains (an unbiased policy
     gradient). TIR outputs are masked by provenance either way."""
-    sandbox_workers: Annotated[PosInt, RUNTIME]
+    sandbox_workers: Annotated[Workers, RUNTIME]
     """Programs run at once (threads driving sandbox processes) during pot / tir rollouts."""
 
 
