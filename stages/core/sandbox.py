@@ -496,13 +496,47 @@ _default: SandboxExecutor | None = None
 _default_lock = threading.Lock()
 
 
+_protected: set[str] = set()
+
+
+def protect(paths: Sequence[str]) -> None:
+    """Never show these host paths to programs of the process-wide executor, even inside the allow-list (they are
+    covered by empty read-only mounts: ``hide``). Every absolute path a params file names is protected the same way
+    (``stages.schema.base.named_paths``), so that a data set or model kept under ``/usr`` or in a site-packages
+    directory stays out of view. A running executor that does not hide them yet is replaced on its next use."""
+    _protected.update(p for p in paths if p)
+
+
+def _within_allow_list(path: str) -> bool:
+    """Whether ``path`` may lie in a tree the sandbox shows (system trees, /etc, the Python installation): only
+    those need hiding (a superset: the zygote's plan keeps the ones inside a bind)."""
+    roots = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/etc", sys.prefix, sys.base_prefix, sys.exec_prefix,
+             sys.base_exec_prefix)
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in {os.path.realpath(r) for r in roots})
+
+
+def protected() -> list[str]:
+    """The existing paths the process-wide executor hides: :func:`protect`-ed and named by params files, those that
+    may lie inside the allow-list (the rest are never shown anyway)."""
+    from stages.schema.base import named_paths  # (the params files this process read)
+
+    found = {os.path.realpath(os.path.expanduser(p)) for p in _protected | named_paths()}
+    return sorted(p for p in found if _within_allow_list(p) and os.path.exists(p))
+
+
 def get_executor() -> SandboxExecutor:
-    """The process-wide executor (started on first use)."""
+    """The process-wide executor (started on first use; it hides the :func:`protected` paths)."""
     global _default
+    hide = protected()
     with _default_lock:
+        old = None
+        if _default is not None and _default._cfg["hide"] != hide and not _default._closed:
+            old, _default = _default, None
         if _default is None:
-            _default = SandboxExecutor()
-        return _default
+            _default = SandboxExecutor(hide=hide)
+    if old is not None:
+        old.close()
+    return _default
 
 
 def configure(**kwargs: Any) -> SandboxExecutor:

@@ -207,7 +207,32 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     raw = load_yaml(p, what="params file")
     if not isinstance(raw, dict):
         raise PipelineError(f"{p}: expected a mapping of sections (data:, base_model:, ...), got {type(raw).__name__}")
+    _protect_named_paths(raw)
     return raw
+
+
+_NAMED_PATHS: set[str] = set()
+
+
+def named_paths() -> set[str]:
+    """Every absolute (or ``~``) path the params files read by this process name: the code sandbox never shows them,
+    even where one lies inside its allow-list (``stages.core.sandbox.get_executor``). Relative paths lie in the
+    project, which the sandbox never shows."""
+    return set(_NAMED_PATHS)
+
+
+def _protect_named_paths(raw: Any) -> None:
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+        elif isinstance(node, str) and node.startswith(("/", "~")) and "\n" not in node and len(node) < 4096:
+            _NAMED_PATHS.add(node)
+
+    walk(raw)
 
 
 def format_error(source: str, err: ValidationError, prefix: str = "") -> str:

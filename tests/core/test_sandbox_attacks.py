@@ -5,6 +5,8 @@ limits: every one must be contained, and leave the caller and the zygote working
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from benchmarks.sandbox_attacks import ATTACKS, ExecutorRunner, host_setup, pth_trial
@@ -77,3 +79,21 @@ def test_the_report_lists_what_is_shown_and_what_is_not(tmp_path):
         assert res.ok and res.stdout == "['hidden-data'] []\n", res.stderr
     finally:
         ex.close()
+
+
+def test_paths_that_params_files_name_are_hidden(tmp_path, monkeypatch):
+    """Every absolute path a params file names is hidden from the programs, even inside the allow-list."""
+    import yaml
+
+    from stages.schema import base
+
+    monkeypatch.setattr(base, "_NAMED_PATHS", set())
+    data = tmp_path / "models" / "ckpt"
+    data.mkdir(parents=True)
+    inside = sorted(sandbox.isolation_report()["exposed_paths"])[-1]  # a directory the sandbox shows
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"base_model": {"checkpoint": str(data)}, "x": [inside, "relative/path"]}))
+    base.read_params_file(params)
+    assert {str(data), inside, "relative/path"} - base.named_paths() == {"relative/path"}
+    assert os.path.realpath(inside) in sandbox.protected()  # inside the allow-list: hidden
+    assert str(data) not in sandbox.protected()  # outside it: never shown anyway (no zygote restart for it)
