@@ -87,7 +87,7 @@ MECHANISMS = (
 # What a mechanism needs: disabling the key disables the values.
 DEPENDS = {
     "mountns": ("allowlist_fs", "ro_root", "private_tmp", "shared_quota", "minimal_dev", "proc"),
-    "allowlist_fs": ("minimal_dev",),
+    "allowlist_fs": ("minimal_dev", "nodev"),
     "ro_root": ("nodev",),
     "private_tmp": ("shared_quota", "inode_cap"),
     "pidns": ("proc",),
@@ -730,6 +730,11 @@ class Zygote:
                 os.mkdir(parent)
                 self.cg_parents[mech] = parent
                 if mech == "cpu_limit":
+                    # the sandboxes together weigh as much as one busy process per CPU (the default pool's size):
+                    # under contention a batch gets what its programs as plain processes would, however many
+                    # threads they start, and each program at most its quota
+                    with open(os.path.join(parent, "cpu.shares"), "w") as f:
+                        f.write(str(1024 * len(self.cpus)))
                     self.cpu_method = "cgroup"
             except OSError as e:
                 if mech == "cpu_limit":

@@ -97,3 +97,19 @@ def test_paths_that_params_files_name_are_hidden(tmp_path, monkeypatch):
     assert {str(data), inside, "relative/path"} - base.named_paths() == {"relative/path"}
     assert os.path.realpath(inside) in sandbox.protected()  # inside the allow-list: hidden
     assert str(data) not in sandbox.protected()  # outside it: never shown anyway (no zygote restart for it)
+
+
+def test_without_the_allow_list_programs_run_on_a_read_only_host_and_it_is_reported():
+    """A host where the zygote cannot build the sandbox's root: the host's tree read-only (no nodev, no minimal
+    /dev: they live in the allow-list's root), reported, never silent."""
+    _active("allowlist_fs")
+    ex = sandbox.SandboxExecutor(disable=["allowlist_fs"], preload=["math"], prefork=1)
+    try:
+        rep = ex.report()
+        assert {"allowlist_fs", "nodev", "minimal_dev"} <= set(rep["inactive"]) and rep["fatal"] is None
+        assert rep["reasons"]["nodev"] == "needs allowlist_fs"
+        res, _ = ex.run("import os\ntry:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+                        "print(open('/dev/null').read() == '', os.getcwd())")
+        assert res.ok and res.stdout == "30\nTrue /tmp\n", res.stderr  # EROFS
+    finally:
+        ex.close()
