@@ -571,6 +571,20 @@ def isolation_report() -> dict[str, Any]:
     return get_executor().report()
 
 
+WALL_PER_CPU = 3.0
+"""Under :func:`cpu_limit`, the wall-clock cap of a program as a multiple of its CPU-time limit."""
+
+
+def cpu_limit(timeout_s: float) -> dict[str, float]:
+    """Limits under which a program's outcome does not depend on the machine's load (issue 29), as keyword arguments
+    of :func:`run_python` / :func:`run_pot`: ``timeout_s`` seconds of CPU time per process (``RLIMIT_CPU``, which ends
+    it as a "timeout" at the same point of its computation however busy the machine is) and a wall-clock cap of
+    :data:`WALL_PER_CPU` x ``timeout_s`` for a program that waits without computing (sleep, a blocking call). The
+    pipeline's stages run model-written and dataset programs with these; only a program starved below
+    1 / ``WALL_PER_CPU`` of a core for its whole run can end differently on a loaded machine."""
+    return {"cpu_s": timeout_s, "timeout_s": WALL_PER_CPU * timeout_s}
+
+
 def run_python(
     code: str,
     *,

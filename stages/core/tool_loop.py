@@ -52,7 +52,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from stages.core.generation import Completion, SamplingParams, tokenize_prompts
-from stages.core.sandbox import ExecResult, extract_tir_code, run_pot, run_python, tir_output, tir_output_block
+from stages.core.sandbox import (
+    ExecResult,
+    cpu_limit,
+    extract_tir_code,
+    run_pot,
+    run_python,
+    tir_output,
+    tir_output_block,
+)
 
 TIR_STOP = "```output"
 """Where tool-integrated generation pauses for the code to run (DeepSeekMath's stop word)."""
@@ -262,7 +270,7 @@ class _Loop:
         for st in done:
             if self.mode == "pot":
                 code = pot_program(strip_stops(st.text, self.stops))
-                jobs.append(_Job(st, self.pool.submit(run_pot, code, timeout_s=self.timeout)))
+                jobs.append(_Job(st, self.pool.submit(run_pot, code, **cpu_limit(self.timeout))))
                 continue
             if not (st.finish_reason == "stop" and st.text.endswith(TIR_STOP)):
                 continue
@@ -274,7 +282,8 @@ class _Loop:
             else:
                 st.text = stripped
             st.finish_reason = "tool"  # paused for the tool; set again by the next generation
-            jobs.append(_Job(st, self.pool.submit(run_python, code, timeout_s=self.timeout) if code else None, extra))
+            job = self.pool.submit(run_python, code, **cpu_limit(self.timeout)) if code else None
+            jobs.append(_Job(st, job, extra))
         return jobs
 
     def collect(self, jobs: list[_Job]) -> None:

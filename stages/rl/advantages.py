@@ -3,7 +3,7 @@
 The registry (verl's ``core_algos.py`` shape): every estimator takes the same two arguments, an
 :class:`AdvantageInput` (the rollout's :class:`stages.rl.rewards.Rewards`, its loss mask, and for PPO the value
 predictions and the per-token log-ratio to the reference) and an :class:`AdvantageConfig`, and returns
-:class:`Advantages`. ``grpo.advantage_estimator`` names one; its allowed values are the registered names. A new
+:class:`Advantages`. ``grpo.advantage.estimator`` names one; its allowed values are the registered names. A new
 estimator is one function decorated with ``@register_estimator("name")``.
 
 - ``grpo``: group-relative (below): outcome supervision from per-output rewards, process supervision when the
@@ -43,6 +43,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from stages.rl import registry
 from stages.rl.rewards import Rewards
 
 ScaleRewards = Literal["group", "batch", "none"]
@@ -318,26 +319,19 @@ class AdvantageInput:
 
 
 Estimator = Callable[[AdvantageInput, AdvantageConfig], Advantages]
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = registry.ADVANTAGE_ESTIMATORS.impls
+"""The registered estimators by name (stages/rl/registry.py holds their specs)."""
 
 
 def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator: register ``fn(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages`` under ``name``."""
-
-    def deco(fn: Estimator) -> Estimator:
-        if name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return deco
+    """Decorator: register ``fn(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages`` under ``name`` (declared
+    in stages/rl/registry.py ADVANTAGE_ESTIMATORS)."""
+    return registry.ADVANTAGE_ESTIMATORS.register(name)
 
 
 def estimate_advantages(name: str, inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
-    """Run the registered estimator ``name``."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; registered: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
-    return ADVANTAGE_ESTIMATORS[name](inp, cfg)
+    """Run the registered estimator ``name`` (an unknown name: a one-line error listing the registered ones)."""
+    return registry.ADVANTAGE_ESTIMATORS.get(name)(inp, cfg)
 
 
 @register_estimator("grpo")

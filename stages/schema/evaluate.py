@@ -54,7 +54,8 @@ class EvalCommonParams(Section):
     tir_max_rounds: PosInt
     """Most generate/execute rounds in tir mode (reference: 2)."""
     exec_timeout_s: TimeoutS
-    """Wall-clock limit of one program run in the sandbox (reference: 10)."""
+    """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
+    stages.core.sandbox.cpu_limit; reference: 10)."""
     exec_workers: Annotated[Workers, RUNTIME]
     """Sandbox worker processes for pot / tir programs."""
     maj_subsets: PosInt

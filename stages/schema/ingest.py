@@ -28,7 +28,8 @@ class IngestCommonParams(Section):
     """Settings every ingested data set shares."""
 
     exec_timeout_s: TimeoutS
-    """Wall-clock limit of one program run in the sandbox (a PoT row is kept only when its program returns the gold)."""
+    """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
+    stages.core.sandbox.cpu_limit; a PoT row is kept only when its program returns the gold)."""
     exec_workers: Annotated[Workers, RUNTIME]
     """Sandbox worker processes for the program checks."""
     samples: NonNegInt

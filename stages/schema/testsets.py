@@ -16,8 +16,8 @@ class TestsetCommonParams(Section):
     __test__: ClassVar[bool] = False  # not a pytest test class (the name starts with "Test")
 
     exec_timeout_s: TimeoutS
-    """Wall-clock limit of one program run in the sandbox (PAL / PoT rows are kept only when their program returns
-    the gold)."""
+    """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
+    stages.core.sandbox.cpu_limit; PAL / PoT rows are kept only when their program returns the gold)."""
     exec_workers: Annotated[Workers, RUNTIME]
     """Sandbox worker processes for the program checks."""
     samples: NonNegInt

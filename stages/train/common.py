@@ -98,8 +98,13 @@ def pass_through(stage: str, in_dir: str | os.PathLike[str], out_dir: str | os.P
 
 
 def write_curves(stage: str, plots_dir: Path, res: TrainResult, title: str) -> list[str]:
-    """Loss / LR / grad-norm / throughput TSVs (DVC plots) and a PNG of the loss curve; returns the files."""
-    write_tsv(plots_dir / "train.tsv", res.history, ["step", "loss", "lr", "grad_norm", "tokens_per_s", "skipped"])
+    """Loss / LR / grad-norm TSVs (DVC plots) and a PNG of the loss curve; returns the files. The throughput per
+    logged step goes to ``data/timings/<stage>/steps.tsv`` (no DVC output: the plots are the same bytes for the same
+    inputs)."""
+    from stages.core import paths
+
+    write_tsv(plots_dir / "train.tsv", res.history, ["step", "loss", "lr", "grad_norm", "skipped"])
+    write_tsv(paths.TIMINGS / stage / "steps.tsv", res.history, ["step", "tokens_per_s"])
     write_tsv(plots_dir / "lr.tsv", res.history, ["step", "lr"])
     write_tsv(plots_dir / "eval.tsv", res.evals, ["step", "eval_loss"])
     plot_curves(plots_dir / "loss.png", res.history, res.evals, title, res.best_step)
