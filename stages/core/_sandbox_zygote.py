@@ -10,8 +10,9 @@ program.
 Process tree of one sandbox (``Z`` = this zygote, root, host namespaces)::
 
     Z --fork--> I  PID 1 of a new PID namespace (Z unshares CLONE_NEWPID for that one fork, then setns back):
-                   joins the sandbox's cgroups, unshares mount/net/ipc/uts/cgroup namespaces, builds the
-                   file-system view, mounts /proc; then monitors: when U ends, or when the client writes to or
+                   joins the sandbox's cgroups, unshares mount/net/ipc/uts/cgroup namespaces, pivot_roots into the
+                   allow-list root Z built at start (Zygote._build_template), mounts its private /tmp and /proc;
+                   then monitors: when U ends, or when the client writes to or
                    closes the "life" pipe (timeout, client gone), it SIGKILLs every other process of the
                    namespace (double-forked daemons included), reaps them all and reports ``D``.
       I --fork--> U  waits (pre-forked) for the request on a pipe, applies limits, drops to a fresh
