@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from stages.core.errors import PipelineError
+from stages.core.errors import PipelineError, cause
 from stages.core.io import atomic_path
 from stages.core.model_files import MODEL_REF, model_dir_problem
 
@@ -72,8 +72,14 @@ def check_model_dir(path: str | os.PathLike[str], *, tokenizer: bool = False) ->
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
-    """Load the tokenizer of a model directory (left padding, pad token set)."""
-    tok = AutoTokenizer.from_pretrained(resolve_model(path, tokenizer=True))
+    """Load the tokenizer of a model directory (left padding, pad token set); files that do not load are a
+    one-line error naming the directory."""
+    where = resolve_model(path, tokenizer=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(where)
+    except Exception as e:  # noqa: BLE001 - tokenizers / sentencepiece raise many types for corrupt files
+        raise PipelineError(f"{where}: cannot load the tokenizer ({cause(e)}); point to a complete "
+                            "save_pretrained() directory") from None
     style = model_ref_info(path).get("prompt_format")
     if style is not None:  # a checkpoint used in place: its prompt format is recorded in model_ref.json
         tok.init_kwargs["pipeline_prompt_format"] = style

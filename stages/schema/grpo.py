@@ -23,7 +23,7 @@ from pydantic import Field, field_validator, model_validator
 from stages.rl.needs import check_run
 from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, Registry
 from stages.rl.sources import REWARD_SOURCES
-from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 from stages.schema.reward_model import RmDataParams
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
 
@@ -101,14 +101,14 @@ class GrpoRolloutParams(Section):
     """Shares of the modes with ``mode: mixture`` (unused otherwise)."""
     tir_max_rounds: PosInt
     """Most generations per TIR output (the evaluation's reference: 2); each round may add ``max_new_tokens`` tokens."""
-    exec_timeout_s: PosFloat
+    exec_timeout_s: TimeoutS
     """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
     stages.core.sandbox.cpu_limit; the evaluation's reference: 10)."""
     chunks: PosInt
     """pot / tir: a step's questions are generated in this many fixed chunks, so that one chunk's programs run in the
     sandbox while the next chunk generates (stages/core/tool_loop.py); 1 = generate all, then run all. Results depend
     on it (each chunk's generator call has its own seed)."""
-    exec_workers: Annotated[PosInt, RUNTIME]
+    exec_workers: Annotated[Workers, RUNTIME]
     """Programs run at once (threads driving sandbox processes) during pot / tir rollouts."""
 
 
