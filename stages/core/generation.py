@@ -16,7 +16,7 @@ Semantics, identical in both backends:
   computed in float32 from the full distribution: top-p/top-k only restrict what is *sampled*, they do not
   renormalise the reported log-probs (``SamplingParams.logprobs_mode="full"``, the default). With
   ``logprobs_mode="processed"`` they are the log-probs of the distribution the token was drawn from: restricted to
-  the top-k / top-p kept tokens (``truncation_mask``) and renormalised over them (vLLM's ``processed_logprobs``;
+  the top-k / top-p kept tokens (``stages.core.logprobs.truncation_mask``) and renormalised over them (vLLM's ``processed_logprobs``;
   GRPO's rollouts ask for these, and the trainer renormalises its own log-probs the same way).
 - Generation of a sequence ends at the first of: an EOS token (kept in ``token_ids``, left out of ``text``),
   a stop string (the token that completes it is the last one generated), ``max_new_tokens`` tokens, or the
@@ -51,6 +51,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from stages.core.errors import PipelineError
+from stages.core.logprobs import completion_logprobs, truncation_mask
 from stages.core.sampling import (  # the interface, re-exported: callers import it from here
     Backend,
     Completion,
@@ -63,7 +64,6 @@ from stages.core.sampling import (  # the interface, re-exported: callers import
     model_max_length,
     sample_seed,
     tokenize_prompts,
-    truncation_mask,
 )
 
 __all__ = ["Backend", "Completion", "FinishReason", "Generator", "HFGenerator", "SamplingParams", "cut_at_stop",
@@ -286,8 +286,6 @@ class HFGenerator:
         completion's tokens after its prompt, one full forward per pair through the model this generator decodes
         with (its bf16 copy, if any), by ``stages.core.logprobs.completion_logprobs``: the trainer's plain pass, so
         that the two agree bit for bit on equal float32 weights (the weight-sync probe, stages/rl/sync.py)."""
-        from stages.core.logprobs import completion_logprobs
-
         out = []
         with torch.inference_mode():
             for p, c in zip(prompt_ids, completion_ids, strict=True):

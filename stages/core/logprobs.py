@@ -22,7 +22,7 @@ Equal to ``log_softmax(logits.float() / T).gather(...)`` to float rounding (test
 on values and gradients).
 
 Truncated distributions (``top_k`` > 0 or ``top_p`` < 1, the rollout's sampling settings): the log-prob is that of
-the distribution the sampler drew from, softmax(z) restricted to the tokens ``stages.core.sampling.truncation_mask``
+the distribution the sampler drew from, softmax(z) restricted to the tokens :func:`truncation_mask`
 keeps (computed from these very logits) and renormalised over them::
 
     K = truncation_mask(log_softmax(z), top_k, top_p)
@@ -43,8 +43,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stages.core.sampling import truncation_mask
-
 IGNORE = -100
 """Target value of positions that get no log-prob (prompt tokens, padding)."""
 
@@ -52,6 +50,32 @@ DEFAULT_CHUNK_TOKENS = 256
 """Positions per chunk when the caller does not say: a (256, V) float32 tensor is 156 MB at V = 152k."""
 
 _NOT_LINEAR = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
+
+
+def truncation_mask(logp: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor | None:
+    """The tokens top-k and then top-p keep, as a bool mask of ``logp``'s shape (..., V), or None when neither
+    restricts anything (``top_k`` 0 or >= V, ``top_p`` 1).
+
+    ``logp``: log softmax(logits / T) over the last dimension. Top-k keeps every token whose log-prob is at least the
+    k-th largest (ties at the k-th value all stay); top-p then keeps, in the top-k-renormalised distribution, the
+    smallest set of highest-probability tokens whose mass reaches ``top_p``: a token is dropped when the tokens
+    ranked above it already reach it, so the top token always stays (HF's and vLLM's rule). The one definition of
+    the truncation: the hf sampler draws from it and the trainer's log-probs (below) renormalise over
+    it, so that the importance ratio of the loss uses the distribution the sampler used."""
+    V = logp.shape[-1]
+    keep = None
+    scores = logp
+    if 0 < top_k < V:
+        kth = scores.topk(top_k, dim=-1).values[..., -1:]
+        keep = scores >= kth
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if top_p < 1.0:
+        sorted_s, order = scores.sort(dim=-1, descending=True)
+        probs = sorted_s.softmax(dim=-1)
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        keep = ~drop if keep is None else keep & ~drop
+    return keep
 
 
 class ChunkedLogProbs(torch.autograd.Function):

@@ -39,7 +39,7 @@ class SamplingParams:
     logprobs_mode: LogprobsMode = "full"
     """What ``Completion.logprobs`` reports: ``full`` = log softmax(logits / T) over the whole vocabulary (top-k /
     top-p only restrict what is sampled); ``processed`` = the log-prob under the distribution the token was drawn
-    from: softmax(logits / T) restricted to the top-k / top-p kept tokens (:func:`truncation_mask`) and renormalised
+    from: softmax(logits / T) restricted to the top-k / top-p kept tokens (``stages.core.logprobs.truncation_mask``) and renormalised
     over them (vLLM's ``processed_logprobs``; what an importance ratio against the sampler needs). The two are equal
     without top-k / top-p, and when greedy (T = 1, no truncation)."""
 
@@ -99,32 +99,6 @@ class Generator(Protocol):
 
 # ----------------------------------------------------------------------------------------------------------
 # helpers shared by the backends
-
-
-def truncation_mask(logp: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor | None:
-    """The tokens top-k and then top-p keep, as a bool mask of ``logp``'s shape (..., V), or None when neither
-    restricts anything (``top_k`` 0 or >= V, ``top_p`` 1).
-
-    ``logp``: log softmax(logits / T) over the last dimension. Top-k keeps every token whose log-prob is at least the
-    k-th largest (ties at the k-th value all stay); top-p then keeps, in the top-k-renormalised distribution, the
-    smallest set of highest-probability tokens whose mass reaches ``top_p``: a token is dropped when the tokens
-    ranked above it already reach it, so the top token always stays (HF's and vLLM's rule). The one definition of
-    the truncation: the hf sampler draws from it and the trainer's log-probs (stages.core.logprobs) renormalise over
-    it, so that the importance ratio of the loss uses the distribution the sampler used."""
-    V = logp.shape[-1]
-    keep = None
-    scores = logp
-    if 0 < top_k < V:
-        kth = scores.topk(top_k, dim=-1).values[..., -1:]
-        keep = scores >= kth
-        scores = scores.masked_fill(~keep, float("-inf"))
-    if top_p < 1.0:
-        sorted_s, order = scores.sort(dim=-1, descending=True)
-        probs = sorted_s.softmax(dim=-1)
-        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        keep = ~drop if keep is None else keep & ~drop
-    return keep
 
 
 def sample_seed(seed: int, prompt_index: int, sample_index: int = 0) -> int:

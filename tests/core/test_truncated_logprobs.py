@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from stages.core.generation import HFGenerator, SamplingParams
-from stages.core.logprobs import IGNORE, chunked_logprobs, plain_head
-from stages.core.sampling import truncation_mask
+from stages.core.logprobs import IGNORE, chunked_logprobs, plain_head, truncation_mask
 from stages.rl.rollout import token_logprobs
 
 from .test_generation import tiny_model, tiny_prompts, tiny_tokenizer
