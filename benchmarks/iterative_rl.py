@@ -1,9 +1,9 @@
 """Iterative RL (paper Algorithm 1, Figure 6) and process versus outcome supervision (paper 4.1.3, Figure 5)
 on the tiny default, over seeds.
 
-Per seed: train a reward model on labelled samples of the SFT policy (stages.rl.reward_model; held-out
+Per seed: train a reward model on labelled samples of the SFT policy (stages.rl.rm; held-out
 outcome / step AUCs), then for each supervision (process_rm, outcome_rm) run ``--iterations`` iterations of
-``--steps`` GRPO steps (stages.rl.iterative.run_iterations around stages.grpo.train_grpo: reference reset
+``--steps`` GRPO steps (stages.rl.iterative.run_iterations around the driver's stages.rl.run.train: reference reset
 each iteration, RM update with replay after each), and measure held-out greedy accuracy (CoT, generated
 test problems) of the SFT model and of the policy after every iteration, plus the RM AUCs before / after
 every update. GRPO settings not given on the command line come from params.yaml's grpo section.
@@ -82,18 +82,13 @@ def main() -> None:
 
     from stages.core.io import read_jsonl
     from stages.core.modeling import load_model, load_tokenizer
-    from stages.grpo import train_grpo
     from stages.params import load_params
     from stages.rl.iterative import run_iterations
-    from stages.rl.reward_model import (
-        SampleConfig,
-        collect_examples,
-        evaluate_reward_model,
-        init_reward_model,
-        save_reward_model,
-        split_by_question,
-        train_reward_model,
-    )
+    from stages.rl.rm.labels import SampleConfig, collect_examples
+    from stages.rl.rm.metrics import evaluate_reward_model
+    from stages.rl.rm.model import init_reward_model, save_reward_model
+    from stages.rl.rm.train import split_by_question, train_reward_model
+    from stages.rl.run import close, setup
 
     torch.set_num_threads(args.threads)
     P = load_params(args.params)
@@ -102,7 +97,7 @@ def main() -> None:
     test = read_jsonl(args.test_file)[: args.test]
     tok = load_tokenizer(args.sft)
     t0 = time.perf_counter()
-    sft_acc = greedy_accuracy(load_model(args.sft), tok, test, P.grpo.max_new_tokens)
+    sft_acc = greedy_accuracy(load_model(args.sft), tok, test, P.grpo.rollout.max_new_tokens)
     print(f"SFT greedy accuracy on {len(test)} held-out problems: {sft_acc:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
     out: dict[str, Any] = {"sft": args.sft, "n_test": len(test), "sft_accuracy": sft_acc, "args": vars(args), "runs": []}
     tmp_root = Path(tempfile.mkdtemp(prefix="iterative_rl."))
@@ -125,25 +120,29 @@ def main() -> None:
         print(f"seed {seed}: RM outcome AUC {rm_metrics['outcome_auc']} step AUC {rm_metrics['step_auc']} "
               f"({len(tr)} train / {len(held)} held-out examples, {rm_s:.0f}s)", flush=True)
         for sup in args.supervision:
-            upd: dict[str, Any] = {"seed": seed, "reward_source": sup, "steps": args.steps, "checkpoint_every": 0,
-                                   "log_completions_every": 0,
-                                   "iterative": P.grpo.iterative.model_copy(update={"iterations": args.iterations}),
-                                   "baseline": P.grpo.baseline.model_copy(update={"enabled": False})}
-            for k, v in (("questions_per_step", args.questions_per_step), ("group_size", args.group_size),
-                         ("max_new_tokens", args.max_new_tokens), ("lr", args.lr)):
+            upd: dict[str, Any] = {"seed": seed, "reward.source": sup, "steps": args.steps, "checkpoint_every": 0,
+                                   "log_completions_every": 0, "iterative.iterations": args.iterations,
+                                   "baseline.enabled": False}
+            for k, v in (("questions_per_step", args.questions_per_step), ("rollout.group_size", args.group_size),
+                         ("rollout.max_new_tokens", args.max_new_tokens), ("optim.lr", args.lr)):
                 if v is not None:
                     upd[k] = v
-            p = P.grpo.model_copy(update=upd)
+            p = P.grpo.updated(upd)
             model = load_model(args.sft)
             accs: list[float] = []
 
             def on_iteration(k: int, m: Any, _rm: Any, accs: list[float] = accs, tag: str = f"seed {seed} {sup}") -> None:
-                accs.append(greedy_accuracy(m, tok, test, P.grpo.max_new_tokens))
+                accs.append(greedy_accuracy(m, tok, test, P.grpo.rollout.max_new_tokens))
                 print(f"  {tag} iteration {k}: held-out greedy accuracy {accs[-1]:.3f}", flush=True)
 
             t1 = time.perf_counter()
-            hist, _, info = run_iterations(model, tok, rows, p, train_fn=train_grpo, ckpt_dir=None, rm_dir=rm_dir,
-                                           out_dir=tmp_root / f"iters_{sup}_seed{seed}", on_iteration=on_iteration)
+            ctx = setup(p, model, tok, rows=rows, rm_dir=rm_dir)
+            try:
+                hist = run_iterations(ctx, ckpt_dir=None, out_dir=tmp_root / f"iters_{sup}_seed{seed}",
+                                      on_iteration=on_iteration)
+            finally:
+                close(ctx)
+            info = ctx.info
             out["runs"].append({
                 "seed": seed, "supervision": sup, "rm_initial": rm_metrics, "accuracy_per_iteration": accs,
                 "iterations": info["iterations"], "wall_s": round(time.perf_counter() - t1, 1),

@@ -57,12 +57,10 @@ def grpo_params(seed: int, steps: int, mode: str, threads: int, chunks: int | No
     from stages.schema.grpo import GrpoParams
 
     p = GrpoParams.from_file(ROOT / "params.yaml")
-    rollout = p.rollout.model_copy(update={"mode": mode, **({"chunks": chunks} if chunks else {})})
-    return p.model_copy(update={
-        "seed": seed, "steps": steps, "num_threads": threads, "checkpoint_every": 0, "log_completions_every": 0,
-        "rollout": rollout, "heldout": p.heldout.model_copy(update={"every": 0}),
-        "baseline": p.baseline.model_copy(update={"enabled": False}),
-        "iterative": p.iterative.model_copy(update={"iterations": 1})})
+    return p.updated({
+        "seed": seed, "steps": steps, "compute.num_threads": threads, "checkpoint_every": 0,
+        "log_completions_every": 0, "rollout.mode": mode, **({"rollout.chunks": chunks} if chunks else {}),
+        "heldout.every": 0, "baseline.enabled": False, "iterative.iterations": 1})
 
 
 def evaluate(model: Any, tok: Any, problems: list[Any], workdir: Path) -> dict[str, Any]:
@@ -270,8 +268,8 @@ def main() -> int:
     from benchmarks._tiny import machine
     from stages.core.modeling import load_model, load_tokenizer
     from stages.core.problems import load_problem_file
-    from stages.grpo import train_grpo
     from stages.rl.data import load_prompts
+    from stages.rl.run import fit
 
     torch.set_num_threads(args.threads)
     data = Path(args.data)
@@ -309,13 +307,14 @@ def main() -> int:
                 torch.manual_seed(seed)
                 la0 = os.getloadavg()[0]
                 t0 = time.perf_counter()
-                hist, _, info = train_grpo(model, tok, rows, p, ckpt_dir=None)
+                ctx = fit(p, model, tok, rows=rows)
+                hist = ctx.history
                 train_s = time.perf_counter() - t0
                 ev = evaluate(model, tok, problems, Path(tmp))
                 la1 = os.getloadavg()[0]
                 loads += [la0, la1]
                 run = {"seed": seed, "mode": mode, "chunks": p.rollout.chunks,
-                       "sandbox_workers": p.rollout.sandbox_workers, "train_wall_s": round(train_s, 1),
+                       "sandbox_workers": p.rollout.exec_workers, "train_wall_s": round(train_s, 1),
                        "loadavg_before": round(la0, 2), "loadavg_after": round(la1, 2), "eval": ev,
                        "stats": run_stats(hist),
                        "curve": [{k: h.get(k) for k in ("step", "reward_mean", "accuracy", "step_s", "tool_wait_s",

@@ -46,15 +46,10 @@ from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, wri
 from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer
 from stages.rl.checkpoint import load_latest, load_updaters, run_dir, save_checkpoint
 from stages.rl.data import load_prompts
-from stages.rl.reward_model import (
-    SampleConfig,
-    collect_examples,
-    evaluate_reward_model,
-    init_reward_model,
-    save_reward_model,
-    split_by_question,
-    train_reward_model,
-)
+from stages.rl.rm.labels import SampleConfig, collect_examples
+from stages.rl.rm.metrics import evaluate_reward_model
+from stages.rl.rm.model import init_reward_model, save_reward_model
+from stages.rl.rm.train import split_by_question, train_reward_model
 from stages.rl.update import release_memory
 from stages.schema.reward_model import RewardModelParams
 from stages.train.ds_config import build_deepspeed_config
@@ -137,7 +132,7 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     upd = Updater(rm, max_grad_norm=1.0, optimizer=torch.optim.AdamW(rm.parameters(), lr=p.lr, weight_decay=0.0),
                   deepspeed=build_deepspeed_config(
                       zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
-                      micro_batch_size=max(1, -(-p.batch_size // world_size())), grad_accum=1, grad_clip=1.0,
+                      micro_batch_size=max(1, -(-p.batch_size // world_size())), grad_accum=1, max_grad_norm=1.0,
                       bf16=bf16) if ds else None)
     state = load_latest(ckpt)
     if state is not None:

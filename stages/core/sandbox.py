@@ -25,15 +25,18 @@ that could not be set up is logged as a warning when the zygote starts, never sk
 - namespaces: ``pidns`` (the program sees only its own processes; when it exits, or on timeout, the kernel
   kills every process it started, double-forked ones included, before :func:`run_python` returns),
   ``netns`` (no network interface but a down loopback), ``mountns``, ``ipcns``, ``utsns``, ``cgroupns``;
-- file system: the host is mounted read-only and ``nodev`` (``ro_root``, ``nodev``: a device node outside
-  the minimal ``/dev`` cannot be opened); ``/root``, ``/home``, ``/run``, ``/var/tmp``,
-  ``/sys/fs/cgroup`` and any directory an unprivileged user cannot enter on the way to the Python
-  installation are replaced by empty read-only directories, except the
-  Python installation, which is re-exposed read-only (``hide_paths``); ``/dev`` holds only null, zero, full,
-  random and urandom (``minimal_dev``); ``/proc`` shows the sandbox's processes only; the working directory
-  ``/tmp`` (fresh and empty) and ``/dev/shm`` share one size-limited tmpfs (``disk_mb``) that vanishes with
-  the sandbox;
-- limits: wall clock (``timeout_s``), CPU seconds (``RLIMIT_CPU``), memory (``RLIMIT_AS`` = the interpreter's
+- file system, by allow-list (``allowlist_fs``): the sandbox's root is a read-only tmpfs that holds ``/usr`` and the
+  ``/lib*`` trees (or their merged-/usr symlinks), the interpreter's standard library, lib-dynload and
+  site-packages, six /etc entries and a written passwd / group / hosts, each bound read-only, ``nosuid`` and
+  ``nodev`` at its host path, and nothing else: not the checkout, data directories, ``../shared``, HOME, ``/run``,
+  ``/sys``, nor a directory a ``.pth`` file names; every absolute path a params file names is hidden even inside the
+  allow-list (:func:`protect`); ``expose`` / ``hide`` add to it. ``/dev`` holds only null, zero, full, random and
+  urandom (``minimal_dev``); ``/proc`` shows the program's own processes only, not the sandbox's PID 1, and no
+  ``/proc/sys`` (``proc_hidepid``: ``hidepid=invisible,subset=pid``); the working directory ``/tmp`` (fresh and
+  empty) and ``/dev/shm`` share one tmpfs limited in size (``disk_mb``) and in files (``inode_cap``) that vanishes
+  with the sandbox;
+- limits: wall clock (``timeout_s``), CPU seconds (``RLIMIT_CPU``), CPUs at once (``cpu_limit``: a cgroup CPU
+  quota of ``cpus`` for the whole tree, or pinning), memory (``RLIMIT_AS`` = the interpreter's
   own address space + ``memory_mb``, and a memory cgroup for the whole tree), processes and threads
   (``RLIMIT_NPROC`` and a pids cgroup), file size, 256 open files, no core dumps; the program is the
   out-of-memory killer's first choice (``oom_score_adj`` 1000). Threads share one malloc arena and get
@@ -45,14 +48,15 @@ that could not be set up is logged as a warning when the zygote starts, never sk
   to their first and last ``max_output_bytes / 2`` bytes when longer (the middle is replaced by a marker),
   so a huge or binary output never breaks the caller.
 
-Not guaranteed: the program can read world-readable host files outside the hidden directories (read-only);
-it can use up to its limits of CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the
-surface, it does not remove it; the kernel lets ``uretprobe``/``uprobe``, 335/336, bypass every filter,
-and they kill a caller outside a probe trampoline); timing side channels (CPU caches, the page cache by
-timing) are not closed; without root (or on another architecture, or with cgroup v2) the
-corresponding mechanisms are missing and reported as such (there is no user-namespace mode for non-root
-callers: they get rlimits, no_new_privs, seccomp, an empty environment, a fresh host working directory
-and a process-group kill).
+Not guaranteed: the program learns the paths of the Python installation it runs (``sys.path``; a ``.venv`` inside
+the checkout names the checkout's directory, whose other content is not mounted); it can use up to its limits of
+CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the surface, it does not remove it; the kernel
+lets ``uretprobe``/``uprobe``, 335/336, bypass every filter, and they kill a caller outside a probe trampoline);
+timing side channels (CPU caches, the page cache by timing) are not closed; without root (or on another
+architecture, or with cgroup v2) the corresponding mechanisms are missing and reported as such (there is no
+user-namespace mode for non-root callers: they get rlimits, no_new_privs, seccomp, an empty environment, a fresh
+host working directory, CPU pinning and a process-group kill, and see the host's files as the caller does).
+docs/sandbox.md has the threat model and the red-team table.
 
 Fast path: the zygote pre-forks sandboxes (namespaces and mounts ready, program not yet known), so a
 program costs a few forks, not an interpreter start-up. State cannot leak between programs: each runs in
@@ -67,6 +71,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -91,7 +96,6 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
     "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics", "random",
     "re", "string", "datetime", "heapq", "bisect", "operator", "json", "numpy", "sympy",
 )
-DEFAULT_HIDE: tuple[str, ...] = ("/root", "/home", "/run", "/var/tmp", "/sys/fs/cgroup")
 DEFAULT_UID_BASE = 2_000_000_000
 STATUSES = ("ok", "error", "timeout", "killed")
 _DONE = re.compile(rb"(?m)^D$")
@@ -126,6 +130,24 @@ class ExecResult:
     def ok(self) -> bool:
         """True when the program exited with status 0."""
         return self.status == "ok"
+
+
+# Sane ranges of run()'s limits (the params schema bounds its sandbox fields to these too).
+LIMITS: dict[str, tuple[float, float]] = {
+    "timeout_s": (0.001, 86_400.0), "cpu_s": (0.001, 86_400.0), "memory_mb": (1, 1 << 20), "disk_mb": (1, 1 << 20),
+    "max_procs": (1, 1 << 15), "max_output_bytes": (2, 1 << 30), "cpus": (0.01, 1024.0),
+}
+
+
+def check_limits(**values: float | None) -> None:
+    """Raise ValueError naming the first limit that is not a finite number in its :data:`LIMITS` range (None:
+    the default, allowed)."""
+    for k, v in values.items():
+        if v is None and k == "cpu_s":
+            continue
+        lo, hi = LIMITS[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+            raise ValueError(f"sandbox: {k} must be a finite number in [{lo:g}, {hi:g}], not {v!r}")
 
 
 class _Capture:
@@ -187,10 +209,13 @@ def _remove_cgroup_tree(path: str) -> None:
 class SandboxExecutor:
     """A handle on one zygote process; thread-safe. Most code uses the module functions instead.
 
-    ``prefork``: sandboxes kept ready; ``preload``: modules imported once in the zygote; ``hide``: extra host
-    directories to hide; ``disable``: mechanisms to switch off (for tests of degraded hosts; each one is
-    logged as a warning); ``disk_mb``: tmpfs size prepared in advance (other sizes cost a remount);
-    ``max_concurrent``: programs running at once through this executor (more callers wait).
+    ``prefork``: sandboxes kept ready; ``preload``: modules imported once in the zygote; ``expose``: host paths
+    the programs may read besides the allow-list (shown read-only at the same path; say a data set they should
+    see); ``hide``: host paths never shown, even inside the allow-list (covered by an empty read-only mount);
+    ``disable``: mechanisms to switch off (for tests of degraded hosts; each one is logged as a warning);
+    ``disk_mb``: tmpfs size prepared in advance (other sizes cost a remount); ``max_concurrent``: programs
+    running at once through this executor (more callers wait); ``python``: the interpreter of the zygote and
+    of every program (default: this one), whose installation the sandboxes see.
     """
 
     def __init__(
@@ -198,18 +223,22 @@ class SandboxExecutor:
         *,
         prefork: int = 2,
         preload: Sequence[str] = DEFAULT_PRELOAD,
-        hide: Sequence[str] = DEFAULT_HIDE,
+        expose: Sequence[str] = (),
+        hide: Sequence[str] = (),
         disable: Sequence[str] = (),
         uid_base: int = DEFAULT_UID_BASE,
         disk_mb: int = 64,
         max_concurrent: int | None = None,
         startup_timeout_s: float = 120.0,
+        python: str | None = None,
     ) -> None:
         self._cfg: dict[str, Any] = {
-            "prefork": int(prefork), "preload": list(preload), "hide": list(hide), "disable": list(disable),
+            "prefork": int(prefork), "preload": list(preload), "disable": list(disable),
+            "expose": [os.path.abspath(p) for p in expose], "hide": [os.path.abspath(p) for p in hide],
             "uid_base": int(uid_base), "disk_mb": int(disk_mb), "memory_mb": 512, "max_procs": 32,
         }
         self._startup_timeout_s = startup_timeout_s
+        self._python = python or sys.executable
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -237,7 +266,7 @@ class SandboxExecutor:
                "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1"}
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
+                [self._python, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
                 pass_fds=[b.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -346,15 +375,17 @@ class SandboxExecutor:
         max_procs: int = 32,
         max_output_bytes: int = 65536,
         cpu_s: float | None = None,
+        cpus: float = 1.0,
         call: str | None = None,
     ) -> tuple[ExecResult, str | None]:
         """Run ``code``; with ``call`` also call that top-level function and return ``str()`` of its result."""
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
-        if not (timeout_s > 0 and memory_mb > 0 and disk_mb > 0 and max_procs >= 1 and max_output_bytes >= 2):
-            raise ValueError("timeout_s, memory_mb, disk_mb must be > 0, max_procs >= 1, max_output_bytes >= 2")
+        check_limits(timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb, max_procs=max_procs,
+                     max_output_bytes=max_output_bytes, cpu_s=cpu_s, cpus=cpus)
         req = json.dumps({"code": code, "timeout_s": float(timeout_s), "cpu_s": cpu_s, "memory_mb": int(memory_mb),
-                          "disk_mb": int(disk_mb), "max_procs": int(max_procs), "call": call}).encode()
+                          "disk_mb": int(disk_mb), "max_procs": int(max_procs), "cpus": float(cpus),
+                          "call": call}).encode()
         with self._sem:
             t0 = time.monotonic()
             head, fds = self._acquire()
@@ -469,13 +500,47 @@ _default: SandboxExecutor | None = None
 _default_lock = threading.Lock()
 
 
+_protected: set[str] = set()
+
+
+def protect(paths: Sequence[str]) -> None:
+    """Never show these host paths to programs of the process-wide executor, even inside the allow-list (they are
+    covered by empty read-only mounts: ``hide``). Every absolute path a params file names is protected the same way
+    (``stages.schema.base.named_paths``), so that a data set or model kept under ``/usr`` or in a site-packages
+    directory stays out of view. A running executor that does not hide them yet is replaced on its next use."""
+    _protected.update(p for p in paths if p)
+
+
+def _within_allow_list(path: str) -> bool:
+    """Whether ``path`` may lie in a tree the sandbox shows (system trees, /etc, the Python installation): only
+    those need hiding (a superset: the zygote's plan keeps the ones inside a bind)."""
+    roots = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/etc", sys.prefix, sys.base_prefix, sys.exec_prefix,
+             sys.base_exec_prefix)
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in {os.path.realpath(r) for r in roots})
+
+
+def protected() -> list[str]:
+    """The existing paths the process-wide executor hides: :func:`protect`-ed and named by params files, those that
+    may lie inside the allow-list (the rest are never shown anyway)."""
+    from stages.schema.base import named_paths  # (the params files this process read)
+
+    found = {os.path.realpath(os.path.expanduser(p)) for p in _protected | named_paths()}
+    return sorted(p for p in found if _within_allow_list(p) and os.path.exists(p))
+
+
 def get_executor() -> SandboxExecutor:
-    """The process-wide executor (started on first use)."""
+    """The process-wide executor (started on first use; it hides the :func:`protected` paths)."""
     global _default
+    hide = protected()
     with _default_lock:
+        old = None
+        if _default is not None and _default._cfg["hide"] != hide and not _default._closed:
+            old, _default = _default, None
         if _default is None:
-            _default = SandboxExecutor()
-        return _default
+            _default = SandboxExecutor(hide=hide)
+    if old is not None:
+        old.close()
+    return _default
 
 
 def configure(**kwargs: Any) -> SandboxExecutor:
@@ -510,6 +575,20 @@ def isolation_report() -> dict[str, Any]:
     return get_executor().report()
 
 
+WALL_PER_CPU = 3.0
+"""Under :func:`cpu_limit`, the wall-clock cap of a program as a multiple of its CPU-time limit."""
+
+
+def cpu_limit(timeout_s: float) -> dict[str, float]:
+    """Limits under which a program's outcome does not depend on the machine's load (issue 29), as keyword arguments
+    of :func:`run_python` / :func:`run_pot`: ``timeout_s`` seconds of CPU time per process (``RLIMIT_CPU``, which ends
+    it as a "timeout" at the same point of its computation however busy the machine is) and a wall-clock cap of
+    :data:`WALL_PER_CPU` x ``timeout_s`` for a program that waits without computing (sleep, a blocking call). The
+    pipeline's stages run model-written and dataset programs with these; only a program starved below
+    1 / ``WALL_PER_CPU`` of a core for its whole run can end differently on a loaded machine."""
+    return {"cpu_s": timeout_s, "timeout_s": WALL_PER_CPU * timeout_s}
+
+
 def run_python(
     code: str,
     *,
@@ -519,16 +598,19 @@ def run_python(
     max_procs: int = 32,
     max_output_bytes: int = 65536,
     cpu_s: float | None = None,
+    cpus: float = 1.0,
 ) -> ExecResult:
     """Run ``code`` as a fresh ``__main__`` in its own sandbox; thread-safe.
 
     ``timeout_s``: wall clock; ``cpu_s``: CPU seconds per process (default ``timeout_s``); ``memory_mb``:
     address space the program may add to the interpreter's (and the cgroup cap of the whole tree);
     ``disk_mb``: total size of the working directory and /dev/shm; ``max_procs``: processes + threads;
-    ``max_output_bytes``: kept per stream (first and last halves).
+    ``max_output_bytes``: kept per stream (first and last halves); ``cpus``: CPUs the whole process tree may
+    use at once (a cgroup CPU quota; without one, the program is pinned to ``ceil(cpus)`` CPUs). Each limit must
+    be a finite number in its :data:`LIMITS` range (ValueError otherwise).
     """
     return get_executor().run(code, timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb,
-                              max_procs=max_procs, max_output_bytes=max_output_bytes, cpu_s=cpu_s)[0]
+                              max_procs=max_procs, max_output_bytes=max_output_bytes, cpu_s=cpu_s, cpus=cpus)[0]
 
 
 def run_many(codes: Sequence[str], *, workers: int | None = None, **kw: Any) -> list[ExecResult]:

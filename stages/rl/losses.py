@@ -50,6 +50,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from stages.rl import registry
+
 Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 AGGREGATIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 
@@ -511,19 +513,14 @@ class LossConfig:
 
 PolicyLoss = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, LossConfig, LossNormalizer],
                       tuple[Tensor, dict[str, float]]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+POLICY_LOSSES: dict[str, PolicyLoss] = registry.POLICY_LOSSES.impls
+"""The registered policy losses by name (stages/rl/registry.py holds their specs)."""
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator: register ``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg, normalizer)`` as ``name``."""
-
-    def deco(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is registered twice")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return deco
+    """Decorator: register ``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg, normalizer)`` as ``name``
+    (declared in stages/rl/registry.py POLICY_LOSSES)."""
+    return registry.POLICY_LOSSES.register(name)
 
 
 @register_policy_loss("clipped")

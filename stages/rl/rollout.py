@@ -17,6 +17,7 @@ Tensor layout of a rollout batch of N = Q * G outputs (row n = q * G + g)::
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -26,10 +27,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stages.core.generation import SamplingParams, sample_seed
+from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend, sample_seed
 from stages.core.logprobs import IGNORE, lm_logprobs
 from stages.core.prompts import chat_prompt, prompt_format, rl_prompt
 from stages.core.tool_loop import MODES, LoopStats, Stream, run_loop
+
+log = logging.getLogger(__name__)
 
 _OUTPUT_BLOCK = re.compile(r"```output\n.*?(?:```|$)", re.DOTALL)
 
@@ -93,7 +96,7 @@ def written_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
     no rollout ran a program: it left out the output blocks the policy wrote itself, the ```output header
     included. Injected tool output is now masked by provenance (``Sample.policy_mask``); this rule remains for the
     outputs of the modes that run no loop between the policy's tokens (cot, pot) when
-    ``grpo.rollout.mask_written_outputs`` asks for it. Cheap when there is no such block (one decode).
+    ``grpo.loss.mask_written_outputs`` asks for it. Cheap when there is no such block (one decode).
     """
     ids = list(token_ids)
     text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -149,21 +152,21 @@ def question_modes(r: Any, seed: int, step: int, questions: Sequence[int]) -> li
 
 def sample_outputs(generator: Any, tokenizer: Any, questions: Sequence[str], modes: Sequence[str], p: Any, seed: int,
                    pool: Executor | None = None) -> tuple[list[list[Sample]], dict[str, float]]:
-    """``p.group_size`` outputs per question in its mode (``p``: the grpo params: temperature, top_p, max_new_tokens
+    """``p.rollout.group_size`` outputs per question in its mode (``p``: the grpo params: temperature, top_p, max_new_tokens
     per generation, template, rollout), through the tool loop with token carry (stages.core.tool_loop.run_loop, one
     call per mode present, cot first). Returns (samples[q][g], metrics: the sandbox's figures and tir's rounds when a
     program-running mode is present, and each mode's share of the outputs with a mixture).
 
     Seeds: the cot call is seeded with ``seed`` (one chunk, one round: the plain sampling of before the modes);
     round r of chunk c of mode m with ``seed + 7919 c + 104729 r + 15485863 m``. ``pool``: the sandbox threads (None:
-    ``p.rollout.sandbox_workers`` threads for this call)."""
+    ``p.rollout.exec_workers`` threads for this call)."""
     r = p.rollout
     out: list[list[Sample]] = [[] for _ in questions]
     stats = LoopStats()
     present = [m for m in MODES if m in modes]
     own = None
     if pool is None and any(m != "cot" for m in present):
-        own = pool = ThreadPoolExecutor(max_workers=r.sandbox_workers, thread_name_prefix="sandbox")
+        own = pool = ThreadPoolExecutor(max_workers=r.exec_workers, thread_name_prefix="sandbox")
     try:
         for mode in present:
             idx = [k for k, m in enumerate(modes) if m == mode]
@@ -171,8 +174,8 @@ def sample_outputs(generator: Any, tokenizer: Any, questions: Sequence[str], mod
             offset = 15_485_863 * MODES.index(mode)
 
             def sampling(round_: int, chunk: int, offset: int = offset) -> SamplingParams:
-                return SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size,
-                                      max_new_tokens=p.max_new_tokens,
+                return SamplingParams(temperature=p.rollout.temperature, top_p=p.rollout.top_p, n=p.rollout.group_size,
+                                      max_new_tokens=p.rollout.max_new_tokens,
                                       seed=seed + offset + 7_919 * chunk + 104_729 * round_)
 
             streams = run_loop(generator, prompts, mode, sampling, pool, max_rounds=r.tir_max_rounds,
@@ -204,7 +207,7 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
     ``completions[q][g]`` follows the generation interface (token_ids, logprobs, text, finish_reason); a
     :class:`Sample` also brings its ``policy_mask`` (injected tool-output tokens get loss mask 0), mode and program
     answer. ``mask_written``: the outputs of the modes without a tool loop (cot, pot) also lose the ```output blocks
-    they wrote themselves (:func:`written_output_mask`; ``grpo.rollout.mask_written_outputs``).
+    they wrote themselves (:func:`written_output_mask`; ``grpo.loss.mask_written_outputs``).
     """
     G = len(completions[0])
     pad = tokenizer.pad_token_id
@@ -322,3 +325,56 @@ def mismatch_metrics(sampler_logprobs: Tensor, train_logprobs: Tensor, mask: Ten
         "mismatch_abs_max": float(d.abs().max()),
         "mismatch_kl": float((d.exp() - d - 1).mean()),
     }
+
+# ---------------------------------------------------------------------------------------------
+# the rollout generator
+
+
+TIR_INJECT_TOKENS = 128
+"""Context reserved per TIR round for the injected output block (the output is cut to 103 characters)."""
+
+
+def max_model_len(tokenizer: Any, model: Any, questions: list[str], max_new_tokens: int,
+                  template: str = "deepseekmath", modes: tuple[str, ...] = ("cot",), tir_rounds: int = 1) -> int:
+    """Longest prompt (``questions`` in the RL ``template``, or the PoT / TIR prompt of ``modes``) plus what the
+    completion may take (``max_new_tokens``; tir: per round, plus :data:`TIR_INJECT_TOKENS` per injected output),
+    capped by the model's context: the vLLM engine's ``max_model_len`` (its KV-cache reservation follows it)."""
+    prompts = [rollout_prompt(q, m, template, tokenizer) for q in questions for m in modes]
+    longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=1) if prompts else 1
+    gen = max_new_tokens if "tir" not in modes else tir_rounds * (max_new_tokens + TIR_INJECT_TOKENS)
+    cap = model_max_length(model.config) or (longest + gen)
+    return int(min(cap, longest + gen))
+
+
+def rollout_modes(p: Any) -> tuple[str, ...]:
+    """The rollout modes a run may sample (``grpo.rollout``)."""
+    r = p.rollout
+    if r.mode != "mixture":
+        return (r.mode,)
+    return tuple(m for m in ("cot", "pot", "tir") if getattr(r.mixture, m) > 0)
+
+
+def rollout_generator(p: Any, model: Any, tokenizer: Any, questions: list[str], max_new_tokens: int,
+                      bf16: bool = False) -> Any:
+    """The rollout generator of ``p.rollout.backend``: hf (decodes with the policy object itself) or a vLLM engine sized by
+    ``vllm_gpu_memory_utilization`` and ``max_model_len`` (see :func:`max_model_len`), with sleep mode on a GPU
+    when ``vllm_enable_sleep_mode``; bfloat16 when the update trains in bf16. Built after the update path, so
+    under a multi-rank launch the engine joins its process group (stages.core.vllm_backend: external launcher,
+    this rank's device, ``vllm_tensor_parallel_size`` ranks per engine) and starts from the policy in memory."""
+    if resolve_backend(p.rollout.backend) == "hf":  # bf16: a bf16 copy of an fp32 policy (refreshed by sync_weights)
+        return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.rollout.group_size,
+                              dtype="bfloat16" if bf16 else None)
+    modes = tuple(dict.fromkeys(("cot", *rollout_modes(p))))  # cot: the held-out curve's prompts
+    kw: dict[str, Any] = {"gpu_memory_utilization": p.rollout.vllm.gpu_memory_utilization, "seed": p.seed,
+                          "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens, p.template,
+                                                         modes, p.rollout.tir_max_rounds)}
+    if p.rollout.vllm.enable_sleep_mode:
+        if torch.cuda.is_available():
+            kw["enable_sleep_mode"] = True
+        else:
+            log.info("grpo.rollout.vllm.enable_sleep_mode: ignored on CPU (vLLM sleeps on CUDA only)")
+    if bf16:
+        kw["dtype"] = "bfloat16"
+    if p.rollout.vllm.tensor_parallel_size > 1:
+        kw["tensor_parallel_size"] = p.rollout.vllm.tensor_parallel_size
+    return make_generator("vllm", model, tokenizer, **kw)

@@ -27,7 +27,6 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,78 +34,17 @@ import torch
 from torch import Tensor
 
 from stages.core.dist import all_reduce
-from stages.rl.algorithms import Algorithm, RewardStats, Targets, get_algorithm
+from stages.rl import registry
 from stages.rl.data import step_questions
-from stages.rl.losses import POLICY_LOSSES, LossNormalizer, value_loss
-from stages.rl.paradigm import RftPool
-from stages.rl.rewards import Rewards, RewardSet, RewardSource
-from stages.rl.rollout import (
-    Rollout,
-    build_rollout,
-    mismatch_metrics,
-    question_modes,
-    rollout_prompt,
-    sample_outputs,
-    token_logprobs,
-)
-from stages.rl.update import on_device, rl_updater
-from stages.rl.value import Critic, init_value_model
+from stages.rl.losses import LossNormalizer, value_loss
+from stages.rl.rewards import Rewards
+from stages.rl.rollout import Rollout, mismatch_metrics, token_logprobs
+from stages.rl.types import Batch, LogProbs, RewardStats, StepContext, Targets
+from stages.rl.update import on_device
 from stages.train.update import Updater, micro_slices
 
 LOSS_METRICS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "nll")
 LOSS_METRIC_DEFAULTS = {"ratio_mean": 0.0, "nll": math.nan}
-
-
-@dataclass
-class StepContext:
-    """What every step of a run works with (built once by stages.grpo.train_grpo, or per call by grpo_step).
-
-    p: the grpo params; updater: the policy's update path; reward_set: the rule / custom functions (the rewards of
-    ``reward_source: rule`` and the accuracy metric); source: a reward model or the exact step labels, else None;
-    ref_model: pi_ref or None; critic: PPO's value model, else None; pool: rft's offline samples; offload: keep the
-    reference / reward model in CPU memory while idle (GPU); sandbox_pool: the threads that run pot / tir programs
-    (None: each step makes its own)."""
-
-    p: Any
-    model: Any
-    tokenizer: Any
-    generator: Any
-    updater: Updater
-    rows: list[dict[str, Any]]
-    reward_set: RewardSet
-    source: RewardSource | None = None
-    ref_model: Any = None
-    critic: Critic | None = None
-    pool: RftPool | None = None
-    offload: bool = False
-    sandbox_pool: Executor | None = None
-
-    @property
-    def algorithm(self) -> Algorithm:
-        return get_algorithm(self.p.algorithm)
-
-    @property
-    def device(self) -> torch.device:
-        return self.updater.device
-
-
-@dataclass
-class Batch:
-    """Phase 1: the step, this rank's question indices and their outputs (None when rft kept nothing for the step)."""
-
-    step: int
-    questions: list[int]
-    rollout: Rollout | None
-
-
-@dataclass
-class LogProbs:
-    """Phase 4, (N, T) each: pi_old (None: the update's first forward is pi_old), pi_ref (None: no reference) and the
-    value model's V(s_t) at sampling time (None: no value model)."""
-
-    old: Tensor | None
-    ref: Tensor | None
-    values: Tensor | None
 
 
 class PhaseTimer:
@@ -166,41 +104,8 @@ def collect(ctx: StepContext, step: int) -> Batch:
     return Batch(step, qs, ctx.algorithm.collect(ctx, step, qs))
 
 
-def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout:
-    """G outputs per question from the current policy, each question in its rollout mode (``grpo.rollout``; the tool
-    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step."""
-    p = ctx.p
-    batch = [ctx.rows[i] for i in questions]
-    modes = question_modes(p.rollout, p.seed, step, questions)
-    ctx.model.eval()
-    samples, metrics = sample_outputs(ctx.generator, ctx.tokenizer, [r["question"] for r in batch], modes, p,
-                                      seed=p.seed * 1_000_003 + step, pool=ctx.sandbox_pool)
-    _call(ctx.generator, "sleep")  # vllm sleep mode: the engine's memory goes to the update
-    prompts = [rollout_prompt(r["question"], m, p.template, ctx.tokenizer) for r, m in zip(batch, modes, strict=True)]
-    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.mask_truncated,
-                       mask_written=p.rollout.mask_written_outputs)
-    ro.metrics.update(metrics)
-    return ro
-
-
-def _call(obj: Any, name: str) -> None:
-    fn = getattr(obj, name, None)
-    if callable(fn):
-        fn()
-
-
 # ---------------------------------------------------------------------------------------------
 # 2. score
-
-
-def score_rollout(ctx: StepContext, ro: Rollout) -> Rewards:
-    """The rule / custom functions' rewards, or the run's reward source's (a reward model, the step labels) with the
-    functions' values kept as ``parts`` (the accuracy metric)."""
-    rule = ctx.reward_set.rewards(ro)
-    if ctx.source is None:
-        return rule
-    with on_device(getattr(ctx.source, "rm", None), ctx.device, ctx.offload):
-        return ctx.source.rewards(ro).with_parts(rule.parts)
 
 
 def reward_metrics(stats: RewardStats, ro: Rollout | None) -> dict[str, float]:
@@ -253,16 +158,16 @@ def logprobs(ctx: StepContext, batch: Batch, tg: Targets) -> LogProbs:
     if ro is None or not rows.numel() or (out.old is None and out.ref is None and out.values is None):
         return out
     with torch.no_grad(), on_device(ctx.ref_model, dev, ctx.offload), ctx.updater.autocast():
-        for sl in micro_slices(rows, p.micro_batch_size):
+        for sl in micro_slices(rows, p.optim.micro_batch_size):
             ids, att, t = trim(ro, sl)
             if out.old is not None:
-                lp, _ = token_logprobs(ctx.model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature,
-                                       share_prompts=p.share_prompt_prefix, chunk_tokens=p.logprob_chunk_tokens)
+                lp, _ = token_logprobs(ctx.model, ids.to(dev), att.to(dev), ro.prompt_len, p.rollout.temperature,
+                                       share_prompts=p.compute.share_prompt_prefix, chunk_tokens=p.compute.logprob_chunk_tokens)
                 out.old[sl, :t] = lp.cpu()
             if out.ref is not None:
                 rdev = next(ctx.ref_model.parameters()).device
-                rlp, _ = token_logprobs(ctx.ref_model, ids.to(rdev), att.to(rdev), ro.prompt_len, p.temperature,
-                                        share_prompts=p.share_prompt_prefix, chunk_tokens=p.logprob_chunk_tokens)
+                rlp, _ = token_logprobs(ctx.ref_model, ids.to(rdev), att.to(rdev), ro.prompt_len, p.rollout.temperature,
+                                        share_prompts=p.compute.share_prompt_prefix, chunk_tokens=p.compute.logprob_chunk_tokens)
                 out.ref[sl, :t] = rlp.float().cpu()
             if out.values is not None:
                 assert ctx.critic is not None
@@ -317,9 +222,9 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
     assert ro is not None and tg.weights is not None
     ids, att, t = trim(ro, sl)
     with upd.autocast():
-        lp_new, ent = token_logprobs(upd.forward_model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature,
-                                     entropy=it == 0, share_prompts=p.share_prompt_prefix,
-                                     chunk_tokens=p.logprob_chunk_tokens)
+        lp_new, ent = token_logprobs(upd.forward_model, ids.to(dev), att.to(dev), ro.prompt_len, p.rollout.temperature,
+                                     entropy=it == 0, share_prompts=p.compute.share_prompt_prefix,
+                                     chunk_tokens=p.compute.logprob_chunk_tokens)
     lp_new = lp_new.float()
     msk = tg.loss_mask[sl, :t].to(dev)
     old = lp_new.detach() if lp.old is None else lp.old[sl, :t].to(dev)
@@ -327,7 +232,7 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
         mismatch_lp[sl, :t] = old.cpu()
     w = tg.weights[sl] if tg.weights.dim() == 1 else tg.weights[sl, :t]
     ref = None if lp.ref is None else lp.ref[sl, :t].to(dev)
-    loss, lm = POLICY_LOSSES[algo.policy_loss(p)](lp_new, old, ref, w.to(dev), msk, algo.loss_config(p), norm)
+    loss, lm = registry.POLICY_LOSSES.get(algo.policy_loss(p))(lp_new, old, ref, w.to(dev), msk, algo.loss_config(p), norm)
     out, vm = [loss], None
     if critic is not None:
         assert lp.values is not None and tg.returns is not None
@@ -335,7 +240,7 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
             v = critic.values(ids, att, ro.prompt_len, train=True)
         cdev = v.device
         vl, vm = value_loss(v, lp.values[sl, :t].to(cdev), tg.returns[sl, :t].to(cdev), msk.to(cdev),
-                            clip=critic.clip, aggregation=p.aggregation, normalizer=norm)
+                            clip=critic.clip, aggregation=p.loss.aggregation, normalizer=norm)
         out.append(vl)
     pending.append(_Micro(float(loss.detach()), lm, ent, msk, vm))
     return out
@@ -390,17 +295,17 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
     s = _Sums()
     grad_norms, value_norms, losses, skipped, n_opt = [], [], [], 0, 0
     mismatch_lp = torch.zeros_like(tg.loss_mask)
-    for it in range(p.mu):
-        order = rows[torch.randperm(rows.numel(), generator=gen)] if it or p.minibatches > 1 else rows
-        for mb in order.tensor_split(p.minibatches):
-            slices = micro_slices(mb, p.micro_batch_size)
-            norm = LossNormalizer.from_mask(tg.loss_mask[mb], max_len=p.max_new_tokens) if mb.numel() \
-                else LossNormalizer(0, 0, p.max_new_tokens)
+    for it in range(p.optim.mu):
+        order = rows[torch.randperm(rows.numel(), generator=gen)] if it or p.optim.minibatches > 1 else rows
+        for mb in order.tensor_split(p.optim.minibatches):
+            slices = micro_slices(mb, p.optim.micro_batch_size)
+            norm = LossNormalizer.from_mask(tg.loss_mask[mb], max_len=p.rollout.max_new_tokens) if mb.numel() \
+                else LossNormalizer(0, 0, p.rollout.max_new_tokens)
             n_micro = len(slices)
             if upd.distributed:  # batch-wide denominators and equal backward counts over the ranks
                 n_seq, n_tok = all_reduce([float(norm.num_sequences), float(norm.num_tokens)])
                 n_micro = int(all_reduce([float(len(slices))], "max")[0])
-                norm = LossNormalizer(int(n_seq), int(n_tok), p.max_new_tokens)
+                norm = LossNormalizer(int(n_seq), int(n_tok), p.rollout.max_new_tokens)
             if n_micro == 0:
                 continue
             for u in upds:
@@ -421,7 +326,9 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
             else:
                 skipped += 1
     ctx.model.eval()
-    _call(ctx.generator, "wake_up")
+    wake = getattr(ctx.generator, "wake_up", None)
+    if callable(wake):
+        wake()
     ctx.generator.sync_weights(ctx.model)
     m: dict[str, Any] = s.metrics(algo.loss_metrics, critic is not None)
     m["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else math.nan
@@ -436,27 +343,3 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
         trained[rows] = (tg.loss_mask[rows] > 0).float()  # the policy's own tokens (no injected tool output)
         m.update(mismatch_metrics(ro.sampler_logprobs, mismatch_lp, trained))
     return m
-
-
-# ---------------------------------------------------------------------------------------------
-# PPO's value model
-
-
-def make_critic(ctx: StepContext, cache: dict[str, Any]) -> Critic:
-    """PPO's value model (stages.rl.value; ``grpo.ppo.value_init``) and its updater (AdamW at ``grpo.ppo.value_lr``),
-    kept in ``cache["critic"]`` so that later iterations (Algorithm 1) continue with it."""
-    if cache.get("critic") is not None:
-        return cache["critic"]
-    from stages.core import paths
-    from stages.core.modeling import enable_checkpointing
-    from stages.rl.checkpoint import load_updaters
-
-    ppo = ctx.p.ppo
-    vm = init_value_model(ctx.model, ppo.value_init, paths.REWARD_MODEL)
-    enable_checkpointing(vm, ctx.p.gradient_checkpointing)
-    critic = Critic(vm, rl_updater(vm, ctx.p, lr=ppo.value_lr), ppo.value_clip)
-    cache["critic"] = critic
-    resume = cache.pop("critic_resume", None)  # a run resumed after an iteration (stages.rl.iterative)
-    if resume is not None:
-        load_updaters(resume, {"critic": critic.updater})
-    return critic

@@ -10,12 +10,12 @@ import socket
 import pytest
 import torch
 
-from stages import grpo
 from stages.core import paths
 from stages.core.modeling import load_model, load_tokenizer
+from stages.rl import run
 from stages.rl.data import load_prompts
 
-from .test_grpo_stage import tiny_params
+from .test_grpo_stage import rl_train, tiny_params
 from .test_paradigm import ScriptedGenerator, _texts
 
 torch.set_num_threads(1)
@@ -37,16 +37,16 @@ def ds_env(monkeypatch: pytest.MonkeyPatch):
 
 def _train(p) -> tuple[dict[str, torch.Tensor], list[dict]]:
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-    hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None)
+    hist, _, info = rl_train(model, tok, rows, p, ckpt_dir=None)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, hist + [info]
 
 
 @pytest.mark.parametrize(("algorithm", "stage"), [("grpo", 2), ("online_rft", 2), ("grpo", 1), ("grpo", 0)])
 def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stage) -> None:
-    kw = dict(algorithm=algorithm, steps=2, micro_batch_size=4, checkpoint_every=0)
+    kw = dict(algorithm=algorithm, steps=2, optim__micro_batch_size=4, checkpoint_every=0)
     if algorithm == "online_rft":  # a random model is never right: scripted outputs, 3 of 4 correct
         tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-        monkeypatch.setattr(grpo, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
+        monkeypatch.setattr(run, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
     plain, hp = _train(tiny_params(**kw))
     ds, hd = _train(tiny_params(**kw, deepspeed=dict(enabled=True, zero_stage=stage, offload_optimizer=False)))
     assert hd[-1]["deepspeed_zero_stage"] == stage and hp[-1]["deepspeed_zero_stage"] is None
@@ -71,7 +71,7 @@ def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch)
 
     monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
     before = {k: v.clone() for k, v in load_model(paths.SFT_MODEL).state_dict().items()}
-    after, h = _train(tiny_params(steps=1, micro_batch_size=4, checkpoint_every=0,
+    after, h = _train(tiny_params(steps=1, optim__micro_batch_size=4, checkpoint_every=0,
                                   deepspeed=dict(enabled=True, zero_stage=2, offload_optimizer=False)))
     assert h[0]["skipped_nonfinite"] == 1 and h[0]["optimizer_steps"] == 0
     assert all(torch.equal(before[k], after[k]) for k in before)

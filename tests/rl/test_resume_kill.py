@@ -16,26 +16,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages import grpo
 from stages.core import paths
 from stages.core.modeling import load_model, load_tokenizer
 from stages.rl.data import load_prompts
 from stages.train import checkpoint as ck
 
 from .test_grpo_deepspeed import ds_env  # noqa: F401 (fixture)
-from .test_grpo_stage import tiny_params
+from .test_grpo_stage import rl_train, tiny_params
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 # mu = 2 and two minibatches: the update takes several optimizer steps per GRPO step, so the AdamW moments matter
-OVER = dict(steps=STEPS, checkpoint_every=1, questions_per_step=2, group_size=3, max_new_tokens=8, mu=2,
-            minibatches=2, micro_batch_size=3, skip_zero_std_groups=False)
+OVER = dict(steps=STEPS, checkpoint_every=1, questions_per_step=2, rollout__group_size=3, rollout__max_new_tokens=8, optim__mu=2,
+            optim__minibatches=2, optim__micro_batch_size=3, advantage__skip_zero_std_groups=False)
 
 
 def _train(over: dict, ckpt: Path | None) -> tuple[dict[str, torch.Tensor], dict]:
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     torch.manual_seed(0)
-    _, _, info = grpo.train_grpo(model, tok, rows, tiny_params(**over), ckpt_dir=ckpt)
+    _, _, info = rl_train(model, tok, rows, tiny_params(**over), ckpt_dir=ckpt)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, info
 
 
