@@ -606,8 +606,8 @@ def j_signals(out: Outcome, h: Host, seen: dict) -> tuple[bool, str]:
     n = rep.get("foreign pids that exist", ["info", "?"])[1]
     kill = rep.get("kill(ppid, SIGKILL)", ["refused"])[0]
     bad = sig[0] == "ok" or kill == "ok"
-    return not bad, f"{n} foreign processes seen, {len(sig[1])} signalable" + ("; killed its parent" if kill == "ok"
-                                                                               else "")
+    return not bad, f"{n} foreign processes seen, {len(sig[1])} signalable" + (
+        "; kill(parent, SIGKILL) returned success" if kill == "ok" else "")
 
 
 def p_memfd(h: Host) -> str:
