@@ -246,13 +246,16 @@ def test_is_equivalent_matches_the_batch_helper(pred: str | None, gold: str, wan
 
 
 def test_percent_variants_can_be_turned_off() -> None:
-    assert is_equivalent("1800", "18") and is_equivalent("0.18", "18")
+    """deepseekmath mode: ``percent_variants`` is the reference's ``include_percentage``. On, gold x 100 and gold / 100
+    count when both sides are plain decimals; off, a written % is read as / 100 on either side and nothing else (the
+    earlier rule let ``18\\%`` match both 18 and 0.18: a free hedge, issue 27)."""
+    assert is_equivalent("1800", "18") and is_equivalent("0.18", "18") and is_equivalent("50", "50\\%")
     assert not is_equivalent("1800", "18", percent_variants=False)
     assert not is_equivalent("0.18", "18", percent_variants=False)
-    # a written % may still be read either way
     assert is_equivalent("0.5", "50\\%", percent_variants=False)
-    assert is_equivalent("50", "50\\%", percent_variants=False)
-    assert is_equivalent("50\\%", "50", percent_variants=False)
+    assert not is_equivalent("50", "50\\%", percent_variants=False)
+    assert is_equivalent("18\\%", "0.18", percent_variants=False)
+    assert not is_equivalent("18\\%", "18", percent_variants=False)
     assert not is_equivalent("5000", "50\\%", percent_variants=False)
 
 
