@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stages.rl.registry import REWARD_SOURCES, run_needs
+
 GIB = 2**30
 DS_BUCKET = 500_000_000
 """DeepSpeed's default reduce_bucket_size (elements); stages/train/ds_config.py keeps the default."""
@@ -61,6 +63,13 @@ class ModelShape:
     vocab: int
     tied: bool = False
     qkv_bias: bool = False
+    out_features: int | None = None
+    """Rows of the output head: None = the vocabulary (a causal LM); 1 for a reward model's score head (a token
+    classifier with one label: transformers' ``score`` Linear, bias included, beside the embedding table)."""
+
+    @property
+    def head_rows(self) -> int:
+        return self.vocab if self.out_features is None else self.out_features
 
     @property
     def head_dim(self) -> int:
@@ -77,9 +86,16 @@ class ModelShape:
         return attn + 3 * h * self.intermediate + 2 * h
 
     def n_params(self) -> int:
-        """Parameters: embedding, head (unless tied), layers, final norm."""
+        """Parameters: embedding, head (unless tied; a score head has a bias), layers, final norm."""
         emb = self.vocab * self.hidden
-        return emb * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
+        head = 0 if self.tied else self.head_rows * self.hidden + (self.head_rows if self.out_features else 0)
+        return emb + head + self.layers * self.layer_params() + self.hidden
+
+    def reward_model(self) -> ModelShape:
+        """The reward model built on this backbone (stages/rl/reward_model.py: ``AutoModelForTokenClassification``
+        with one label): the same embedding table, which its training trains, and a one-output score head."""
+        return ModelShape(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab,
+                          tied=False, qkv_bias=self.qkv_bias, out_features=1)
 
     def largest_tensor(self) -> int:
         return max(self.vocab * self.hidden, self.hidden * self.intermediate)
@@ -157,7 +173,7 @@ def activation_bytes(m: ModelShape, tokens: int, d: int, *, masked: bool, sequen
 def head_bytes(m: ModelShape, tokens: int, chunk: int, wb: int, *, entropy: bool) -> tuple[float, float]:
     """(forward, backward) working set of the log-probs over the vocabulary (stages/core/logprobs.py); chunk 0
     materialises the logits (the logits, their float32 copy / temperature and the log-softmax)."""
-    V, h = m.vocab, m.hidden
+    V, h = m.head_rows, m.hidden
     if chunk == 0:
         full = tokens * V
         return full * (wb + 4 + 4 + (8 if entropy else 0)), full * (4 + 4 + 4 + wb) + 4 * V * h
@@ -167,30 +183,52 @@ def head_bytes(m: ModelShape, tokens: int, chunk: int, wb: int, *, entropy: bool
     return fwd, bwd
 
 
+def model_states(P: float, s: TrainSetup) -> dict[str, float]:
+    """Bytes per rank of the model states of training ``P`` parameters with ``s``: ``weights`` (in the training
+    dtype; partitioned under ZeRO-3), ``master_fp32`` (DeepSpeed's fp32 copy in bf16 mode), ``optimizer_states``
+    (AdamW's two fp32 moments), ``gradients_fp32`` (the fp32 gradients the optimizer steps with) and
+    ``gradients_16bit`` (the gradients in the weights' dtype where it is not fp32; ZeRO-1's unpartitioned ones).
+    ZeRO 1-3 hold 1/N of the master copy, moments and gradients per rank; ``offload_optimizer`` keeps them in CPU
+    memory (only the bucket, counted apart, stays on the GPU).
+
+    ZeRO 1-2 without offload: weights 2P + (4 + 8 + 4 + 2)P/N in bf16, exactly DeepSpeed's
+    ``estimate_zero2_model_states_mem_needs`` (2P + 18P/N); with offload 2P, also DeepSpeed's (tests/test_plan.py)."""
+    N = s.world if s.deepspeed else 1
+    wb = 2 if (s.deepspeed and s.bf16) else 4
+    out = {"weights": P * wb / (N if s.zero == 3 else 1)}
+    if not s.deepspeed or s.zero == 0:
+        out["master_fp32"] = 4 * P if (s.deepspeed and s.bf16) else 0.0  # BF16_Optimizer's fp32 master copy
+        out["optimizer_states"] = 8 * P
+        out["gradients_fp32"] = 4 * P
+        out["gradients_16bit"] = wb * P if wb != 4 else 0.0
+        return out
+    on_gpu = 0 if s.offload_optimizer else 1
+    part = P / N
+    out["master_fp32"] = 4 * part * on_gpu
+    out["optimizer_states"] = 8 * part * on_gpu
+    out["gradients_fp32"] = 4 * part * on_gpu
+    out["gradients_16bit"] = (P * wb if s.zero == 1 else 0) + (wb * part * on_gpu if wb != 4 else 0)
+    return out
+
+
 def train_memory(m: ModelShape, s: TrainSetup) -> Estimate:
     """Peak bytes per rank of training ``m`` with ``s``: steady-state phases (AdamW's moments allocated)."""
     P = m.n_params()
     N = s.world if s.deepspeed else 1
     wb = 2 if (s.deepspeed and s.bf16) else 4
     gpu = s.device == "cuda"
-    parts: dict[str, float] = {}
-    parts["weights"] = P * wb / (N if s.zero == 3 else 1)
+    states = model_states(P, s)
+    parts: dict[str, float] = {"weights": states["weights"]}
+    if states["master_fp32"]:
+        parts["master_fp32"] = states["master_fp32"]
+    parts["optimizer_states"] = states["optimizer_states"]
+    grads = states["gradients_fp32"] + states["gradients_16bit"]
     if not s.deepspeed or s.zero == 0:
-        if s.deepspeed and s.bf16:  # BF16_Optimizer: fp32 master weights and fp32 gradient accumulators
-            parts["master_fp32"] = 4 * P
-            grads = 4 * P + wb * P
-        else:
-            grads = 4 * P
-        parts["optimizer_states"] = 8 * P
         opt_tmp = 4 * P if gpu else 2 * 4 * m.largest_tensor()
         bucket = min(P, DS_BUCKET) * wb if s.deepspeed and N > 1 else 0  # the flattened all-reduce copy
     else:
-        part = P / N
         on_gpu_states = 0 if s.offload_optimizer else 1
-        parts["master_fp32"] = 4 * part * on_gpu_states
-        parts["optimizer_states"] = 8 * part * on_gpu_states
-        grads = (P * wb if s.zero == 1 else 0) + 4 * part + (wb * part if wb != 4 else 0)
-        opt_tmp = (1 if gpu else 2) * 4 * part * on_gpu_states
+        opt_tmp = (1 if gpu else 2) * 4 * (P / N) * on_gpu_states
         bucket = (DS_BUCKET if gpu else min(P, DS_BUCKET)) * wb
     parts["gradients"] = grads
     parts["ds_bucket"] = bucket
@@ -261,7 +299,7 @@ def _with(s: TrainSetup, **kw: Any) -> TrainSetup:
 
 @dataclass
 class StagePlan:
-    """One stage's plan."""
+    """One stage's plan: memory per GPU at ``world`` ranks, and the work its GPU-hours count."""
 
     stage: str
     peak: float
@@ -272,6 +310,17 @@ class StagePlan:
     notes: list[str] = field(default_factory=list)
     rollout_flops: float = 0.0
     """Model FLOPs of sampling (autoregressive decoding, far from a GPU's peak: its own MFU)."""
+    world: int = 1
+    """Ranks the memory is planned for (``--gpus``)."""
+    file_world: int | None = None
+    """The params file's own world size (``launcher.nproc_per_node x nnodes``); None: the section has no launcher."""
+    assumes: str = ""
+    """What the GPU-hours count, short (``498.1B tokens``, ``16,000 questions``)."""
+    work: str = ""
+    """The same, spelled out from the params (steps x batch x ranks x length)."""
+    warnings: list[str] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+    """When it does not fit: changes that would make it fit (each alone, unless said)."""
 
     def gpu_hours(self, mfu: float, tflops: float, rollout_mfu: float) -> float:
         """GPU-hours of the stage's model FLOPs at ``mfu`` (training, log-prob passes) and ``rollout_mfu``
@@ -306,50 +355,73 @@ def model_shape(p: Any, params_file: Path) -> tuple[ModelShape, str]:
                      f"({', '.join(KNOWN)}); pass --model-config config.json")
 
 
-def plan_stages(p: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float, device: str = "cuda"
-                ) -> list[StagePlan]:
-    """The plan of every stage that holds a model on the GPU (bytes per GPU)."""
-    budget = gpu_mem - reserve
-    out: list[StagePlan] = []
+def _count(x: float) -> str:
+    """1.23B / 524.3M / 16.0K."""
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def _world_warning(stage: str, file_world: int, gpus: int, what: str) -> str:
+    return (f"{stage}: the params file runs on {file_world} rank(s) (launcher.nproc_per_node x nnodes), not --gpus "
+            f"{gpus}: memory is planned per rank for {gpus} rank(s) at the file's micro-batch; the GPU-hours are the "
+            f"file's {what}")
+
+
+def _plan_train(name: str, sec: Any, m: ModelShape, gpus: int, budget: float, device: str) -> StagePlan:
+    """pretrain / sft: the shared training loop (stages/train/loop.py) on ``gpus`` ranks."""
+    t = sec.train
+    world = sec.launcher.world_size
+    ds = t.deepspeed.enabled or gpus > 1
+    bf16 = t.precision in ("bf16", "auto")
+    s = TrainSetup(micro_batch=t.micro_batch_size, seq=t.seq_len, world=gpus, deepspeed=ds,
+                   zero=t.deepspeed.zero_stage if ds else 0, offload_optimizer=t.deepspeed.offload_optimizer,
+                   bf16=bf16, checkpointing=t.gradient_checkpointing, chunk=t.logprob_chunk_tokens,
+                   device=device, masked=True)
+    e = train_memory(m, s)
+    sequences = t.steps * t.micro_batch_size * t.grad_accum * world
+    tokens = sequences * t.seq_len
+    work = (f"{_count(tokens)} tokens = {t.steps:,} steps x {t.micro_batch_size} x {t.grad_accum} accumulation x "
+            f"{world} rank(s) x {t.seq_len:,}" + (f" ({sequences:,} packed sequences)" if name == "sft" else ""))
+    plan = StagePlan(name, e.peak, e.parts, s.micro_batch, largest_micro_batch(m, s, budget),
+                     train_flops(m, tokens, t.seq_len, t.gradient_checkpointing),
+                     [f"ZeRO-{s.zero}{' + optimizer offload' if s.offload_optimizer and s.zero else ''} on {gpus} "
+                      "rank(s)" if ds else "plain PyTorch", "bf16" if bf16 and ds else "fp32 weights",
+                      "checkpointing" if s.checkpointing else "no checkpointing"],
+                     world=gpus, file_world=world, assumes=f"{_count(tokens)} tokens", work=work)
+    if world != gpus:
+        per_step = t.micro_batch_size * t.grad_accum * world
+        accum = per_step / (t.micro_batch_size * gpus)
+        keep = (f"; at {gpus} rank(s) its batch of {per_step:,} sequences per step needs grad_accum "
+                f"{accum:g}" if accum == int(accum) else
+                f"; its batch of {per_step:,} sequences per step does not divide into {gpus} rank(s) x micro-batch "
+                f"{t.micro_batch_size}")
+        plan.warnings.append(_world_warning(name, world, gpus, f"{_count(tokens)} tokens") + keep)
+    return plan
+
+
+def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, device: str) -> StagePlan:
+    """grpo: rollouts (vLLM or hf), the log-prob passes and the policy update on ``gpus`` ranks."""
     P = m.n_params()
-
-    def loop_stage(name: str, t: Any, tokens_total: float) -> None:
-        ds = t.deepspeed.enabled or gpus > 1
-        bf16 = t.precision in ("bf16", "auto")
-        s = TrainSetup(micro_batch=t.micro_batch_size, seq=t.seq_len, world=gpus, deepspeed=ds,
-                       zero=t.deepspeed.zero_stage if ds else 0, offload_optimizer=t.deepspeed.offload_optimizer,
-                       bf16=bf16, checkpointing=t.gradient_checkpointing, chunk=t.logprob_chunk_tokens,
-                       device=device, masked=True)
-        e = train_memory(m, s)
-        out.append(StagePlan(name, e.peak, e.parts, s.micro_batch, largest_micro_batch(m, s, budget),
-                             train_flops(m, tokens_total, t.seq_len, t.gradient_checkpointing),
-                             [f"ZeRO-{s.zero} on {gpus} ranks" if ds else "plain PyTorch",
-                              "bf16" if bf16 and ds else "fp32 weights",
-                              "checkpointing" if s.checkpointing else "no checkpointing"]))
-
-    for name in ("pretrain", "sft"):
-        t = getattr(p, name).train
-        loop_stage(name, t, t.steps * t.micro_batch_size * t.grad_accum * gpus * t.seq_len)
-
-    g = p.grpo
     ds = g.deepspeed.enabled or gpus > 1
-    bf16 = ds and g.precision in ("bf16", "auto")
+    bf16 = ds and g.compute.precision in ("bf16", "auto")
     wb = 2 if bf16 else 4
-    seq = 512 + g.max_new_tokens  # a prompt of up to 512 tokens (GSM8K / MATH CoT prompts are shorter)
-    s = TrainSetup(micro_batch=g.micro_batch_size, seq=seq, world=gpus, deepspeed=ds,
+    seq = 512 + g.rollout.max_new_tokens  # a prompt of up to 512 tokens (GSM8K / MATH CoT prompts are shorter)
+    s = TrainSetup(micro_batch=g.optim.micro_batch_size, seq=seq, world=gpus, deepspeed=ds,
                    zero=g.deepspeed.zero_stage if ds else 0, offload_optimizer=g.deepspeed.offload_optimizer,
-                   bf16=bf16, checkpointing=g.gradient_checkpointing, chunk=g.logprob_chunk_tokens, device=device,
+                   bf16=bf16, checkpointing=g.compute.gradient_checkpointing, chunk=g.compute.logprob_chunk_tokens, device=device,
                    masked=True, entropy=True)
     e = train_memory(m, s)
     parts = dict(e.parts)
     aux = 0.0
-    notes = [f"ZeRO-{s.zero} on {gpus} ranks" if ds else "plain PyTorch"]
-    if g.beta > 0 and not g.offload_idle_models:
+    notes = [f"ZeRO-{s.zero} on {gpus} rank(s)" if ds else "plain PyTorch"]
+    if g.kl.beta > 0 and not g.compute.offload_idle_models:
         aux += P * wb
         notes.append("reference model resident")
-    model_reward = g.reward_source in ("outcome_rm", "process_rm")
-    if model_reward and not g.offload_idle_models:
-        aux += P * wb
+    model_reward = REWARD_SOURCES.spec(g.reward.source).reward_model  # scores the rollouts (the registry says)
+    if model_reward and not g.compute.offload_idle_models:
+        aux += m.reward_model().n_params() * wb
         notes.append("reward model resident")
     if g.algorithm == "ppo":
         aux += train_memory(m, _with(s, entropy=False)).peak - e.parts["activations"]
@@ -359,35 +431,54 @@ def plan_stages(p: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float
     logprob_pass = (e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"]
                     + inference_memory(m, s.micro_batch * seq, wb=wb, chunk=s.chunk)) + aux
     vllm = 0.0
-    if g.backend in ("vllm", "auto") and device == "cuda":
-        vllm = g.vllm_gpu_memory_utilization * gpu_mem
-        kv_bytes = vllm - P * wb / g.vllm_tensor_parallel_size
-        per_tok = 2 * m.layers * m.kv * wb / g.vllm_tensor_parallel_size
-        need = math.ceil(g.questions_per_step / gpus) * g.group_size * seq
+    if g.rollout.backend in ("vllm", "auto") and device == "cuda":
+        vllm = g.rollout.vllm.gpu_memory_utilization * gpu_mem
+        kv_bytes = vllm - P * wb / g.rollout.vllm.tensor_parallel_size
+        per_tok = 2 * m.layers * m.kv * wb / g.rollout.vllm.tensor_parallel_size
+        need = math.ceil(g.questions_per_step / gpus) * g.rollout.group_size * seq
         cap = max(kv_bytes, 0) / per_tok
         notes.append(f"vLLM KV cache {max(kv_bytes, 0) / GIB:.1f} GiB = {cap:,.0f} tokens; a step's rollouts per rank "
                      f"({need:,} tokens at full length) run in {math.ceil(need / max(cap, 1))} waves")
         parts["vllm_engine"] = vllm
     generation = e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"] + aux + vllm
-    update_extra = 0.0 if g.vllm_enable_sleep_mode else vllm
+    update_extra = 0.0 if g.rollout.vllm.enable_sleep_mode else vllm
     peak = max(e.peak + aux + update_extra, logprob_pass, generation)
-    rollout_tokens = g.steps * g.iterative.iterations * g.questions_per_step * g.group_size * g.max_new_tokens
-    n_passes = 6 + 2 * (g.beta > 0) + 2 * (g.mu > 1) + (2 if g.gradient_checkpointing else 0)
+    iterations = g.iterative.iterations
+    questions = g.steps * iterations * g.questions_per_step
+    rollout_tokens = questions * g.rollout.group_size * g.rollout.max_new_tokens
+    n_passes = 6 + 2 * (g.kl.beta > 0) + 2 * (g.optim.mu > 1) + (2 if g.compute.gradient_checkpointing else 0)
     # the log-prob passes and the update (2 per pass forward, 4 backward); iterative RL's RM updates not counted
     flops = rollout_tokens * n_passes * P
-    out.append(StagePlan("grpo", peak, parts, g.micro_batch_size, largest_micro_batch(m, s, budget - aux - update_extra),
-                         flops, notes, rollout_flops=rollout_tokens * 2 * P))
+    world = g.launcher.world_size
+    work = (f"{questions:,} questions = {g.steps:,} steps x {g.questions_per_step} x {iterations} iteration(s); "
+            f"{questions * g.rollout.group_size:,} outputs (group {g.rollout.group_size}), up to {_count(rollout_tokens)} generated "
+            "tokens")
+    plan = StagePlan("grpo", peak, parts, g.optim.micro_batch_size, largest_micro_batch(m, s, budget - aux - update_extra),
+                     flops, notes, rollout_flops=rollout_tokens * 2 * P, world=gpus, file_world=world,
+                     assumes=f"{questions:,} questions", work=work)
+    if world != gpus:
+        plan.warnings.append(_world_warning("grpo", world, gpus, f"{questions:,} questions")
+                             + (f"; each rank samples {math.ceil(g.questions_per_step / gpus)} question(s) per step "
+                                f"at {gpus} rank(s), {math.ceil(g.questions_per_step / world)} at {world}"
+                                if gpus <= g.questions_per_step else
+                                f"; at {gpus} ranks grpo.questions_per_step ({g.questions_per_step}) is below the "
+                                "ranks, which the stage refuses (every rank samples at least one question per step): "
+                                f"raise it to {gpus} or more, or use at most {g.questions_per_step} ranks"))
+    return plan
 
-    r = p.reward_model
+
+def _plan_reward_model(r: Any, m: ModelShape, gpus: int, gpu_mem: float, device: str) -> StagePlan:
+    """reward_model: sampling from the SFT policy, then the RM's training (the backbone with its embedding table
+    and a one-output head: :meth:`ModelShape.reward_model`) on ``gpus`` ranks."""
+    P = m.n_params()
     rds = r.deepspeed.enabled or gpus > 1
     rs = TrainSetup(micro_batch=max(1, -(-r.batch_size // gpus)), seq=512 + r.max_new_tokens, world=gpus,
                     deepspeed=rds, zero=r.deepspeed.zero_stage if rds else 0,
                     offload_optimizer=r.deepspeed.offload_optimizer, bf16=rds and r.precision in ("bf16", "auto"),
                     checkpointing=r.gradient_checkpointing, chunk=1, device=device, masked=True)
-    rm_shape = ModelShape(m.hidden, m.layers, m.heads, m.kv_heads, m.intermediate, 1, tied=True, qkv_bias=m.qkv_bias)
-    re = train_memory(rm_shape, rs)
+    rm = m.reward_model()
+    re = train_memory(rm, rs)
     rparts = dict(re.parts)
-    rparts["weights"] += m.vocab * m.hidden * (2 if rs.bf16 else 4)  # the embedding table stays
     n_samples = r.questions * r.samples_per_question
     rwb = 2 if rs.bf16 else 4
     # sampling: the SFT policy and (on a GPU with vllm) an engine at vLLM's default half of the memory; both are
@@ -396,18 +487,147 @@ def plan_stages(p: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float
                           hf_generation_memory(m, min(256, n_samples), 512 + r.max_new_tokens, wb=rwb))
     rparts["sampling_phase"] = sampling
     rollouts = n_samples * r.max_new_tokens * (1 + r.rollouts_per_step * (r.labels == "rollouts"))
-    out.append(StagePlan("reward_model", max(re.peak + m.vocab * m.hidden * rwb, sampling), rparts, rs.micro_batch,
-                         None, train_flops(m, n_samples * r.epochs * rs.seq, rs.seq, rs.checkpointing),
-                         ["sampling: samples x (1 + rollouts_per_step) full-length outputs (Math-Shepherd rollouts "
-                          "counted for one step prefix per solution); then the RM (a one-output head) trains"], rollout_flops=rollouts * 2 * P))
-    return out
+    work = (f"{r.questions:,} questions x {r.samples_per_question} samples = {n_samples:,} outputs"
+            + (f", + {r.rollouts_per_step} Math-Shepherd rollouts per solution" if r.labels == "rollouts" else "")
+            + f"; {r.epochs} epoch(s)")
+    return StagePlan("reward_model", max(re.peak, sampling), rparts, rs.micro_batch, None,
+                     train_flops(rm, n_samples * r.epochs * rs.seq, rs.seq, rs.checkpointing),
+                     ["sampling: samples x (1 + rollouts_per_step) full-length outputs (Math-Shepherd rollouts "
+                      "counted for one step prefix per solution); then the RM (the backbone, its embedding table "
+                      "trained too, and a one-output head) trains",
+                      "the reward_model section has no launcher: one process (python -m flows.reward_model)" if gpus == 1
+                      else f"the reward_model section has no launcher: its {gpus} ranks are started by hand "
+                      f"(deepspeed --num_gpus {gpus} --module stages.reward_model; docs/real-mode.md)"],
+                     rollout_flops=rollouts * 2 * P, world=gpus, file_world=None,
+                     assumes=f"{n_samples:,} samples", work=work)
+
+
+def _replace(obj: Any, dotted: str, value: Any) -> Any:
+    """A copy of the params section ``obj`` with ``dotted`` (``train.deepspeed.zero_stage``) set to ``value``."""
+    head, _, rest = dotted.partition(".")
+    if rest:
+        value = _replace(getattr(obj, head), rest, value)
+    return obj.model_copy(update={head: value})
+
+
+# (stage, what a user changes) -> (the params paths it sets, the value)
+_TRAIN_PREFIX = {"pretrain": "train.", "sft": "train.", "grpo": "", "reward_model": ""}
+_CHECKPOINTING = {"pretrain": "train.", "sft": "train.", "grpo": "compute.", "reward_model": ""}
+"""Where each stage's gradient_checkpointing switch sits in its section."""
+
+
+def plan_one(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float,
+             device: str = "cuda") -> StagePlan:
+    """One stage's plan from its params section (``gpu_mem`` / ``reserve`` in bytes)."""
+    budget = gpu_mem - reserve
+    if name in ("pretrain", "sft"):
+        return _plan_train(name, sec, m, gpus, budget, device)
+    if name == "grpo":
+        return _plan_grpo(sec, m, gpus, budget, gpu_mem, device)
+    return _plan_reward_model(sec, m, gpus, gpu_mem, device)
+
+
+def fixes(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float, device: str = "cuda",
+          max_gpus: int = 4096) -> list[str]:
+    """What would make a stage that does not fit fit: each change alone (checkpointing, ZeRO-3, optimizer
+    offload, a smaller micro-batch, fewer vLLM memory, idle models offloaded), then more GPUs, then all of the
+    switches together; and what LoRA would need (the pipeline has no LoRA: it trains every weight)."""
+    budget = gpu_mem - reserve
+    pre, ck = _TRAIN_PREFIX[name], _CHECKPOINTING[name]
+    t = getattr(sec, "train", sec)
+    ds = t.deepspeed
+    changes: list[tuple[str, dict[str, Any]]] = []
+    if not (getattr(sec, ck.rstrip("."), sec) if ck else sec).gradient_checkpointing:
+        changes.append((f"runtime.{name}.{ck}gradient_checkpointing: true", {f"{ck}gradient_checkpointing": True}))
+    if name in ("pretrain", "sft") and ds.zero_stage < 3:
+        changes.append((f"{name}.{pre}deepspeed.zero_stage: 3", {f"{pre}deepspeed.zero_stage": 3,
+                                                               f"{pre}deepspeed.enabled": True}))
+    if not ds.offload_optimizer:
+        z = max(ds.zero_stage, 1)
+        changes.append((f"{name}.{pre}deepspeed.offload_optimizer: true" + (f" (with zero_stage {z})" if z !=
+                                                                              ds.zero_stage else ""),
+                        {f"{pre}deepspeed.offload_optimizer": True, f"{pre}deepspeed.zero_stage": z,
+                         f"{pre}deepspeed.enabled": True}))
+    if name == "grpo":
+        needs = run_needs(sec)
+        if not sec.compute.offload_idle_models and (needs.reference or needs.reward_model):
+            changes.append(("runtime.grpo.compute.offload_idle_models: true", {"compute.offload_idle_models": True}))
+        vllm = sec.rollout.vllm
+        if sec.rollout.backend in ("vllm", "auto") and device == "cuda" and vllm.gpu_memory_utilization > 0.1:
+            changes.append(("grpo.rollout.vllm.gpu_memory_utilization: 0.1 (a smaller KV cache: more waves)",
+                            {"rollout.vllm.gpu_memory_utilization": 0.1}))
+        if not vllm.enable_sleep_mode and device == "cuda":
+            changes.append(("runtime.grpo.rollout.vllm.enable_sleep_mode: true", {"rollout.vllm.enable_sleep_mode": True}))
+
+    def peak(s: Any, n: int) -> float:
+        return plan_one(name, s, m, n, gpu_mem, reserve, device).peak
+
+    def apply(s: Any, upd: dict[str, Any]) -> Any:
+        for k, v in upd.items():
+            s = _replace(s, k, v)
+        return s
+
+    out = []
+    for what, upd in changes:
+        p = peak(apply(sec, upd), gpus)
+        if p <= budget:
+            out.append(f"{what}: {p / GIB:.1f} GiB")
+    base = plan_one(name, sec, m, gpus, gpu_mem, reserve, device)
+    if base.max_micro_batch and base.max_micro_batch < base.micro_batch:
+        out.append(f"micro_batch_size {base.max_micro_batch} (raise grad_accum to keep the batch)")
+    n = gpus * 2
+    while n <= max_gpus and peak(sec, n) > budget:
+        n *= 2
+    if n <= max_gpus:
+        out.append(f"{n} GPUs (--gpus {n}; ZeRO partitions the states over more ranks): {peak(sec, n) / GIB:.1f} GiB")
+    if len(changes) > 1 and not out:  # no single switch is enough: all of them
+        allp = peak(apply(sec, {k: v for _, u in changes for k, v in u.items()}), gpus)
+        if allp <= budget:
+            out.append(f"all of {', '.join(w.split(':')[0] for w, _ in changes)} together: {allp / GIB:.1f} GiB")
+    e = base.parts
+    lora = e["weights"] + e.get("activations", 0) + e.get("logits_forward", 0) + e.get("logits_backward", 0)
+    out.append(f"LoRA would hold about {lora / GIB:.1f} GiB (the frozen weights and the activations), but this "
+               "pipeline trains every weight: it has no LoRA")
+    return out or ["nothing planned here fits: a GPU with more memory"]
+
+
+STAGES = ("pretrain", "sft", "reward_model", "grpo")
+"""The stages that hold a model on the GPU, in dvc.yaml order."""
+
+
+def stage_world(p: Any, name: str) -> int:
+    """The ranks a stage runs on per its params: ``launcher.nproc_per_node x nnodes``; the reward_model section has
+    no launcher (its ranks are started by hand, as docs/real-mode.md does beside grpo's): grpo's."""
+    launcher = getattr(getattr(p, name), "launcher", None)
+    return launcher.world_size if launcher is not None else p.grpo.launcher.world_size
+
+
+def plan_stages(p: Any, m: ModelShape, gpus: int | None, gpu_mem: float, reserve: float, device: str = "cuda"
+                ) -> tuple[list[StagePlan], list[str]]:
+    """The plan of every enabled stage that holds a model on the GPU (bytes per GPU) on ``gpus`` ranks (None: each
+    on its params' world size, :func:`stage_world`), with fixes for those that do not fit; and the stages left out
+    (disabled in the params)."""
+    out: list[StagePlan] = []
+    skipped: list[str] = []
+    for name in STAGES:
+        sec = getattr(p, name)
+        if not getattr(sec, "enabled", True):
+            skipped.append(f"{name}: {name}.enabled is false (the stage passes its input through)")
+            continue
+        n = stage_world(p, name) if gpus is None else gpus
+        sp = plan_one(name, sec, m, n, gpu_mem, reserve, device)
+        if sp.peak > gpu_mem - reserve:
+            sp.fixes = fixes(name, sec, m, n, gpu_mem, reserve, device)
+        out.append(sp)
+    return out, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m stages.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) of the launch")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="GPUs (ranks) to plan for (default: the params file's launcher world size of each stage)")
     ap.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU")
     ap.add_argument("--reserve", type=float, default=2.0, help="GiB per GPU kept for the CUDA context and slack")
     ap.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation of training and log-prob passes")
@@ -436,27 +656,42 @@ def main(argv: list[str] | None = None) -> int:
     else:
         m, src = model_shape(p, params_file)
     budget = (args.gpu_mem - args.reserve) * GIB
-    plans = plan_stages(p, m, args.gpus, args.gpu_mem * GIB, args.reserve * GIB)
-    print(f"model: {m.n_params() / 1e9:.2f}B parameters ({src}); {args.gpus} GPU(s) of {args.gpu_mem:g} GiB "
+    plans, skipped = plan_stages(p, m, args.gpus, args.gpu_mem * GIB, args.reserve * GIB)
+    gpus_text = "each stage on its params' world size" if args.gpus is None else f"{args.gpus} GPU(s)"
+    print(f"model: {_count(m.n_params())} parameters ({src}); {gpus_text} of {args.gpu_mem:g} GiB "
           f"({args.reserve:g} GiB reserved); GPU-hours at {args.mfu:.0%} MFU (sampling {args.rollout_mfu:.0%}) of "
           f"{args.gpu_tflops:g} TFLOP/s")
-    print(f"{'stage':<13}{'peak GiB':>9} {'fits':>5} {'micro-batch':>12} {'largest':>8} {'GPU-h':>9}  parts (GiB)")
+    print(f"{'stage':<13}{'GPUs':>5}{'peak GiB':>9} {'fits':>5} {'micro-batch':>12} {'largest':>8} {'GPU-h':>9} "
+          f"{'wall h':>7}  assumes")
     rows = []
     for sp in plans:
         fits = sp.peak <= budget
+        hours = sp.gpu_hours(args.mfu, args.gpu_tflops, args.rollout_mfu)
+        print(f"{sp.stage:<13}{sp.world:>5}{sp.peak / GIB:>9.1f} {'yes' if fits else 'NO':>5} {sp.micro_batch:>12} "
+              f"{'-' if sp.max_micro_batch is None else sp.max_micro_batch:>8} {hours:>9.1f} {hours / sp.world:>7.1f}  "
+              f"{sp.assumes}")
+        rows.append({"stage": sp.stage, "gpus": sp.world, "params_world_size": sp.file_world,
+                     "peak_gib": round(sp.peak / GIB, 2), "fits": fits, "micro_batch": sp.micro_batch,
+                     "largest_micro_batch": sp.max_micro_batch, "gpu_hours": round(hours, 2),
+                     "wall_hours": round(hours / sp.world, 2), "assumes": sp.assumes, "work": sp.work,
+                     "parts_gib": {k: round(v / GIB, 3) for k, v in sp.parts.items()}, "notes": sp.notes,
+                     "warnings": sp.warnings, "fixes": sp.fixes})
+    for sp in plans:
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sp.parts.items() if v >= 0.05 * GIB)
-        print(f"{sp.stage:<13}{sp.peak / GIB:>9.1f} {'yes' if fits else 'NO':>5} {sp.micro_batch:>12} "
-              f"{'-' if sp.max_micro_batch is None else sp.max_micro_batch:>8} "
-              f"{sp.gpu_hours(args.mfu, args.gpu_tflops, args.rollout_mfu):>9.1f}  {parts}")
+        print(f"\n{sp.stage}: {sp.work}\n  parts (GiB): {parts}")
         for n in sp.notes:
-            print(f"{'':<13}  {n}")
-        rows.append({"stage": sp.stage, "peak_gib": round(sp.peak / GIB, 2), "fits": fits,
-                     "micro_batch": sp.micro_batch, "largest_micro_batch": sp.max_micro_batch,
-                     "gpu_hours": round(sp.gpu_hours(args.mfu, args.gpu_tflops, args.rollout_mfu), 2),
-                     "parts_gib": {k: round(v / GIB, 3) for k, v in sp.parts.items()}, "notes": sp.notes})
+            print(f"  {n}")
+        for w in sp.warnings:
+            print(f"  warning: {w}")
+        if sp.fixes:
+            print(f"  does not fit in {args.gpu_mem:g} GiB; what would fit (each alone):")
+            for f in sp.fixes:
+                print(f"    - {f}")
+    for s in skipped:
+        print(f"\nskipped {s}")
     if args.json:
         Path(args.json).write_text(json.dumps({"n_params": m.n_params(), "gpus": args.gpus, "gpu_mem_gib": args.gpu_mem,
-                                               "stages": rows}, indent=1) + "\n")
+                                               "stages": rows, "skipped": skipped}, indent=1) + "\n")
     return 0
 
 

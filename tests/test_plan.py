@@ -7,9 +7,11 @@ import itertools
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from stages import plan
@@ -40,7 +42,7 @@ def test_known_shapes_and_the_7b_plan(tmp_path, capsys) -> None:
                       "--json", str(out)]) == 0
     text = capsys.readouterr().out
     res = json.loads(out.read_text())
-    assert [s["stage"] for s in res["stages"]] == ["pretrain", "sft", "grpo", "reward_model"]
+    assert [s["stage"] for s in res["stages"]] == ["pretrain", "sft", "reward_model", "grpo"]
     for s in res["stages"]:
         assert s["peak_gib"] > 0 and s["gpu_hours"] > 0 and s["stage"] in text
         assert s["fits"] == (s["peak_gib"] <= 78.0)
@@ -61,6 +63,171 @@ def test_checkpointing_zero_and_chunking_lower_the_estimate() -> None:
     assert mb >= 1
     assert train_memory(m, plan._with(base, checkpointing=True, micro_batch=mb)).peak <= budget
     assert train_memory(m, plan._with(base, checkpointing=True, micro_batch=mb + 1)).peak > budget
+
+
+PARAMS_7B = ROOT / "params/deepseekmath-7b.yaml"
+
+
+def _sections(path: Path = PARAMS_7B, **edits: dict) -> SimpleNamespace:
+    """The model-holding sections of a params file (as ``python -m stages.plan`` reads them), ``edits`` written
+    over the raw sections first."""
+    from stages.schema.base import read_params_file, validate_section
+    from stages.schema.base_model import BaseModelParams
+    from stages.schema.grpo import GrpoParams
+    from stages.schema.pretrain import PretrainParams
+    from stages.schema.reward_model import RewardModelParams
+    from stages.schema.sft import SftParams
+
+    raw = read_params_file(path)
+    for section, values in edits.items():
+        raw[section].update(values)
+    return SimpleNamespace(**{c.SECTION: validate_section(c, raw, str(path))
+                              for c in (BaseModelParams, PretrainParams, SftParams, GrpoParams, RewardModelParams)})
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2_gqa_tied"])
+def test_reward_model_shape_counts_the_reward_models_parameters(kind) -> None:
+    """The RM the stage builds (stages/rl/reward_model.py: AutoModelForTokenClassification, one label) keeps the
+    embedding table and replaces the LM head by a one-output score head with a bias."""
+    from transformers import LlamaForTokenClassification, Qwen2ForTokenClassification
+
+    common = dict(vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                  num_labels=1)
+    if kind == "llama":
+        cfg = LlamaConfig(num_key_value_heads=4, tie_word_embeddings=False, **common)
+        rm = LlamaForTokenClassification(cfg)
+    else:
+        cfg = Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, **common)
+        rm = Qwen2ForTokenClassification(cfg)
+    shape = ModelShape.from_config(cfg.to_dict()).reward_model()
+    assert shape.n_params() == sum(p.numel() for p in rm.parameters())
+    assert rm.get_input_embeddings().weight.requires_grad  # what the RM's optimizer holds states for
+
+
+def _ds_zero2(P: int, world: int, offload: bool) -> int:
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    nodes, per_node = (world // 8, 8) if world > 8 else (1, world)
+    return estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=per_node, num_nodes=nodes,
+                                                 cpu_offload=offload)[1]
+
+
+@pytest.mark.parametrize("world", [1, 8, 64])
+@pytest.mark.parametrize("offload", [False, True])
+def test_model_states_equal_deepspeeds_zero2_estimator(world, offload) -> None:
+    """Weights, fp32 master copy, AdamW moments and gradients per rank (bf16, ZeRO-2) of the 7B policy and of its
+    reward model, against DeepSpeed's own estimator (``estimate_zero2_model_states_mem_needs``, the function
+    ``estimate_zero2_model_states_mem_needs_all_cold`` prints): 2P + 18P/N without offload, 2P with it. Before issue
+    27's fix the RM's plan left out the states of its embedding table (18 bytes x 419M / N: 7.03 GiB at 1 GPU)."""
+    pytest.importorskip("deepspeed")
+    policy = plan.KNOWN["deepseek-ai/deepseek-coder-7b-base-v1.5"]
+    rm = policy.reward_model()
+    assert rm.n_params() == policy.n_params() - policy.vocab * policy.hidden + policy.hidden + 1
+    s = TrainSetup(micro_batch=1, seq=1024, world=world, deepspeed=True, zero=2, bf16=True, offload_optimizer=offload)
+    for m in (policy, rm):
+        states = plan.model_states(m.n_params(), s)
+        assert sum(states.values()) == pytest.approx(_ds_zero2(m.n_params(), world, offload), abs=1)
+        e = train_memory(m, s)
+        assert e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"] + \
+            e.parts["gradients"] == pytest.approx(sum(states.values()), abs=1)
+    # the stage's plan: the RM's model states on the 7B file's reward_model section
+    r = _sections().reward_model
+    sp = plan.plan_one("reward_model", r.model_copy(update={"deepspeed": r.deepspeed.model_copy(
+        update={"offload_optimizer": offload})}), policy, world, 80 * GIB, 2 * GIB)
+    got = sp.parts["weights"] + sp.parts.get("master_fp32", 0) + sp.parts["optimizer_states"] + sp.parts["gradients"]
+    assert got == pytest.approx(_ds_zero2(rm.n_params(), world, offload), abs=1)
+    if not offload:
+        embedding_states = 18 * policy.vocab * policy.hidden / world
+        assert embedding_states / GIB == pytest.approx(7.03 / world, abs=0.01)
+
+
+@pytest.mark.parametrize("world", [1, 8, 64])
+def test_zero3_sharded_states_against_deepspeeds_estimator(world) -> None:
+    """ZeRO-3 (the 7B file's sft): DeepSpeed's ``estimate_zero3_model_states_mem_needs`` counts 18P/N + 4 bytes of
+    the largest layer. The planner's sharded states are 20P/N: the bf16 weights' partition 2, fp32 master 4, moments 8,
+    the fp32 gradients the optimizer steps with 4 and the bf16 gradient partition DeepSpeed accumulates into 2
+    (stage3.py's ``grad_partitions_flat_buffer``); DeepSpeed's 18 is its ZeRO-2 count of the partitioned states
+    (fp32 master, moments, both gradients) with the bf16 weights' 2P/N left out. So the planner is DeepSpeed's
+    figure plus that 2P/N exactly, and its gathered working set (two layers and the head, in bf16) replaces
+    DeepSpeed's 4 bytes x largest layer."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    m = plan.KNOWN["deepseek-ai/deepseek-coder-7b-base-v1.5"]
+    P = m.n_params()
+    nodes, per_node = (world // 8, 8) if world > 8 else (1, world)
+    _, ds_gpu, largest = estimate_zero3_model_states_mem_needs(P, m.vocab * m.hidden, num_gpus_per_node=per_node,
+                                                               num_nodes=nodes, cpu_offload=False)
+    states = plan.model_states(P, TrainSetup(micro_batch=1, seq=1024, world=world, deepspeed=True, zero=3, bf16=True))
+    assert sum(states.values()) == pytest.approx(ds_gpu - largest + 2 * P / world, abs=2)
+
+
+@pytest.mark.parametrize("gpus", [1, 8, 64])
+def test_gpu_hours_count_the_files_world_size(gpus, capsys) -> None:
+    """Pretraining the 7B file is its 50,000 steps x 2 x 19 x 64 ranks x 4,096 = 498B tokens whatever --gpus says;
+    a --gpus that differs from a stage's launcher world size is warned about."""
+    out = []
+    for n in (1, 8, 64):
+        plans, _ = plan.plan_stages(_sections(), plan.KNOWN["deepseek-ai/deepseek-coder-7b-base-v1.5"], n, 80 * GIB,
+                                    2 * GIB)
+        out.append({sp.stage: sp for sp in plans})
+    for name in ("pretrain", "sft", "reward_model", "grpo"):
+        hours = [o[name].gpu_hours(0.4, 989, 0.05) for o in out]
+        assert hours[0] == pytest.approx(hours[1]) == pytest.approx(hours[2]), name
+    pre = out[[1, 8, 64].index(gpus)]["pretrain"]
+    assert pre.assumes == "498.1B tokens" and "50,000 steps x 2 x 19 accumulation x 64 rank(s) x 4,096" in pre.work
+    assert bool(pre.warnings) == (gpus != 64)
+    assert bool(out[[1, 8, 64].index(gpus)]["grpo"].warnings) == (gpus != 8)
+    assert plan.main(["--params", str(PARAMS_7B), "--gpus", str(gpus)]) == 0
+    text = capsys.readouterr().out
+    assert ("warning: pretrain: the params file runs on 64 rank(s)" in text) == (gpus != 64)
+    assert "498.1B tokens" in text
+
+
+def test_default_gpus_are_each_stages_world_size(capsys) -> None:
+    assert plan.main(["--params", str(PARAMS_7B)]) == 0
+    text = capsys.readouterr().out
+    assert "warning:" not in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1] in
+            [["pretrain"], ["sft"], ["grpo"], ["reward_model"]] and len(line.split()) > 6}
+    assert rows["pretrain"][1] == "64" and rows["sft"][1] == "64" and rows["grpo"][1] == "8" \
+        and rows["reward_model"][1] == "8"
+
+
+def test_disabled_stages_are_left_out(tmp_path, capsys) -> None:
+    raw = yaml.safe_load(PARAMS_7B.read_text())
+    raw["pretrain"]["enabled"] = False
+    raw["reward_model"]["enabled"] = False
+    f = tmp_path / "params.yaml"
+    f.write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = tmp_path / "plan.json"
+    assert plan.main(["--params", str(f), "--gpus", "8", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [s["stage"] for s in res["stages"]] == ["sft", "grpo"]
+    assert [s.split(":")[0] for s in res["skipped"]] == ["pretrain", "reward_model"]
+    assert "skipped pretrain: pretrain.enabled is false" in capsys.readouterr().out
+
+
+def test_a_stage_that_does_not_fit_says_what_would() -> None:
+    """The 7B file on one 80 GiB GPU: nothing fits; each fix named is checked by planning it (and the GPU count is
+    the smallest power of two that fits)."""
+    m = plan.KNOWN["deepseek-ai/deepseek-coder-7b-base-v1.5"]
+    p = _sections()
+    plans, _ = plan.plan_stages(p, m, 1, 80 * GIB, 2 * GIB)
+    budget = 78 * GIB
+    for sp in plans:
+        assert sp.peak > budget and sp.fixes, sp.stage
+        assert any("offload_optimizer: true" in f for f in sp.fixes), (sp.stage, sp.fixes)
+        assert "no LoRA" in sp.fixes[-1]
+        more = [f for f in sp.fixes if "GPUs (--gpus" in f]
+        assert more, sp.fixes
+        n = int(more[0].split()[0])
+        sec = getattr(p, sp.stage)
+        assert plan.plan_one(sp.stage, sec, m, n, 80 * GIB, 2 * GIB).peak <= budget
+        assert plan.plan_one(sp.stage, sec, m, n // 2, 80 * GIB, 2 * GIB).peak > budget
+    pre = next(sp for sp in plans if sp.stage == "pretrain")
+    off = plan._replace(p.pretrain, "train.deepspeed.offload_optimizer", True)
+    assert plan.plan_one("pretrain", off, m, 1, 80 * GIB, 2 * GIB).peak <= budget < pre.peak
 
 
 GRID = {"hidden": [256, 512, 768], "layers": [2, 4, 6], "vocab": [32000, 65536, 152064], "seq": [256, 512, 1024],

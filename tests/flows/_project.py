@@ -39,15 +39,34 @@ def shrink(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+RUN_OUTPUTS = ("dvc.lock", "data/", "checkpoints/", ".prefect/", ".dvc/tmp/", ".dvc/cache/")
+"""What a run of the pipeline writes into the checkout (DVC's lock and outputs, the metrics / details / plots git
+would record, checkpoints, Prefect's state): never copied into a test project, which starts as a fresh clone would,
+whether or not the checkout ran the pipeline before the tests (issue 35)."""
+
+
+def source_files(root: Path = ROOT) -> list[str]:
+    """The checkout's files a test project copies: tracked and untracked-not-ignored (work in progress counts), less
+    :data:`RUN_OUTPUTS`."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, capture_output=True,
+                           text=True, check=True).stdout.split("\0")
+    return [rel for rel in files if rel and not (rel == RUN_OUTPUTS[0] or rel.startswith(RUN_OUTPUTS[1:]))
+            and (root / rel).is_file()]
+
+
+def copy_sources(dst: Path, root: Path = ROOT) -> Path:
+    """Copy :func:`source_files` into ``dst``."""
+    for rel in source_files(root):
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, dst / rel)
+    return dst
+
+
 def make_project(dst: Path, *, tiny: bool = True) -> Path:
-    """A copy of the working tree in ``dst`` as a fresh git repository (params shrunk when ``tiny``)."""
+    """A copy of the working tree in ``dst`` (:func:`copy_sources`) as a fresh git repository (params shrunk when
+    ``tiny``)."""
     dst.mkdir(parents=True, exist_ok=True)
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file() and not rel.startswith("data/"):
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, dst / rel)
+    copy_sources(dst)
     if tiny:
         raw = shrink(yaml.safe_load((dst / "params.yaml").read_text()))
         (dst / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.flows._project import copy_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ["data", "base_model"]
@@ -52,12 +53,7 @@ def _tree_hash(path: Path) -> str:
 def project(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Path:
     """A copy of the working tree (tracked + untracked, not ignored) as a fresh git repo."""
     dst = tmp_path_factory.mktemp("proj")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, dst / rel)
+    copy_sources(dst)
     raw = _shrink(yaml.safe_load((dst / "params.yaml").read_text()))
     (dst / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.flows._project import copy_sources
 from tests.tiny_models import tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,8 +80,10 @@ def _params(real: Path, model: Path) -> dict[str, Any]:
                       verify_programs=False, val_problems=4)
     raw["sft"]["train"].update(steps=2, micro_batch_size=2, seq_len=1024, lr=1e-3, warmup_steps=0, eval_every=0,
                                precision="fp32", num_threads=1)
-    raw["grpo"].update(steps=2, questions_per_step=2, group_size=2, max_new_tokens=12, backend="hf", lr=1e-4,
-                       micro_batch_size=4, num_threads=1)
+    raw["grpo"].update(steps=2, questions_per_step=2)
+    raw["grpo"]["rollout"].update(group_size=2, max_new_tokens=12, backend="hf")
+    raw["grpo"]["optim"].update(lr=1e-4, micro_batch_size=4)
+    raw["grpo"]["compute"].update(num_threads=1)
     raw["grpo"]["heldout"].update(every=0, limit=N_TEST, max_new_tokens=12)
     raw["evaluate"]["common"].update(backend="hf", dtype="float32", num_threads=1, batch_size=8, max_new_tokens=12,
                                      limit=N_TEST, sample_limit=2)
@@ -109,12 +111,7 @@ def graph(tmp_path_factory: pytest.TempPathFactory, prefect_api: str, shared_dat
     texts += [json.loads(x)["problem"] + "\n" + json.loads(x)["solution"] for x in (real / "math_train.jsonl").open()]
     model = tiny_qwen2(texts, base / "tiny-qwen2", vocab_size=700)
     proj = base / "proj"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file():
-            (proj / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, proj / rel)
+    copy_sources(proj)
     (proj / "params.yaml").write_text(yaml.safe_dump(_params(real, model), sort_keys=False))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q"], cwd=proj, check=True)

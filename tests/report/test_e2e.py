@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.flows._project import copy_sources
 from tests.report.fake_run import write_fake_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +26,7 @@ def _run(cmd: list[str], cwd: Path, ok: bool = True) -> subprocess.CompletedProc
 
 
 def test_dvc_repro_report_prints_headline_and_path(tmp_path: Path, prefect_api: str) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file():
-            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, tmp_path / rel)
+    copy_sources(tmp_path)
     write_fake_run(tmp_path, skip=("paradigm", "paradigm_rm", "iterative"))  # the committed comparison results stay
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
