@@ -170,9 +170,9 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
         if rm is not None:
             kind = "outcome" if p.reward.source == "outcome_rm" else "process"
             scorer = guarded(RewardModelSource(rm, tokenizer, kind, batch_size=p.optim.micro_batch_size), p.reward.rm_guards,
-                             history_ex)
+                             history_ex, p.reward.checker)
         elif p.reward.source == "process_rule":
-            scorer = StepLabelSource(tokenizer)
+            scorer = StepLabelSource(tokenizer, p.reward.checker)
         pk = p.model_copy(update={"steps": k * M})
         ck = None if ckpt_dir is None else (ckpt_dir if n_iter == 1 else Path(ckpt_dir) / f"iter{k}")
         kw = {"cache": cache} if cache is not None else {}

@@ -1,4 +1,4 @@
-"""pass@k and maj@k against brute-force references on small cases."""
+"""pass@k, maj@k, avg@n, standard errors and the paired bootstrap against brute-force references and scipy."""
 
 from __future__ import annotations
 
@@ -10,11 +10,24 @@ from fractions import Fraction
 
 import pytest
 
-from stages.evaluate.metrics import answer_classes, default_ks, maj_at_k, pass_at_k, sample_metrics
+from stages.evaluate.metrics import (
+    answer_classes,
+    default_ks,
+    maj_at_k,
+    mean_se,
+    paired_bootstrap,
+    pass_at_k,
+    sample_metrics,
+)
 
 
 def _num_equal(a: str, b: str) -> bool:
     return abs(float(a) - float(b)) < 1e-9
+
+
+def _key(a: str | None) -> str | None:
+    """A numeric answer's key by value (stages.core.answers.answer_key does this for numbers)."""
+    return None if a is None else repr(float(a))
 
 
 def brute_pass_at_k(correct: list[bool], k: int) -> Fraction:
@@ -58,9 +71,10 @@ def test_pass_at_k_edge_cases() -> None:
 
 
 def test_maj_at_k_hand_computed() -> None:
-    # answers 1, 1.0 (same class as 1), 2, unextracted; gold 1
+    # answers 1, 1.0 (same class as 1: both right), 2, unextracted; gold 1
     answers = ["1", "1.0", "2", None]
-    classes = answer_classes(answers, _num_equal)
+    correct = [True, True, False, False]
+    classes = answer_classes([_key(a) for a in answers], correct)
     assert classes == [0, 0, 1, None]
     cc = [True, False]
     # k=1: subsets {1},{1.0},{2},{None} -> 1, 1, 0, 0
@@ -73,6 +87,15 @@ def test_maj_at_k_hand_computed() -> None:
     assert maj_at_k([None, None], [], 2) == 0.0
 
 
+def test_answer_classes_merge_right_answers_and_group_the_rest_by_key() -> None:
+    """Right answers are one class whatever they look like (each is equivalent to the gold); wrong ones share a class
+    only when their keys are equal; no pairwise check is made."""
+    keys = ["\\frac{1}{2}", "0.5", "x", "x", "y", None]
+    assert answer_classes(keys, [True, True, False, False, False, False]) == [0, 0, 1, 1, 2, None]
+    with pytest.raises(ValueError):
+        answer_classes(["1"], [True, False])
+
+
 def test_maj_at_k_matches_brute_force_on_random_cases() -> None:
     rng = random.Random(1)
     pool = ["3", "3.0", "4", "5", "12", None]
@@ -81,7 +104,8 @@ def test_maj_at_k_matches_brute_force_on_random_cases() -> None:
         answers = [rng.choice(pool) for _ in range(n)]
         gold = rng.choice(["3", "4", "12"])
         correct = [a is not None and _num_equal(a, gold) for a in answers]
-        m = sample_metrics(answers, correct, _num_equal, list(range(1, n + 1)), max_subsets=10_000)
+        m = sample_metrics([_key(a) for a in answers], correct, list(range(1, n + 1)), max_subsets=10_000)
+        assert m[f"avg@{n}"] == pytest.approx(sum(correct) / n)
         for k in range(1, n + 1):
             assert m[f"maj@{k}"] == pytest.approx(float(brute_maj_at_k(answers, gold, k)), abs=1e-12), (answers, gold, k)
             assert m[f"pass@{k}"] == pytest.approx(float(brute_pass_at_k(correct, k)), abs=1e-12)
@@ -91,10 +115,50 @@ def test_maj_at_k_random_subsets_estimate_the_exact_value() -> None:
     rng = random.Random(2)
     answers = [rng.choice(["1", "2", "3", None]) for _ in range(16)]
     correct = [a == "1" for a in answers]
-    exact = sample_metrics(answers, correct, _num_equal, [8], max_subsets=20_000)["maj@8"]  # all 12870 subsets
-    approx = sample_metrics(answers, correct, _num_equal, [8], max_subsets=3000, seed=5)["maj@8"]
+    keys = [_key(a) for a in answers]
+    exact = sample_metrics(keys, correct, [8], max_subsets=20_000)["maj@8"]  # all 12870 subsets
+    approx = sample_metrics(keys, correct, [8], max_subsets=3000, seed=5)["maj@8"]
     assert exact == pytest.approx(float(brute_maj_at_k(answers, "1", 8)), abs=1e-12)
     assert approx == pytest.approx(exact, abs=0.03)
+
+
+def test_mean_se_against_the_statistics_module() -> None:
+    import statistics
+
+    xs = [random.Random(3).random() for _ in range(50)]
+    m, se = mean_se(xs)
+    assert m == pytest.approx(statistics.fmean(xs)) and se == pytest.approx(statistics.stdev(xs) / math.sqrt(50))
+    assert mean_se([]) == (0.0, 0.0) and mean_se([0.5]) == (0.5, 0.0)
+    # a 0/1 vector: the binomial standard error sqrt(p (1 - p) / (n - 1))
+    assert mean_se([1.0] * 30 + [0.0] * 70)[1] == pytest.approx(math.sqrt(0.3 * 0.7 / 99))
+
+
+def test_paired_bootstrap_against_scipy() -> None:
+    """The interval against scipy.stats.bootstrap (paired, percentile method) on the same per-problem scores: the two
+    resample differently, so they agree to Monte-Carlo error (0.005 on a difference of ~0.07 with 20k resamples)."""
+    from scipy.stats import bootstrap
+
+    rng = random.Random(0)
+    a = [float(rng.random() < 0.45) for _ in range(500)]
+    b = [float(x or rng.random() < 0.12) for x in a]  # b is a better on a tenth of the problems
+    ours = paired_bootstrap(a, b, resamples=20_000, seed=1)
+    ref = bootstrap((a, b), lambda x, y, axis=-1: (y - x).mean(axis=axis), paired=True, vectorized=True,
+                    n_resamples=20_000, method="percentile", confidence_level=0.95, random_state=2)
+    assert ours["diff"] == pytest.approx(sum(b) / 500 - sum(a) / 500)
+    assert ours["lo"] == pytest.approx(ref.confidence_interval.low, abs=0.005)
+    assert ours["hi"] == pytest.approx(ref.confidence_interval.high, abs=0.005)
+    assert ours["se"] == pytest.approx(ref.standard_error, rel=0.05)
+    assert ours["beyond_noise"] and ours["p_value"] < 0.01
+
+
+def test_paired_bootstrap_sees_noise_as_noise() -> None:
+    rng = random.Random(4)
+    a = [float(rng.random() < 0.5) for _ in range(300)]
+    b = [float(rng.random() < 0.5) if rng.random() < 0.1 else x for x in a]  # a few re-draws: no real change
+    r = paired_bootstrap(a, b, resamples=4000, seed=0)
+    assert r["lo"] <= 0 <= r["hi"] and not r["beyond_noise"] and r["p_value"] > 0.05
+    with pytest.raises(ValueError, match="same problems"):
+        paired_bootstrap([1.0], [1.0, 0.0])
 
 
 def test_default_ks() -> None:
