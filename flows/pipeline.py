@@ -230,8 +230,8 @@ def adopt_params(path: str) -> bool:
 
 def git_hint(known: list[_dvc.StageInfo]) -> str | None:
     """``git add ... && git commit`` for the files a run changed that git should record (dvc.lock, the metrics and
-    details DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
-    tracked = sorted({o for s in known for o in s.outs if o.startswith(("data/metrics/", "data/details/"))})
+    plots DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
+    tracked = sorted({o for s in known for o in s.uncached})
     candidates = ["dvc.lock", *tracked, ":(glob)**/.gitignore"]
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *candidates],

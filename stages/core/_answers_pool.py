@@ -4,6 +4,10 @@ Every check that the bounded in-process pass cannot decide runs in one of these 
 parent writes one request line and waits for the answer with ``poll``; past the deadline the worker is killed (its
 work stops at once, whatever C code it was in) and a replacement starts right away, so the next check does not wait
 for the imports (sympy, math-verify: about a second). The pool prefers workers that are already ready.
+
+The deadline is ``timeout_s`` seconds of the worker's own CPU time (Linux /proc; issue 29: a verdict must not depend
+on what else loads the machine), and at most ``WALL_CAP`` x ``timeout_s`` of wall time (a worker that gets no CPU);
+without /proc, ``timeout_s`` of wall time. On an idle machine the two are the same.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from typing import Any
 _ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = float(os.environ.get("ANSWERS_WORKER_STARTUP_S", "180"))
 MAX_WORKERS = int(os.environ.get("ANSWERS_MAX_WORKERS", str(max(2, min(8, os.cpu_count() or 2)))))
+WALL_CAP = 20.0
+"""A check's time limit is CPU time of its worker; a worker that gets no CPU for ``WALL_CAP`` x the limit (a
+stopped or starved process) is given up on all the same."""
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class Worker:
@@ -79,18 +87,47 @@ class Worker:
             )
         self._ready = True
 
-    def request(self, req: dict[str, Any], timeout_s: float) -> bool | None:
-        """The worker's verdict on one request, or None when it ran past ``timeout_s`` or died (then it is dead)."""
+    def cpu_s(self) -> float | None:
+        """CPU seconds the worker process has used (Linux /proc; None elsewhere)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _reply(self, timeout_s: float) -> bytes | None:
+        """The worker's next line, or None once it has spent ``timeout_s`` seconds of CPU time on the request (its own
+        CPU time, so the verdict does not depend on what else loads the machine), or ``WALL_CAP`` x ``timeout_s`` of
+        wall time (a worker that makes no progress), or when it died. Without /proc, ``timeout_s`` of wall time."""
+        cpu0 = self.cpu_s()
+        now = time.monotonic()
+        if cpu0 is None:
+            return self._readline(now + timeout_s)
+        cap = now + WALL_CAP * timeout_s
+        while True:
+            used = (self.cpu_s() or cpu0) - cpu0
+            left = timeout_s - used
+            if left <= 0 or now >= cap:
+                return None
+            # the worker is one thread: it cannot use more than `left` CPU seconds in `left` wall seconds
+            line = self._readline(min(now + max(left, 0.05), cap))
+            if line is not None or not self.alive():
+                return line
+            now = time.monotonic()
+
+    def request(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """The worker's reply to one request (``{"id", "ok"}``), or None when it ran past ``timeout_s`` of CPU time
+        (:meth:`_reply`) or died (then it is dead)."""
         self.ensure_ready()
         self._next_id += 1
-        deadline = time.monotonic() + timeout_s
         try:
             self.proc.stdin.write((json.dumps({**req, "id": self._next_id}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self.kill()
             return None
-        line = self._readline(deadline)
+        line = self._reply(timeout_s)
         if line is None:
             self.kill()
             return None
@@ -98,7 +135,7 @@ class Worker:
         if reply.get("id") != self._next_id:
             self.kill()
             return None
-        return bool(reply["ok"])
+        return reply
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -200,8 +237,8 @@ def pool() -> Pool:
     return _POOL
 
 
-def run(req: dict[str, Any], timeout_s: float) -> bool | None:
-    """One request on an idle worker: its verdict, or None past ``timeout_s`` (the worker is then replaced)."""
+def run(req: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+    """One request on an idle worker: its reply, or None past ``timeout_s`` (the worker is then replaced)."""
     p = pool()
     w = p.acquire()
     try:

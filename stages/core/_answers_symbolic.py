@@ -149,13 +149,16 @@ def full_check(pred: str, gold: str, percent_variants: bool = True, mode: str = 
 _MV_TEXT_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
 
 
-def math_verify_verdict(text: str, gold: str) -> bool:
+def math_verify_verdict(text: str, gold: str) -> bool | None:
     """math-verify's verdict on a whole output: its own extraction (``parse`` with the LaTeX and expression
-    configurations, boxed answers first) against the gold read as LaTeX, then ``verify``."""
+    configurations, boxed answers first) against the gold read as LaTeX (``$...$`` unless it carries its own
+    delimiters or a ``\\boxed{}``), then ``verify``; None when the gold parses to nothing."""
     try:
         g_text = gold if ("$" in gold or "\\boxed" in gold) else "$" + gold + "$"
         g = parse(g_text, extraction_config=_MV_TEXT_CONFIG, parsing_timeout=None)
+        if not g:
+            return None
         p = parse(text, extraction_config=_MV_TEXT_CONFIG, parsing_timeout=None)
-        return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=None))
+        return bool(p) and bool(verify(g, p, timeout_seconds=None))
     except Exception:  # noqa: BLE001 - a failure inside math-verify is "not shown equal", as math-verify does
         return False

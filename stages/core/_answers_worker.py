@@ -1,7 +1,8 @@
 """The answer-checking worker: ``python -m stages.core._answers_worker``.
 
 Protocol (one JSON object per line): it prints ``{"ready": true}`` once its imports are done, then for
-every request line on stdin answers ``{"id": n, "ok": bool}`` on stdout. Requests:
+every request line on stdin answers ``{"id": n, "ok": bool}`` on stdout (``null`` for an ``mv`` request whose gold
+math-verify cannot read). Requests:
 ``{"id": n, "op": "check", "mode": "deepseekmath" | "strict", "pred": str, "gold": str, "pv": bool}`` (the mode's
 full rules; ``op`` and ``mode`` default to ``check`` / ``deepseekmath``) and ``{"id": n, "op": "mv", "text": str,
 "gold": str}`` (math-verify's own verdict on a whole output). It exits at end of input (its parent closed the pipe or died).

@@ -72,6 +72,8 @@ Mode = Literal["deepseekmath", "strict"]
 MODES: tuple[str, ...] = ("deepseekmath", "strict")
 Outcome = Literal["right", "wrong", "timeout", "refused"]
 RIGHT, WRONG, TIMEOUT, REFUSED = "right", "wrong", "timeout", "refused"
+NO_GOLD = "no_gold"
+"""math_verify_many only: math-verify could not read the gold."""
 OUTCOMES: tuple[str, ...] = (RIGHT, WRONG, TIMEOUT, REFUSED)
 CHECKER_VERSION = "2"
 """Bumped whenever a verdict of either mode changes (recorded in every evaluation result)."""
@@ -384,13 +386,13 @@ def _run_worker(key: tuple, req: dict, timeout_s: float) -> str:
     got = _cached(key, timeout_s)
     if got is not None:
         return got
-    verdict = _answers_pool.run(req, timeout_s)
-    if verdict is None:
+    reply = _answers_pool.run(req, timeout_s)
+    if reply is None:
         stats["timeout"] += 1
         outcome = TIMEOUT
     else:
         stats["symbolic"] += 1
-        outcome = RIGHT if verdict else WRONG
+        outcome = NO_GOLD if reply["ok"] is None else RIGHT if reply["ok"] else WRONG
     _store(key, outcome, timeout_s)
     return outcome
 
@@ -566,8 +568,8 @@ def are_equivalent(
 def math_verify_many(texts: Sequence[str | None], golds: Sequence[str], *, timeout_s: float = 5.0,
                      workers: int | None = None) -> list[str]:
     """math-verify's own verdict on each whole output (its extraction, then ``verify`` against the gold read as
-    LaTeX): ``right`` / ``wrong`` / ``timeout`` / ``refused`` (an output over :data:`MAX_TEXT_CHARS`), each under
-    the deadline ``timeout_s`` in a worker, cached."""
+    LaTeX): ``right`` / ``wrong`` / ``timeout`` / ``refused`` (an output over :data:`MAX_TEXT_CHARS`) / ``no_gold``
+    (math-verify reads nothing in the gold), each under the deadline ``timeout_s`` in a worker, cached."""
     if len(texts) != len(golds):
         raise ValueError(f"math_verify_many: {len(texts)} outputs but {len(golds)} golds")
     out: list[str | None] = []

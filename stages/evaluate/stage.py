@@ -35,6 +35,7 @@ from stages.core.answers import CHECKER_VERSION, MODES, OUTCOMES, RIGHT, answer_
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import resolve_model
+from stages.core.plots import write_table
 from stages.core.problems import Problem, load_problem_file
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
 from stages.evaluate.loop import LoopSettings, RunSpec, generator_format, run_one
@@ -116,13 +117,16 @@ def _candidates(x: dict[str, Any]) -> list[str]:
     return [] if x.get("answer") is None else [str(x["answer"])]
 
 
-def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams | None) -> dict[str, Any]:
     """Metrics of one run under the headline checker mode: greedy accuracy, or avg@n / pass@k / maj@k, each with its
-    standard error over problems; overall and per difficulty; the verifier-sensitivity table; per-problem scores."""
-    mode = c.checker.headline
+    standard error over problems; overall and per difficulty; the verifier-sensitivity table; per-problem scores.
+    ``c``: the evaluation's settings (a greedy run needs none: GRPO's held-out curve passes None, and its records were
+    judged with the loop's default headline mode, strict)."""
+    mode = c.checker.headline if c is not None else "strict"
     if spec.decoding == "greedy":
         out = _greedy_summary(records, spec)
     else:
+        assert c is not None
         ks = default_ks(spec.n)
         per_problem = []
         for i, r in enumerate(records):
@@ -350,14 +354,13 @@ def write_plots(model: str, metrics: dict[str, Any]) -> None:
                     continue
                 if "sample" in decs:
                     s = decs["sample"]
-                    rows = ["k\tpass_at_k\tmaj_at_k"]
-                    rows += [f"{k}\t{s[f'pass@{k}']}\t{s[f'maj@{k}']}" for k in default_ks(s["n_samples"])]
-                    (tmp / f"{bench}_{mode}_at_k.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+                    write_table(tmp / f"{bench}_{mode}_at_k.tsv", ({"k": k, "pass_at_k": s[f"pass@{k}"],
+                                "maj_at_k": s[f"maj@{k}"]} for k in default_ks(s["n_samples"])),
+                                ["k", "pass_at_k", "maj_at_k"])
                 if "greedy" in decs:
-                    g = decs["greedy"]["by_difficulty"]
-                    rows = ["difficulty\tacc\tn"] + [f"{d}\t{v['acc']}\t{v['n']}" for d, v in g.items()]
-                    (tmp / f"{bench}_{mode}_greedy_by_difficulty.tsv").write_text("\n".join(rows) + "\n",
-                                                                                 encoding="utf-8")
+                    write_table(tmp / f"{bench}_{mode}_greedy_by_difficulty.tsv",
+                                ({"difficulty": d, **v} for d, v in decs["greedy"]["by_difficulty"].items()),
+                                ["difficulty", "acc", "n"])
 
 
 def _progress(label: str) -> Any:
