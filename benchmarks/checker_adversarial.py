@@ -119,11 +119,39 @@ def towers(n: int) -> list[str]:
     return out[:n]
 
 
+def markdown(res: dict) -> str:
+    """The result file as the tables of docs/evaluation.md."""
+    load = lambda x: ", ".join(f"{v:.2f}" for v in x)  # noqa: E731
+    out = [f"Deadline {res['deadline_s']} s of the worker's CPU time per check; {res['cpus']} CPUs; load average "
+           f"{load(res['load_before'])} before, {load(res['load_after'])} after "
+           "(`flock /work/notes/heavy.lock python benchmarks/checker_adversarial.py --json`). \"stall\": the longest "
+           "gap of a thread waking every millisecond in the checking process; \"control\": the same in a separate "
+           "process over the same time (what the machine's scheduler alone causes).", "",
+           "| input | characters | mode | outcome | wall s | stall ms | control ms |", "|---|---|---|---|---|---|---|"]
+    for r in res["checks"]:
+        out.append(f"| {r['input'].replace('|', chr(92) + '|')} | {r['chars']:,} | {r['mode']} | {r['outcome']} | "
+                   f"{r['wall_s']:.3f} | {r['max_stall_ms']:.1f} | {r.get('control_stall_ms', float('nan')):.1f} |")
+    out += ["", "| extraction (both modes) from | wall s | stall ms | control ms |", "|---|---|---|---|"]
+    for r in res["extraction"]:
+        out.append(f"| {r['input'].replace('|', chr(92) + '|')} | {r['wall_s']:.3f} | {r['max_stall_ms']:.1f} | "
+                   f"{r.get('control_stall_ms', float('nan')):.1f} |")
+    m = res["maj64"]
+    out += ["", f"maj@64 over 64 distinct power towers (strict, {m['workers']} workers): {m['wall_s']} s = "
+            f"{m['deadlines']} deadlines (outcomes {m['outcomes']}; {m['distinct_keys']} classes, maj@64 = "
+            f"{m['maj@64']}); stall {m['max_stall_ms']} ms, control {m.get('control_stall_ms')} ms. Worst single check "
+            f"{res['worst_check_s']} s; worst in-process stall {res['worst_stall_ms']} ms."]
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--deadline", type=float, default=2.0, help="deadline of one check, seconds (default 2)")
     ap.add_argument("--json", action="store_true", help=f"write {RESULT.relative_to(ROOT)}")
+    ap.add_argument("--markdown", action="store_true", help=f"print {RESULT.relative_to(ROOT)} as markdown tables")
     a = ap.parse_args()
+    if a.markdown:
+        print(markdown(json.loads(RESULT.read_text(encoding="utf-8"))))
+        return
     answers.warm_up(2)
     res: dict = {"deadline_s": a.deadline, "load_before": os.getloadavg(), "cpus": os.cpu_count(), "checks": []}
     print(f"deadline {a.deadline} s; load {res['load_before']}")

@@ -44,12 +44,12 @@ def tables(before: dict[str, str] | None) -> str:
     lines = ["| case | what | prediction | gold | before | deepseekmath | strict |", "|---|---|---|---|---|---|---|"]
     for c in ISSUE_CASES:
         pred = c.pred if len(c.pred) < 60 else f"{len(c.pred):,} characters"
-        lines.append(f"| {c.id} | {c.what}{'' if c.pv else ' (percent rule off)'} | {_cell(pred)} | {_cell(c.gold)} | "
+        lines.append(f"| {c.id} | {c.what.replace('|', chr(92) + '|')}{'' if c.pv else ' (percent rule off)'} | {_cell(pred)} | {_cell(c.gold)} | "
                      f"{(before or {}).get(c.id, '—')} | {c.deepseekmath} | {c.strict} |")
     lines += ["", "| case | what | source (repo, file) | prediction | gold | source says | deepseekmath | strict |",
               "|---|---|---|---|---|---|---|---|"]
     for c in HARD_CASES:
-        lines.append(f"| {c.id} | {c.what} | {c.source} | {_cell(c.pred)} | {_cell(c.gold)} | {c.source_verdict} | "
+        lines.append(f"| {c.id} | {c.what.replace('|', chr(92) + '|')} | {c.source} | {_cell(c.pred)} | {_cell(c.gold)} | {c.source_verdict} | "
                      f"{c.deepseekmath} | {c.strict} |")
     agree = {m: sum(getattr(c, m) == c.source_verdict for c in HARD_CASES) for m in ("deepseekmath", "strict")}
     lines.append("")

@@ -175,9 +175,9 @@ def main() -> None:
     res = agreement(data["cases"])
     res.update(wall_s=round(time.perf_counter() - t0, 1), load=os.getloadavg(), source=data["source"],
                commit=data["commit"])
-    import math_verify
+    from importlib.metadata import version
 
-    res["math_verify_version"] = getattr(math_verify, "__version__", None)
+    res["math_verify_version"] = version("math-verify")
     for mode, m in res["modes"].items():
         print(f"{mode:<24} agrees on {m['agree']}/{res['n']} ({m['rate']:.1%})")
     for f, pf in res["per_file"].items():
