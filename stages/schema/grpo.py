@@ -165,6 +165,11 @@ class GrpoRewardParams(Section):
     """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
     custom_weights: list[float]
     """One weight per entry of ``custom`` (same length)."""
+    checker: Literal["strict", "deepseekmath"]
+    """Answer checker mode of the rule reward's correctness (stages/core/answers.py, docs/evaluation.md): strict =
+    percent forms only where written, a relative tolerance (zero matches only zero), lists / tuples / intervals /
+    units as such, several different final answers wrong, no last-number fallback; deepseekmath = the reference
+    evaluator's rules (its absolute 1e-3 tolerance pays 1.0 for \\boxed{0} on every gold below 1e-3)."""
     rm_guards: GrpoRmGuardParams
     """Guards against reward hacking of a reward-model source: running normalisation, a mixed rule + RM reward,
     length control."""

@@ -34,7 +34,7 @@ def tiny_params(**over: Any) -> GrpoParams:
                      mode="cot", mixture=dict(cot=0.5, pot=0.0, tir=0.5), tir_max_rounds=2, exec_timeout_s=10.0,
                      chunks=2, exec_workers=2),
         reward=dict(source="rule", accuracy_weight=1.0, format_weight=0.0,
-                    custom=["tests.rl.custom_rewards:length_reward"], custom_weights=[1.0],
+                    custom=["tests.rl.custom_rewards:length_reward"], custom_weights=[1.0], checker="strict",
                     rm_guards=dict(normalize=False, clip=None, rule_weight=0.0, length_penalty=0.0,
                                    length_target=None)),
         advantage=dict(estimator="grpo", scale_rewards="group", eps=1e-4, skip_zero_std_groups=True),
