@@ -127,6 +127,7 @@ def _boxed_contents(text: str) -> list[str]:
     closing brace is kept (``\\boxed{50}\\%`` -> ``50%``). ``\\boxed 5`` is read as ``5``."""
     found: list[str] = []
     pairs: dict[int, int] | None = None
+    many = len(text) > 4096 and text.count("boxed") > 8
     start = 0
     while True:
         i = text.find("boxed", start)
@@ -137,9 +138,9 @@ def _boxed_contents(text: str) -> list[str]:
         while j < len(text) and text[j] in " \t":
             j += 1
         if j < len(text) and text[j] == "{":
-            if pairs is None:
-                pairs = _brace_pairs(text) if len(text) > 4096 else {}
-            k = pairs.get(j, -1) if len(text) > 4096 else _matching_brace(text, j)
+            if pairs is None and many:
+                pairs = _brace_pairs(text)  # one pass for all of them: each scan could run to the end (quadratic)
+            k = pairs.get(j, -1) if pairs is not None else _matching_brace(text, j)
             if k >= 0:
                 content = text[j + 1 : k]
                 after = text[k + 1 : k + 3]
