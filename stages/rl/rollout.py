@@ -62,12 +62,14 @@ class Sample:
     exec_status: str | None = None
     rounds: int = 1
     executions: int = 0
+    prompt_ids: list[int] | None = None
+    """The prompt's ids as the generator got them (token in; None: :func:`build_rollout` tokenises the prompt)."""
 
     @classmethod
     def from_stream(cls, st: Stream, mode: str) -> Sample:
         """The sample of one stream of the tool loop (token carry)."""
         return cls(st.text, list(st.token_ids), list(st.logprobs), st.finish_reason, list(st.policy_mask), mode,
-                   st.program_answer, st.exec_status, st.rounds, st.executions)
+                   st.program_answer, st.exec_status, st.rounds, st.executions, list(st.prompt_ids) or None)
 
 
 @dataclass
@@ -212,13 +214,15 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
     """Tokenise prompts (with BOS, as the tokenizer adds it) and concatenate the generated ids.
 
     ``completions[q][g]`` follows the generation interface (token_ids, logprobs, text, finish_reason); a
-    :class:`Sample` also brings its ``policy_mask`` (injected tool-output tokens get loss mask 0), mode and program
-    answer. ``mask_written``: the outputs of the modes without a tool loop (cot, pot) also lose the ```output blocks
+    :class:`Sample` also brings its ``policy_mask`` (injected tool-output tokens get loss mask 0), mode, program
+    answer and the prompt ids the generator got (used as they are: token in, token out; without them the prompt is
+    tokenised here, as the generator does). ``mask_written``: the outputs of the modes without a tool loop (cot, pot) also lose the ```output blocks
     they wrote themselves (:func:`written_output_mask`; ``grpo.loss.mask_written_outputs``).
     """
     G = len(completions[0])
     pad = tokenizer.pad_token_id
-    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    prompt_ids = [list(getattr(group[0], "prompt_ids", None) or tokenizer(p)["input_ids"])
+                  for p, group in zip(prompts, completions, strict=True)]
     P = max(len(x) for x in prompt_ids)
     flat = [(q, c) for q, group in enumerate(completions) for c in group]
     T = max(1, max(len(c.token_ids) for _, c in flat))
