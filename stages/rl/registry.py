@@ -64,11 +64,13 @@ class EstimatorSpec:
 
 @dataclass(frozen=True)
 class PolicyLossSpec:
-    """A policy loss (``grpo.loss.policy``): a pure function of stages/rl/losses.py."""
+    """A policy loss (``grpo.loss.policy``): a pure function of stages/rl/losses.py. metrics: the loss's own metrics
+    the step logs besides kl, clip fractions and ratio_mean (means over the loss tokens)."""
 
     name: str
     summary: str
     module: str
+    metrics: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,5 +192,9 @@ ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator", 
 POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", "grpo.loss.policy", (
     PolicyLossSpec("clipped", "the clipped surrogate (eq. 1 / 3), with beta x k3 KL for grpo", "stages.rl.losses"),
     PolicyLossSpec("nll", "the SFT loss weighted by gradient coefficients (eq. 5)", "stages.rl.losses"),
+    PolicyLossSpec("gspo", "GSPO: the clipped surrogate on the length-normalised sequence ratio (arXiv:2507.18071; not "
+                   "in the paper)", "stages.rl.losses", metrics=("seq_ratio_mean",)),
+    PolicyLossSpec("cispo", "CISPO: REINFORCE with clipped stop-gradient IS weights (MiniMax-M1, arXiv:2506.13585; not "
+                   "in the paper)", "stages.rl.losses", metrics=("clip_frac_high_pos",)),
 ))
 """``grpo.loss.policy``; implementations: stages/rl/losses.py."""

@@ -251,13 +251,14 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
 
 
 def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float,
-                   *, entropy: bool = False, share_prompts: bool = False, chunk_tokens: int | None = None
-                   ) -> tuple[Tensor, Tensor | None]:
+                   *, entropy: bool = False, share_prompts: bool = False, chunk_tokens: int | None = None,
+                   entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log pi(o_t | q, o_<t) of the completion tokens, from logits / temperature.
 
     input_ids/attention_mask: (B, P + T), prompt left-padded to P. Returns (B, T) float32 log-probs (with
     gradient if enabled) and, when ``entropy``, the (B, T) entropy of the full-vocabulary
-    distribution softmax(logits / T) (detached); both are 0 at padded completion positions (attention mask 0).
+    distribution softmax(logits / T) (detached, unless ``entropy_grad``: an entropy bonus); both are 0 at padded
+    completion positions (attention mask 0).
     Position ids follow the attention mask, as in generation with left padding. The vocabulary is handled in
     chunks of ``chunk_tokens`` positions (stages.core.logprobs): no (B, T, V) tensor is made.
 
@@ -270,7 +271,7 @@ def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt
     """
     T = input_ids.shape[1] - prompt_len
     targets = input_ids[:, prompt_len:].masked_fill(attention_mask[:, prompt_len:] == 0, IGNORE)
-    kw = {"temperature": temperature, "entropy": entropy, "chunk_tokens": chunk_tokens}
+    kw = {"temperature": temperature, "entropy": entropy, "chunk_tokens": chunk_tokens, "entropy_grad": entropy_grad}
     if share_prompts and T > 1 and prompt_len > 0 and not _checkpointing(model):
         prompts = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], dim=1)
         uniq, inverse = torch.unique(prompts, dim=0, return_inverse=True)
