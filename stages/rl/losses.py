@@ -479,10 +479,13 @@ def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
 
 @register_policy_loss("clipped")
 def clipped_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
-                 mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, float]]:
-    """The clipped surrogate (PPO eq. 1, GRPO eq. 3) with the k3 KL in the loss at ``cfg.beta`` (:func:`grpo_loss`)."""
+                 mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
+                 ) -> tuple[Tensor, dict[str, float]]:
+    """The clipped surrogate (PPO eq. 1, GRPO eq. 3) with the k3 KL in the loss at ``cfg.beta`` (:func:`grpo_loss`);
+    ``is_weights``: the rollout correction's weights on the policy term (``grpo.correction``; None = 1)."""
     return grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=cfg.clip_eps,
-                     clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer)
+                     clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer,
+                     is_weights=is_weights)
 
 
 @register_policy_loss("nll")
@@ -494,17 +497,22 @@ def nll_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None
 
 @register_policy_loss("gspo")
 def gspo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
-                     mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, float]]:
+                     mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
+                     ) -> tuple[Tensor, dict[str, float]]:
     """GSPO (:func:`gspo_loss`): the clip of the sequence ratio is ``cfg.clip_eps`` / ``clip_eps_high``, the k3 KL at
-    ``cfg.beta``. On-policy (mu = 1, one minibatch: every ratio is 1) its gradient is the clipped loss's."""
+    ``cfg.beta``, ``is_weights`` the rollout correction's (``grpo.correction``; None = 1). On-policy (mu = 1, one
+    minibatch: every ratio is 1) its gradient is the clipped loss's."""
     return gspo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=cfg.clip_eps,
-                     clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer)
+                     clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer,
+                     is_weights=is_weights)
 
 
 @register_policy_loss("cispo")
 def cispo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
-                      mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, float]]:
+                      mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
+                      ) -> tuple[Tensor, dict[str, float]]:
     """CISPO (:func:`cispo_loss`) with the weight bounds ``cfg.cispo_min_ratio`` / ``cispo_max_ratio``, the k3 KL at
-    ``cfg.beta``. On-policy its gradient is the clipped loss's."""
+    ``cfg.beta``, ``is_weights`` the rollout correction's. On-policy its gradient is the clipped loss's."""
     return cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, max_ratio=cfg.cispo_max_ratio,
-                      min_ratio=cfg.cispo_min_ratio, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer)
+                      min_ratio=cfg.cispo_min_ratio, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer,
+                      is_weights=is_weights)
