@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stages.core.dist import all_gather_list, rank, world_size
+from stages.core.dist import all_gather_list
 from stages.rl.algorithms import sample_rollout
 from stages.rl.data import step_questions
 from stages.rl.dynamic_sampling import RefillState, refill_round
@@ -59,7 +59,7 @@ def collect_scored(ctx: StepContext, step: int, timer: Any) -> tuple[Batch, Rewa
         questions, metrics = ctx.curriculum.questions(step, p.questions_per_step)
     else:
         questions = step_questions(len(ctx.rows), step, p.questions_per_step, p.seed)
-    mine = questions[rank() :: world_size()]
+    mine = questions[ctx.updater.rank :: ctx.updater.world]
     with timer("generation"):
         batch = Batch(step, mine, algo.collect(ctx, step, mine))
     with timer("scoring"):
@@ -68,7 +68,7 @@ def collect_scored(ctx: StepContext, step: int, timer: Any) -> tuple[Batch, Rewa
     if p.dynamic_sampling.enabled:
         batch, rewards = refill(ctx, step, timer, rounds, metrics)
     if ctx.curriculum is not None:
-        observed = [gathered(qs, group_accuracy(b, r)) for qs, b, r in rounds]
+        observed = [gathered(ctx, qs, group_accuracy(b, r)) for qs, b, r in rounds]
         ctx.curriculum.observe([q for ob in observed for q, _ in ob], [a for ob in observed for _, a in ob])
     return batch, rewards, metrics
 
@@ -105,7 +105,7 @@ def refill(
     shortfall = 0
     while True:
         qs, b, r = rounds[-1]
-        crit = [c for _, c in gathered(qs, criterion(b, r, ds.metric))]
+        crit = [c for _, c in gathered(ctx, qs, criterion(b, r, ds.metric))]
         width = max((len(c) for c in crit), default=1)  # per-step rewards: ranks' step counts may differ
         table = torch.tensor([c + [math.nan] * (width - len(c)) for c in crit], dtype=torch.float64)
         state, d = refill_round(
@@ -115,7 +115,7 @@ def refill(
             max_per_round=per_round,
             oversample=ds.oversample,
         )
-        mine = range(rank(), len(qs), world_size())  # this rank's positions in the round's question list
+        mine = range(ctx.updater.rank, len(qs), ctx.updater.world)  # this rank's positions in the round's list
         kept.append((b, r, [k for k, pos in enumerate(mine) if bool(d.keep[pos])]))
         shortfall = d.shortfall
         if d.done:
@@ -125,7 +125,7 @@ def refill(
             shortfall = state.target - state.kept
             break
         used.update(more)
-        share = more[rank() :: world_size()]
+        share = more[ctx.updater.rank :: ctx.updater.world]
         with timer("generation"):
             ro = sample_rollout(ctx, step, share, round_=len(rounds)) if share else None
         nb = Batch(step, share, ro)
@@ -191,10 +191,10 @@ def group_accuracy(batch: Batch, rewards: Rewards) -> Tensor:
     return torch.where(n > 0, torch.where(ok, acc, 0.0).sum(-1) / n.clamp(min=1), math.nan)
 
 
-def gathered(questions: list[int], local: Tensor) -> list[tuple[int, Any]]:
+def gathered(ctx: StepContext, questions: list[int], local: Tensor) -> list[tuple[int, Any]]:
     """(question, row of ``local``) for every question of a round, in the round's order, from every rank's share
     (rank r holds positions r, r + world, ...): the same list on every rank."""
-    pos = range(rank(), len(questions), world_size())
+    pos = range(ctx.updater.rank, len(questions), ctx.updater.world)
     rows = [(k, local[i].tolist()) for i, k in enumerate(pos)]
     return [(questions[k], row) for k, row in sorted(all_gather_list(rows))]
 

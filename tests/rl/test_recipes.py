@@ -156,10 +156,11 @@ class _Sp:
         self.n, self.max_new_tokens = p.rollout.group_size, p.rollout.max_new_tokens
 
 
-@pytest.mark.parametrize("share", [False, True])
-def test_token_entropy_gradient_equals_autograd_of_the_full_softmax(project, share):
+@pytest.mark.parametrize("share,top_k", [(False, 0), (True, 0), (True, 5)])
+def test_token_entropy_gradient_equals_autograd_of_the_full_softmax(project, share, top_k):
     """stages.core.logprobs' chunked entropy with ``entropy_grad`` (the bonus's path) against autograd through
-    softmax(logits / T) over the whole vocabulary, with and without the shared-prompt pass, chunks of 3 positions."""
+    softmax(logits / T) over the whole vocabulary, with and without the shared-prompt pass, chunks of 3 positions;
+    with a top-k truncation of the log-probs the entropy is still the full distribution's."""
     model, tok, rows = _load()
     prompts = [rollout_prompt(r["question"], "cot", "deepseekmath", tok) for r in rows[:2]]
     gen = Scripted(tok, rows, lambda r: [_right(r), "no idea"])
@@ -167,7 +168,7 @@ def test_token_entropy_gradient_equals_autograd_of_the_full_softmax(project, sha
                        mask_truncated=False)
     w = torch.rand(ro.loss_mask.shape, generator=torch.Generator().manual_seed(0)) * ro.loss_mask
     _, ent = token_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len, 0.7, entropy=True,
-                            share_prompts=share, chunk_tokens=3, entropy_grad=True)
+                            share_prompts=share, chunk_tokens=3, entropy_grad=True, top_k=top_k)
     (ent * w).sum().backward()
     got = {k: v.grad.clone() for k, v in model.named_parameters()}
     model.zero_grad()
