@@ -94,7 +94,8 @@ class Algorithm:
 
     def loss_config(self, p: Any) -> LossConfig:
         return LossConfig(clip_eps=p.loss.clip_eps, clip_eps_high=p.loss.clip_eps_high, beta=0.0,
-                          aggregation=p.loss.aggregation)
+                          aggregation=p.loss.aggregation, cispo_max_ratio=p.loss.cispo.max_ratio,
+                          cispo_min_ratio=p.loss.cispo.min_ratio)
 
     def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Critic | None:
         """A value model with its updater (PPO), or None."""
@@ -118,15 +119,20 @@ class Algorithm:
         return tg
 
 
-def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout:
+ROUND_SEED = 1_000_000_007
+"""Extra round r of a step samples with seed ``seed * 1_000_003 + step + ROUND_SEED * r`` (r = 0: the step's own)."""
+
+
+def sample_rollout(ctx: StepContext, step: int, questions: list[int], round_: int = 0) -> Rollout:
     """G outputs per question from the current policy, each question in its rollout mode (``grpo.rollout``; the tool
-    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step."""
+    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step (and
+    ``round_``, dynamic sampling's extra generation rounds of the step: stages/rl/recipes.py)."""
     p = ctx.p
     batch = [ctx.rows[i] for i in questions]
     modes = question_modes(p.rollout, p.seed, step, questions)
     ctx.model.eval()
     samples, metrics = sample_outputs(ctx.generator, ctx.tokenizer, [r["question"] for r in batch], modes, p,
-                                      seed=p.seed * 1_000_003 + step, pool=ctx.sandbox_pool)
+                                      seed=p.seed * 1_000_003 + step + ROUND_SEED * round_, pool=ctx.sandbox_pool)
     sleep = getattr(ctx.generator, "sleep", None)
     if callable(sleep):
         sleep()  # vllm sleep mode: the engine's memory goes to the update
