@@ -245,6 +245,25 @@ def head_forward(head: torch.nn.Module, fn: Callable[[Tensor], Tensor]) -> Itera
         del head.forward
 
 
+def select_cache_rows(cache: Any, index: Tensor) -> None:
+    """Re-index the batch rows of a transformers KV cache in place (the U distinct prompts' rows to the B outputs that
+    share them), differentiably and deterministically: every layer's keys and values go through ``index_select``,
+    whose backward (``index_add_``) sums the gradients of repeated rows in index order at any thread count.
+    transformers' ``batch_select_indices`` uses advanced indexing, whose CPU backward (``index_put_`` with
+    ``accumulate``) sums them in an order that depends on thread timing: 8 copies of one prompt's row, 2 threads
+    beside a busy process, torch 2.13: 20 different gradients in 30 runs (the same at 1 thread). That was the
+    run-to-run difference of GRPO's update whenever a micro-batch held a single prompt's group (issue 29)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # an older cache class: its own method (advanced indexing)
+        cache.batch_select_indices(index)
+        return
+    for layer in layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, Tensor) and keys.numel() and isinstance(values, Tensor):
+            layer.keys = keys.index_select(0, index)
+            layer.values = values.index_select(0, index)
+
+
 def lm_logprobs(model: Any, targets: Tensor, *, temperature: float = 1.0, entropy: bool = False,
                 chunk_tokens: int | None = None, rows: Tensor | None = None, top_k: int = 0, top_p: float = 1.0,
                 entropy_grad: bool = False,

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend, sample_seed
-from stages.core.logprobs import IGNORE, completion_logprobs, lm_logprobs
+from stages.core.logprobs import IGNORE, completion_logprobs, lm_logprobs, select_cache_rows
 from stages.core.prompts import chat_prompt, prompt_format, rl_prompt
 from stages.core.tool_loop import MODES, LoopStats, Stream, run_loop
 
@@ -311,7 +311,7 @@ def _shared_prompt_logprobs(model: Any, uniq: Tensor, inverse: Tensor, input_ids
                                  position_ids=p_pos, logits_to_keep=1, use_cache=True, **kw)
     ckw = _cache_kwarg(model)  # transformers >= 5.2x renamed past_key_values to cache
     cache = out[ckw]
-    cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...) rows; indexing keeps the autograd graph
+    select_cache_rows(cache, inverse)  # (U, ...) -> (B, ...) rows, differentiable, deterministic
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     # positions P..P+T-2 predict tokens 1..T-1
     _, lp, ent = lm_logprobs(model, targets[:, 1:], input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
