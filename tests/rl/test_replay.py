@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from stages import grpo
-from stages.core import paths
+from stages.core import answers, paths
 from stages.core.errors import PipelineError
 from stages.rl.ledger import LedgerWriter, read_step, weight_hash
 from stages.rl.replay import main, replay
@@ -28,10 +28,12 @@ torch.set_num_threads(1)
 
 def default_params(**changes) -> GrpoParams:
     """The committed params.yaml's grpo section (the tiny default's settings: 16 questions x G = 8, 64 tokens, beta
-    0.04, ...) on the test project, with ``changes``."""
+    0.04, ...) on the test project, with ``changes``; plus the tests' length reward, since the random test model never
+    answers right (all-equal rewards would train nothing)."""
     root = Path(__file__).resolve().parents[2]
     p = GrpoParams.from_file(root / "params.yaml")
-    return p.updated({"heldout.every": 0, "compute.num_threads": 1, **changes})
+    return p.updated({"heldout.every": 0, "compute.num_threads": 1, "reward.custom": [
+        "tests.rl.custom_rewards:length_reward"], "reward.custom_weights": [1.0], **changes})
 
 
 def test_the_stage_writes_the_ledger_and_replay_matches_3_steps_of_a_default_run(project, capsys):
@@ -40,7 +42,7 @@ def test_the_stage_writes_the_ledger_and_replay_matches_3_steps_of_a_default_run
     files = sorted(f.name for f in paths.GRPO_LEDGER.iterdir())
     assert files == ["_README.md", "step-000000.parquet", "step-000001.parquet", "step-000002.parquet"]
     info = m["ledger"]
-    assert info["ledger_files"] == 3 and info["ledger_bytes_per_step"] == info["ledger_bytes"] // 3
+    assert info["ledger_files"] == 3 and info["ledger_bytes_per_step"] == round(info["ledger_bytes"] / 3)
     table, meta = read_step(paths.GRPO_LEDGER, 1)
     assert table.num_rows == p.questions_per_step * p.rollout.group_size
     cols = set(table.column_names)
@@ -66,6 +68,7 @@ def test_the_stage_writes_the_ledger_and_replay_matches_3_steps_of_a_default_run
     for step in (0, 1, 2):  # the checkpoints are gone (the stage removes them): the start model, rolled forward
         r = replay(step, checkpoints="auto")
         assert r["rolled"] == step and "start model" in r["source"]
+        assert math.isfinite(r["loss_logged"]) and r["grad_norm_logged"] > 0  # the step trained
         assert r["match"], r
         assert r["loss_diff"] <= 1e-6 * max(1.0, abs(r["loss_logged"]))
         assert r["grad_norm_diff"] <= 1e-6 * max(1.0, abs(r["grad_norm_logged"]))
@@ -154,4 +157,5 @@ def test_ledger_values_are_the_steps(project, tmp_path):
         )
         assert all(math.isfinite(x) for lps in c["sampler_logprobs"] for x in lps)
         assert meta["prompt_len"] == max(len(x) for x in c["prompt_ids"])
-        assert c["checker"][0] == "deepseekmath" and c["weight_hash"][0]
+        assert c["checker"][0] == p.reward.checker and c["checker_version"][0] == answers.CHECKER_VERSION
+        assert c["weight_hash"][0] == c["weight_hash"][-1] and len(c["weight_hash"][0]) == 32
