@@ -81,6 +81,8 @@ def run_step(step: int, ctx: StepContext) -> tuple[dict[str, Any], Rollout | Non
     kept samples). The rollout is None when rft kept nothing for the step."""
     algo, timer = ctx.algorithm, PhaseTimer()
     m: dict[str, Any] = {"step": step}
+    if ctx.ledger is not None:
+        ctx.ledger.begin(ctx)  # the rollout ledger: the weights that sample this step (stages/rl/ledger.py)
     batch, rewards, recipe_metrics = collect_scored(ctx, step, timer)  # timed as generation / scoring inside
     with timer("scoring"):
         tg = algo.targets(ctx, batch, rewards)
@@ -93,6 +95,8 @@ def run_step(step: int, ctx: StepContext) -> tuple[dict[str, Any], Rollout | Non
     with timer("update"):
         m.update(update(ctx, batch, tg, lp))
     m["n_train_outputs"] = int(all_reduce([float(tg.train_rows.numel())])[0])
+    if ctx.ledger is not None:
+        ctx.ledger.record(ctx, batch, rewards, tg, lp, m)
     m.update(timer.totals())
     return m, batch.rollout, tg.rewards
 

@@ -98,7 +98,8 @@ class StepContext:
     ``on_step`` (called with each row), ``step`` (the next step to run), ``iteration`` (Algorithm 1's, from 1),
     ``cache`` (what iterations continue with: rft's pool, PPO's value model), and with a reward-model source the
     ``reward_model`` and the examples it was trained on (``rm_examples``); ``curriculum``: the pass-rate curriculum
-    (stages.rl.curriculum.PassRateCurriculum) when ``grpo.curriculum`` is on, else None."""
+    (stages.rl.curriculum.PassRateCurriculum) when ``grpo.curriculum`` is on, else None; ``ledger``: the rollout
+    ledger's writer (stages/rl/ledger.py) or None."""
 
     p: Any
     model: Any
@@ -127,6 +128,7 @@ class StepContext:
     reward_model: Any = None
     rm_examples: list[dict[str, Any]] = field(default_factory=list)
     curriculum: Any = None
+    ledger: Any = None
 
     @property
     def device(self) -> torch.device:
