@@ -183,7 +183,7 @@ def test_one_section_loads_alone_with_its_runtime_values(tmp_path: Path) -> None
     raw["grpo"]["optim"]["lr"] = -1.0
     bad = tmp_path / "params.yaml"
     bad.write_text(yaml.safe_dump(raw))
-    with pytest.raises(PipelineError, match=r"grpo\.optim\.lr: Input should be greater than 0"):
+    with pytest.raises(PipelineError, match=r"grpo\.optim\.lr: Input should be greater than or equal to 0"):
         GrpoParams.from_file(bad)
 
 

@@ -279,8 +279,9 @@ class GrpoOptimParams(Section):
     """The policy update: AdamW at a constant learning rate, ``mu`` passes over each rollout batch, each split into
     ``minibatches`` optimizer steps accumulated over micro-batches (stages/rl/step.py phase 5)."""
 
-    lr: PosFloat
-    """Policy learning rate, AdamW, constant (paper: 1e-6)."""
+    lr: NonNegFloat
+    """Policy learning rate, AdamW, constant (paper: 1e-6). 0 freezes the policy: a diagnostic run whose
+    sampler-trainer mismatch must stay flat (docs/rl.md, the lr = 0 table)."""
     weight_decay: NonNegFloat
     """AdamW weight decay."""
     max_grad_norm: PosFloat
