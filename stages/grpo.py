@@ -48,13 +48,14 @@ from typing import Any
 
 import torch
 
-from stages.core import paths
+from stages.core import paths, threads
 from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
 from stages.core.io import atomic_path, is_timing_key, write_metrics
 from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer, save_model
 from stages.core.problems import load_problem_file
+from stages.core.progress import loadavg
 from stages.core.prompts import rl_prompt
 from stages.rl.algorithms import get_algorithm, rule_reward_set
 from stages.rl.baseline import continued_sft
@@ -342,15 +343,20 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
     if heldout is not None and is_main_process() and heldout.due(start, p.steps) and start == first_step == 0:
         logger.info("held-out accuracy before step 1: %.3f", heldout.evaluate(0, generator))
     for step in range(start, p.steps):
+        threads.step()
         row, ro, rewards = grpo_step(step, p, model, tokenizer, ref_model, generator, upd, rows, reward_set,
                                      scorer=scorer, pool=pool, offload=offload, critic=ctx.critic)
         done = step + 1
         if heldout is not None and is_main_process() and heldout.due(done, p.steps):
             row["heldout_accuracy"] = heldout.evaluate(done, generator)
         history.append(row)
-        logger.info("%s step %d/%d: reward %.3f acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f)%s",
+        n_gen = (len(ro.texts) if ro is not None else 0) * row["completion_len"]  # tokens sampled this step
+        logger.info("%s step %d/%d: reward %.3f acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f; "
+                    "%.0f tok/s sampled, %.1f cores, load %.1f)%s",
                     algo.name, done, p.steps, row["reward_mean"], row["accuracy"], row["zero_std_frac"], row["kl"],
                     row["completion_len"], row["step_s"], row["t_generation"], row["t_update"],
+                    n_gen / max(row["t_generation"], 1e-9) if math.isfinite(n_gen) else 0.0,
+                    row["cpu_step_s"] / max(row["step_s"], 1e-9), loadavg(),
                     f" | held-out {row['heldout_accuracy']:.3f}" if "heldout_accuracy" in row else "")
         if ro is not None and p.log_completions_every and step % p.log_completions_every == 0:
             table = sample_table(step, ro, rewards)
@@ -485,8 +491,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     Under a DeepSpeed launch with several ranks every rank trains; rank 0 alone writes outputs and runs the
     baseline, and the other ranks return an empty dict."""
     t_start = time.perf_counter()
-    if p.compute.num_threads:
-        torch.set_num_threads(p.compute.num_threads)
+    threads.use(p.compute.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
     algo = get_algorithm(p.algorithm)
@@ -552,6 +557,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
                            per_step=p.questions_per_step, seed=p.seed,
                            lr=p.baseline.lr, max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size,
                            updater=rl_updater(base_model, p, lr=p.baseline.lr, weight_decay=0.0),
+                           on_step=lambda _done: threads.step(),
                            chunk_tokens=p.compute.logprob_chunk_tokens)
         if main:
             save_model(base_model.to("cpu"), tokenizer, paths.SFT_CONTINUED,
@@ -568,6 +574,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     if not main:
         return {}
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
+    metrics["threads"] = threads.stats()  # steps at each torch thread count (a timing: data/timings)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
                                      "trained_parameters", "baseline.sft_loss_last", "heldout"])
