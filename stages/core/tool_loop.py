@@ -19,12 +19,21 @@ What the next TIR round continues from (``carry``):
 - ``"text"`` (the evaluation stage; the reference evaluator's way): the prompt + the response text so far,
   re-tokenised by the generator; the text before the stop word loses the stop word and its trailing whitespace,
   then ``tir_output_block`` (``\\n```output\\n{out}\\n```\\n``) is appended.
-- ``"tokens"`` (RL rollouts): the exact ids: the prompt's ids + every token generated so far (the ```` ```output ````
+- ``"tokens"`` (RL rollouts): the exact ids: the prompt is tokenised once (``Stream.prompt_ids``) and every round,
+  the first included, goes to the generator as ids (``generate_ids``, both backends have it; a generator without it
+  gets the text in round 1); then the prompt's ids + every token generated so far (the ```` ```output ````
   the policy wrote included) + the tokenised rest of the output block (``\\n{out}\\n```\\n``, less any characters
   that the token completing the stop word already carried). The sequence the update trains on is then, token for
   token, the one the sampler saw: every policy token keeps the log-prob it was sampled with, and
   ``Stream.policy_mask`` is 0 on the injected tokens, which the loss and the KL leave out. Re-tokenising the text
   (the reference's way) would put the policy's tokens in a context other than the one they were sampled in.
+
+Tool output is text, never control tokens: a program that prints its tokenizer's EOS (``</s>``, ``<|im_end|>``,
+...) or any other special token's text must not end the response or open a chat turn. With ``"tokens"`` the output
+block is tokenised with special-token strings split into ordinary tokens (:func:`tool_output_ids`, the text kept as
+printed); with ``"text"``, where the generator re-tokenises the whole context, a zero-width space is put after the
+first character of each special-token string in the output (:func:`plain_text`). SFT targets are tokenised the same
+way (``stages.train.data.make_example``: the response with split special tokens, EOS appended by id).
 
 Concurrency: programs run on ``pool`` (threads, each driving one sandbox process) while the generator works. The
 prompts are split into ``chunks`` fixed, contiguous groups, processed in a fixed order (round 1 of chunk 1, round 1
@@ -64,6 +73,46 @@ _OUTPUT_HEAD = "\n" + TIR_STOP  # tir_output_block(out) == _OUTPUT_HEAD + "\n" +
 _PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 
+ZERO_WIDTH_SPACE = "\u200b"
+
+
+def special_strings(tokenizer: Any) -> list[str]:
+    """The text of every special token of ``tokenizer`` (BOS, EOS, PAD, UNK, chat markers and other added special
+    tokens), longest first; [] without a tokenizer."""
+    if tokenizer is None:
+        return []
+    out = {str(t) for t in getattr(tokenizer, "all_special_tokens", None) or []}
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            out.add(str(added))
+    return sorted((t for t in out if len(t) > 1), key=lambda t: (-len(t), t))
+
+
+def plain_text(text: str, tokenizer: Any) -> str:
+    """``text`` with a zero-width space after the first character of every special-token string of ``tokenizer``
+    in it, so that tokenising the result never yields a special token (for contexts that are re-tokenised as a
+    whole: ``carry="text"``). Text without such strings is returned unchanged."""
+    specials = special_strings(tokenizer)
+    while any(sp in text for sp in specials):
+        for sp in specials:
+            text = text.replace(sp, sp[0] + ZERO_WIDTH_SPACE + sp[1:])
+    return text
+
+
+def tool_output_ids(tokenizer: Any, text: str) -> tuple[str, list[int]]:
+    """(text, ids) of tool output injected into a token context: ``text`` tokenised as text, its special-token
+    strings split into ordinary tokens (``split_special_tokens``), so no id is a special token's; a tokenizer that
+    cannot split gets :func:`plain_text` instead (and that text is returned)."""
+    ids = list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    special = set(getattr(tokenizer, "all_special_ids", None) or []) - {getattr(tokenizer, "unk_token_id", None)}
+    special |= {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+                if getattr(t, "special", False)}
+    if special.intersection(ids):
+        text = plain_text(text, tokenizer)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return text, ids
+
+
 def pot_program(text: str) -> str:
     """The program of a PoT completion: its last ```python block, else the text before any ```` ``` ````;
     leading whitespace of the first line removed (responses start with a space)."""
@@ -85,15 +134,16 @@ def strip_stops(text: str, stops: Sequence[str]) -> str:
 class Stream:
     """One output: sample ``sample`` of prompt ``prompt``, over all its rounds.
 
-    ``token_ids`` / ``logprobs`` / ``policy_mask`` (``carry="tokens"`` only; empty with ``"text"``): every completion
-    token in order, generated and injected; the sampler's log-prob of each generated token (0.0 on injected ones);
-    1 on generated tokens, 0 on injected ones. ``n_tokens``: generated tokens over all rounds. ``finish_reason``:
+    ``prompt_ids`` / ``token_ids`` / ``logprobs`` / ``policy_mask`` (``carry="tokens"`` only; empty with ``"text"``):
+    the prompt's ids as the generator got them; every completion token in order, generated and injected; the
+    sampler's log-prob of each generated token (0.0 on injected ones); 1 on generated tokens, 0 on injected ones. ``n_tokens``: generated tokens over all rounds. ``finish_reason``:
     the last generation's ("stop" / "length"), or "tool" when the last round stopped for a program.
     ``exec_status`` / ``program_answer``: PoT's program run (its status; ``str(solution())`` or None)."""
 
     prompt: int
     sample: int
     text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     policy_mask: list[int] = field(default_factory=list)
@@ -176,7 +226,11 @@ class _Loop:
         self.generator, self.prompts, self.mode, self.pool = generator, list(prompts), mode, pool
         self.max_rounds, self.timeout, self.carry, self.tok, self.stats = max_rounds, exec_timeout_s, carry, tokenizer, stats
         self.tokens = carry == "tokens"
-        self.prompt_ids = tokenize_prompts(tokenizer, self.prompts) if self.tokens and mode == "tir" else None
+        if self.tok is None:  # text carry: the generator's tokenizer tells which strings are special
+            self.tok = getattr(generator, "tokenizer", None)
+        ids_ok = callable(getattr(generator, "generate_ids", None)) and tokenizer is not None
+        self.prompt_ids = tokenize_prompts(tokenizer, self.prompts) if self.tokens and (ids_ok or mode == "tir") \
+            else None
         self.streams: list[list[Stream]] = [[] for _ in self.prompts]
         self.stops: tuple[str, ...] = ()
         self._extras: dict[int, str] = {}
@@ -186,9 +240,13 @@ class _Loop:
         that were generated for."""
         t0 = time.perf_counter()
         if todo is None:
-            outs = self.generator.generate(self.prompts[lo:hi], sp)
+            if self.prompt_ids is not None:  # token in: the ids the rollout will lay out, tokenised once
+                outs = self.generator.generate_ids(self.prompt_ids[lo:hi], sp)
+            else:
+                outs = self.generator.generate(self.prompts[lo:hi], sp)
             for i, group in zip(range(lo, hi), outs, strict=True):
-                self.streams[i] = [Stream(i, j) for j in range(len(group))]
+                pids = list(self.prompt_ids[i]) if self.prompt_ids is not None else []
+                self.streams[i] = [Stream(i, j, prompt_ids=list(pids)) for j in range(len(group))]
                 for st, c in zip(self.streams[i], group, strict=True):
                     st.add(c, self.tokens)
             todo = [st for i in range(lo, hi) for st in self.streams[i]]
@@ -258,11 +316,11 @@ class _Loop:
             block = tir_output_block(tir_output(res))
             st.executions += 1
             if not self.tokens:
-                st.inject(block, [])
+                st.inject(plain_text(block, self.tok), [])  # re-tokenised with the context: no special string
                 continue
             rest = block[len(_OUTPUT_HEAD):]  # the policy wrote the stop word itself: "\n{out}\n```\n" follows
             add = rest[len(job.extra):] if rest.startswith(job.extra) else rest
-            st.inject(add, self.tok(add, add_special_tokens=False)["input_ids"])
+            st.inject(*tool_output_ids(self.tok, add))  # as text: special-token strings split, never special ids
 
 
 def run_loop(generator: Any, prompts: Sequence[str], mode: str, sampling: Callable[[int, int], SamplingParams],

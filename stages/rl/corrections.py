@@ -40,6 +40,15 @@ preset          weight / rejection                              peers
                 outside [low, high]
 =============== =============================================== ==========================================================
 
+In the RL step (registry ``grpo.correction.method``, stages/rl/registry.py CORRECTIONS): ``none`` (the default, the
+paper's GRPO) or one of the presets above with ``grpo.correction.low`` / ``high`` as the thresholds. The trainer's
+log-probs are pi_old's (the update's first forward with ``mu = 1``, else the separate pi_old pass), the sampler's are
+those the rollout reported for the tokens it drew (``Rollout.sampler_logprobs``; with top-k / top-p both sides use
+the truncated, renormalised distribution the sampler drew from, stages.core.logprobs). :func:`step_weights` gives a
+micro-batch's weights for the loss (``is_weights=`` of a policy loss whose spec says ``takes_is_weights``), and
+:func:`step_metrics` the step's metrics over its whole batch (every loss token of the step: the same numbers for any
+micro-batch split), also with ``none``: the raw ratio's distribution, what would be corrected.
+
 Departures: no clamp of delta before exp (verl clamps to +-20; TRL does not); an overflowing sequence ratio (inf) is
 truncated or rejected like any other out-of-range value, and the metrics are computed in float64. verl's rejection
 statistics other than the ratio (k2 / k3 divergences, seq_max) are not offered.
@@ -47,12 +56,16 @@ statistics other than the ratio (k2 / k3 divergences, seq_max) are not offered.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
+
+from stages.rl import registry
 
 ISLevel = Literal["token", "sequence", "geometric"]
 IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
@@ -106,18 +119,10 @@ def _check_bounds(name: str, low: float | None, high: float | None) -> None:
         raise ValueError(f"{name}: low ({low}) must not exceed high ({high})")
 
 
-def rollout_correction(
-    trainer_logprobs: Tensor,
-    sampler_logprobs: Tensor,
-    mask: Tensor,
-    *,
-    weight_level: ISLevel | None = "token",
-    truncate_low: float | None = None,
-    truncate_high: float | None = None,
-    reject_level: ISLevel | None = None,
-    reject_low: float | None = None,
-    reject_high: float | None = None,
-) -> ISCorrection:
+def rollout_correction(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *,
+                       weight_level: ISLevel | None = "token", truncate_low: float | None = None,
+                       truncate_high: float | None = None, reject_level: ISLevel | None = None,
+                       reject_low: float | None = None, reject_high: float | None = None) -> ISCorrection:
     """Importance weights pi_old / pi_sampler, truncated and / or with rejection (formulas in the module docstring).
 
     Args:
@@ -157,42 +162,37 @@ def rollout_correction(
     _check_bounds("reject", reject_low, reject_high)
     m = mask.to(torch.bool)
     dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
-
-    if weight_level is None:
+    raw = None if weight_level is None else \
+        torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, weight_level)).expand(mask.shape)
+    if raw is None:
         w = torch.ones(mask.shape, dtype=dtype, device=mask.device)
-        raw = None
+    elif truncate_low is not None or truncate_high is not None:
+        w = torch.clamp(raw, min=truncate_low, max=truncate_high)
     else:
-        raw = torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, weight_level)).expand(mask.shape)
         w = raw
-        if truncate_low is not None or truncate_high is not None:
-            w = torch.clamp(raw, min=truncate_low, max=truncate_high)
-
-    keep = m.clone()
-    rej_ratio = None
-    if reject_level is not None:
-        rej_ratio = torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, reject_level)).expand(mask.shape)
-        inside = torch.ones_like(keep)
-        if reject_low is not None:
-            inside &= rej_ratio >= reject_low
-        if reject_high is not None:
-            inside &= rej_ratio <= reject_high
-        keep &= inside
+    keep, rej_ratio = _reject(trainer_logprobs, sampler_logprobs, mask, reject_level, reject_low, reject_high)
     weights = torch.where(keep, w, torch.zeros_like(w)).detach()
-
     with torch.no_grad():
-        metrics = _metrics(
-            trainer_logprobs,
-            sampler_logprobs,
-            m,
-            keep,
-            weights,
-            raw if raw is not None else rej_ratio,
-            weight_level or reject_level or "token",
-            raw,
-            truncate_low,
-            truncate_high,
-        )
+        metrics = _metrics(trainer_logprobs, sampler_logprobs, m, keep, weights,
+                           raw if raw is not None else rej_ratio, weight_level or reject_level or "token", raw,
+                           truncate_low, truncate_high)
     return ISCorrection(weights=weights, keep=keep, metrics=metrics)
+
+
+def _reject(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, level: ISLevel | None,
+            low: float | None, high: float | None) -> tuple[Tensor, Tensor | None]:
+    """(keep: the loss tokens whose unit's ratio at ``level`` is within [low, high], the ratio at ``level`` or None
+    without rejection)."""
+    keep = mask.to(torch.bool).clone()
+    if level is None:
+        return keep, None
+    ratio = torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, level)).expand(mask.shape)
+    inside = torch.ones_like(keep)
+    if low is not None:
+        inside &= ratio >= low
+    if high is not None:
+        inside &= ratio <= high
+    return keep & inside, ratio
 
 
 def _units(x: Tensor, m: Tensor, level: str) -> Tensor:
@@ -279,3 +279,58 @@ def correct(
 ) -> ISCorrection:
     """:func:`rollout_correction` with a preset of :data:`IS_METHODS` and its two thresholds."""
     return rollout_correction(trainer_logprobs, sampler_logprobs, mask, **method_kwargs(method, low, high))
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry of corrections (grpo.correction.method) and the step's use of it
+
+Correction = Callable[..., "ISCorrection | None"]
+"""``fn(trainer_logprobs, sampler_logprobs, mask, *, low, high) -> ISCorrection`` (None: no correction)."""
+CORRECTIONS: dict[str, Correction] = registry.CORRECTIONS.impls
+"""The registered corrections by name (stages/rl/registry.py holds their specs)."""
+
+
+def register_correction(name: str) -> Callable[[Correction], Correction]:
+    """Decorator: register ``fn(trainer_logprobs, sampler_logprobs, mask, *, low, high)`` as the correction ``name``
+    (declared in stages/rl/registry.py CORRECTIONS)."""
+    return registry.CORRECTIONS.register(name)
+
+
+@register_correction("none")
+def no_correction(
+    trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, low: float | None, high: float | None
+) -> None:
+    """The paper's GRPO: no importance weights (the loss's policy term as it is)."""
+    return None
+
+
+for _m in IS_METHODS:
+    register_correction(_m)(functools.partial(correct, _m))
+
+
+def step_weights(c: Any, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor | None:
+    """The (B, T) detached weights of one micro-batch for the loss's policy term, with the grpo params' correction
+    group ``c`` (method, low, high); None with method ``none``."""
+    out = registry.CORRECTIONS.get(c.method)(
+        trainer_logprobs, sampler_logprobs.to(trainer_logprobs.device), mask, low=c.low, high=c.high
+    )
+    return None if out is None else out.weights
+
+
+_DUPLICATES = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3")  # the step's mismatch_metrics has them
+
+
+def step_metrics(c: Any, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+    """The correction's metrics over a whole step's loss tokens (:func:`rollout_correction`'s, less the mismatch
+    figures the step reports anyway; ``n_nan_sampler`` as ``mismatch_nan_tokens``). With method ``none``: the raw
+    token ratio's distribution (``is_ratio_*``), the signed mean log ratio and the NaN count, i.e. what a correction
+    would see."""
+    if c.method == "none":
+        out = rollout_correction(trainer_logprobs, sampler_logprobs, mask, weight_level="token").metrics
+        keep = ("is_ratio_mean", "is_ratio_std", "is_ratio_min", "is_ratio_max", "mismatch_log_ratio_mean")
+        m = {k: out[k] for k in keep}
+    else:
+        out = correct(c.method, trainer_logprobs, sampler_logprobs, mask, low=c.low, high=c.high).metrics
+        m = {k: v for k, v in out.items() if k not in _DUPLICATES and k != "n_nan_sampler"}
+    m["mismatch_nan_tokens"] = out["n_nan_sampler"]
+    return m

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from stages.schema.base import RUNTIME, DataPath, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DataPath, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 
 EvalMode = Literal["cot", "pot", "tir"]
 """cot: chain of thought; pot: program of thought (``solution()`` run in the sandbox); tir: tool-integrated."""
@@ -32,6 +32,27 @@ class EvalModelParams(Section):
     """At most this many problems of each benchmark for this model (the first ones; never above common.limit); null: common.limit."""
 
 
+CheckerMode = Literal["strict", "deepseekmath"]
+"""Answer checker modes (stages/core/answers.py; docs/evaluation.md has their rules and a table of cases)."""
+
+
+class EvalCheckerParams(Section):
+    """How answers are judged: which checker mode each use reads. Every completion is judged in both modes and by
+    math-verify alone (the verifier-sensitivity table of the evaluation's details and the report)."""
+
+    headline: CheckerMode
+    """Mode of the headline metrics (acc, avg@n, pass@k, maj@k in data/metrics): strict (percent forms only where
+    written, relative tolerance, lists / intervals / units as such, several different final answers wrong, no
+    last-number fallback) or deepseekmath (the reference evaluator's rules)."""
+    report: CheckerMode
+    """Mode of the accuracies the report sets beside the paper's (deepseekmath: the rules the paper's numbers were
+    measured with)."""
+    timeout_s: PosFloat
+    """Deadline of one check in the checking worker (a check past it is a timeout: never right, counted)."""
+    math_verify: bool
+    """Also record math-verify's own verdict on every completion (its extraction and verify; a worker call each)."""
+
+
 class EvalCommonParams(Section):
     """Settings every evaluated model shares."""
 
@@ -53,13 +74,15 @@ class EvalCommonParams(Section):
     """Sampling seed (each batch uses seed + its index, so a resumed run draws the same samples)."""
     tir_max_rounds: PosInt
     """Most generate/execute rounds in tir mode (reference: 2)."""
-    exec_timeout_s: PosFloat
+    exec_timeout_s: TimeoutS
     """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
     stages.core.sandbox.cpu_limit; reference: 10)."""
-    exec_workers: Annotated[PosInt, RUNTIME]
+    exec_workers: Annotated[Workers, RUNTIME]
     """Sandbox worker processes for pot / tir programs."""
     maj_subsets: PosInt
     """maj@k averages over every k-subset of the samples when there are at most this many, else over this many random ones."""
+    checker: EvalCheckerParams
+    """Answer checking: the mode of the headline and of the report's paper comparison, the deadline of one check."""
     n_shots: NonNegInt
     """Few-shot exemplars (from the SFT split, Q:/A: format) in few_shot prompts for the generated problems."""
     limit: PosInt | None

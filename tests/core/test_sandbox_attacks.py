@@ -5,6 +5,8 @@ limits: every one must be contained, and leave the caller and the zygote working
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from benchmarks.sandbox_attacks import ATTACKS, ExecutorRunner, host_setup, pth_trial
@@ -77,3 +79,75 @@ def test_the_report_lists_what_is_shown_and_what_is_not(tmp_path):
         assert res.ok and res.stdout == "['hidden-data'] []\n", res.stderr
     finally:
         ex.close()
+
+
+def test_paths_that_params_files_name_are_hidden(tmp_path, monkeypatch):
+    """Every absolute path a params file names is hidden from the programs, even inside the allow-list."""
+    import yaml
+
+    from stages.schema import base
+
+    monkeypatch.setattr(base, "_NAMED_PATHS", set())
+    data = tmp_path / "models" / "ckpt"
+    data.mkdir(parents=True)
+    inside = sorted(sandbox.isolation_report()["exposed_paths"])[-1]  # a directory the sandbox shows
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"base_model": {"checkpoint": str(data)}, "x": [inside, "relative/path"]}))
+    base.read_params_file(params)
+    assert {str(data), inside, "relative/path"} - base.named_paths() == {"relative/path"}
+    assert os.path.realpath(inside) in sandbox.protected()  # inside the allow-list: hidden
+    assert str(data) not in sandbox.protected()  # outside it: never shown anyway (no zygote restart for it)
+
+
+def test_without_the_allow_list_programs_run_on_a_read_only_host_and_it_is_reported():
+    """A host where the zygote cannot build the sandbox's root: the host's tree read-only (no nodev, no minimal
+    /dev: they live in the allow-list's root), reported, never silent."""
+    _active("allowlist_fs")
+    ex = sandbox.SandboxExecutor(disable=["allowlist_fs"], preload=["math"], prefork=1)
+    try:
+        rep = ex.report()
+        assert {"allowlist_fs", "nodev", "minimal_dev"} <= set(rep["inactive"]) and rep["fatal"] is None
+        assert rep["reasons"]["nodev"] == "needs allowlist_fs"
+        res, _ = ex.run("import os\ntry:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+                        "print(open('/dev/null').read() == '', os.getcwd())")
+        assert res.ok and res.stdout == "30\nTrue /tmp\n", res.stderr  # EROFS
+    finally:
+        ex.close()
+
+
+def test_each_program_runs_under_its_own_cpu_quota():
+    """The CPU limit is a cgroup quota per program (what the [cpu] attack's figure depends on the machine's load to
+    show): while a program runs, its cgroup holds cpus x the 100 ms period; the parent weighs one process per CPU."""
+    import threading
+    import time
+
+    _active("cpu_limit")
+    rep = sandbox.isolation_report()
+    if rep["cpu_limit"] != "cgroup":
+        pytest.skip(f"no cpu cgroup here: programs are pinned to CPUs instead ({rep['reasons'].get('cpu_limit')})")
+    parent = next(d for d in rep["cgroups"] if "/cpu/" in d or "/cpu," in d)
+    assert int(open(os.path.join(parent, "cpu.shares")).read()) == 1024 * len(os.sched_getaffinity(0))
+    seen: dict[str, int] = {}
+
+    def watch(stop: threading.Event) -> None:
+        while not stop.is_set():
+            for e in os.scandir(parent):
+                if e.is_dir():
+                    try:
+                        busy = open(os.path.join(e.path, "cgroup.procs")).read().split()
+                        quota = int(open(os.path.join(e.path, "cpu.cfs_quota_us")).read())
+                    except OSError:
+                        continue
+                    if len(busy) >= 2:  # the sandbox's PID 1 and the program
+                        seen[e.name] = quota
+            time.sleep(0.02)
+
+    for cpus, quota in ((1.0, 100_000), (0.5, 50_000)):
+        seen.clear()
+        stop = threading.Event()
+        t = threading.Thread(target=watch, args=(stop,))
+        t.start()
+        r = sandbox.run_python("import time\ntime.sleep(0.6)", cpus=cpus)
+        stop.set()
+        t.join()
+        assert r.ok and quota in seen.values(), (cpus, seen)

@@ -17,6 +17,7 @@ from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import untimed
 from stages.params import GrpoParams
+from stages.rl.run import fit
 
 torch.set_num_threads(1)
 
@@ -28,17 +29,19 @@ def tiny_params(**over: Any) -> GrpoParams:
     raw = dict(
         algorithm="grpo", start="sft", template="deepseekmath", seed=0, prompts_file="data/corpus/problems/rl.jsonl",
         steps=2, questions_per_step=3, log_completions_every=1, checkpoint_every=1,
-        rollout=dict(group_size=4, temperature=1.0, top_p=1.0, max_new_tokens=12, backend="hf",
+        rollout=dict(group_size=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12, backend="hf",
                      vllm=dict(gpu_memory_utilization=0.1, tensor_parallel_size=1, enable_sleep_mode=False),
                      mode="cot", mixture=dict(cot=0.5, pot=0.0, tir=0.5), tir_max_rounds=2, exec_timeout_s=10.0,
                      chunks=2, exec_workers=2),
         reward=dict(source="rule", accuracy_weight=1.0, format_weight=0.0,
-                    custom=["tests.rl.custom_rewards:length_reward"], custom_weights=[1.0],
+                    custom=["tests.rl.custom_rewards:length_reward"], custom_weights=[1.0], checker="strict",
                     rm_guards=dict(normalize=False, clip=None, rule_weight=0.0, length_penalty=0.0,
-                                   length_target=None)),
+                                   length_target=None),
+                    overlong=dict(factor=0.0, buffer_len=4)),
         advantage=dict(estimator="grpo", scale_rewards="group", eps=1e-4, skip_zero_std_groups=True),
         loss=dict(policy="clipped", clip_eps=0.2, clip_eps_high=None, aggregation="seq-mean-token-mean",
-                  mask_truncated=False, mask_written_outputs=True),
+                  mask_truncated=False, mask_written_outputs=True, cispo=dict(max_ratio=5.0, min_ratio=None),
+                  entropy_coef=0.0),
         kl=dict(beta=0.04),
         optim=dict(lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, mu=1, minibatches=1, micro_batch_size=5),
         ppo=dict(value_init="policy", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=0.2, whiten=True),
@@ -47,6 +50,12 @@ def tiny_params(**over: Any) -> GrpoParams:
                                              heldout_fraction=0.25, epochs=1, lr=1e-3, batch_size=4)),
         baseline=dict(enabled=True, lr=1e-3),
         heldout=dict(every=0, problems_file="data/generated/problems/test.jsonl", limit=4, max_new_tokens=12),
+        dynamic_sampling=dict(enabled=False, metric="accuracy", max_rounds=3, max_per_round=None, oversample=1.0),
+        curriculum=dict(enabled=False, low=0.0, high=1.0, hard_weight=0.1, easy_weight=0.1, normal_weight=1.0,
+                        unseen_weight=1.0, ema=1.0),
+        correction=dict(method="none", low=None, high=2.0),
+        sync=dict(probe_tokens=4, tolerance=dict(hf_fp32=0.0, hf_bf16=0.05, vllm_fp32=1e-3, vllm_bf16=0.1)),
+        ledger=dict(enabled=True),
         compute=dict(num_threads=1, precision="fp32", attn_implementation="sdpa", share_prompt_prefix=True,
                      offload_idle_models=True, gradient_checkpointing=False, logprob_chunk_tokens=256),
         deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
@@ -60,6 +69,14 @@ def tiny_params(**over: Any) -> GrpoParams:
             node = node[g]
         node[leaf] = {**node[leaf], **value} if isinstance(value, dict) and isinstance(node.get(leaf), dict) else value
     return GrpoParams.model_validate(raw)
+
+
+def rl_train(model: Any, tok: Any, rows: list[dict[str, Any]], p: GrpoParams, **kw: Any
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """RL on ``model`` in place through the driver (stages.rl.run.fit: setup, one iteration of train, close; ``kw``:
+    ckpt_dir and setup's options); returns (metric rows, completion rows, info)."""
+    ctx = fit(p, model, tok, rows=rows, **kw)
+    return ctx.history, ctx.samples, ctx.info
 
 
 def _weights(d: Path) -> dict[str, torch.Tensor]:
@@ -90,12 +107,12 @@ def test_on_policy_ratio_is_one_and_kl_zero_at_start(project):
     """mu = 1, one minibatch: old log-probs are the update's own forward, so ratio == 1 exactly;
     at step 0 the policy equals the reference, so the k3 KL is exactly 0."""
     rows = []
-    grpo.train_grpo(*_load(), tiny_params(steps=1), ckpt_dir=None, on_step=rows.append)
+    rl_train(*_load(), tiny_params(steps=1), ckpt_dir=None, on_step=rows.append)
     assert rows[0]["ratio_mean"] == 1.0 and rows[0]["kl"] == 0.0
     assert rows[0]["clip_frac_low"] == 0.0 and rows[0]["clip_frac_high"] == 0.0
     # mu = 2: the second pass is off-policy (ratio != 1) and the old log-probs come from a separate pass
     rows2 = []
-    grpo.train_grpo(*_load(), tiny_params(steps=1, optim__mu=2, optim__minibatches=2), ckpt_dir=None, on_step=rows2.append)
+    rl_train(*_load(), tiny_params(steps=1, optim__mu=2, optim__minibatches=2), ckpt_dir=None, on_step=rows2.append)
     assert rows2[0]["optimizer_steps"] == 4 and rows2[0]["ratio_mean"] != 1.0
 
 
@@ -118,7 +135,7 @@ def test_nonfinite_step_is_skipped_and_counted(project, monkeypatch):
     monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
     model, tok, rows = _load()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    hist, _, _ = grpo.train_grpo(model, tok, rows, tiny_params(steps=1), ckpt_dir=None)
+    hist, _, _ = rl_train(model, tok, rows, tiny_params(steps=1), ckpt_dir=None)
     assert hist[0]["skipped_nonfinite"] == 1 and hist[0]["optimizer_steps"] == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -133,15 +150,15 @@ def test_resume_continues_from_checkpoint(project):
 
     model, tok, rows = _load()
     with pytest.raises(KeyboardInterrupt):
-        grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
+        rl_train(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
     assert [d.name for d in ckpt.iterdir()] == ["step-00000001"]  # saved after step 0; step 1 crashed before its save
     model, tok, rows = _load()
-    hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt)
+    hist, _, info = rl_train(model, tok, rows, p, ckpt_dir=ckpt)
     assert info["resumed_from_step"] == 1 and [r["step"] for r in hist] == [0, 1, 2]
     assert sorted(d.name for d in ckpt.iterdir()) == ["step-00000001", "step-00000002"]
     (ckpt / "step-00000002" / "state.pt").write_bytes(b"garbage")
     with pytest.raises(PipelineError, match="corrupt checkpoint"):
-        grpo.train_grpo(*_load(), p, ckpt_dir=ckpt)
+        rl_train(*_load(), p, ckpt_dir=ckpt)
 
 
 def test_run_removes_its_checkpoints_when_done(project):

@@ -11,7 +11,7 @@ from stages import reward_model
 from stages.core import paths
 from stages.core.io import untimed
 from stages.params import RewardModelParams
-from stages.rl.reward_model import load_examples, load_reward_model
+from stages.rl.rm.model import load_examples, load_reward_model
 
 torch.set_num_threads(1)
 
@@ -104,7 +104,7 @@ def test_init_from_the_pretrained_model(project, tiny_model_dir):
     """init: pretrain starts the RM's backbone from data/models/pretrain (the paper: DeepSeekMath-Base), while the
     samples still come from the SFT model; a missing init model is a one-line error naming it."""
     from stages.core.errors import PipelineError
-    from stages.rl.reward_model import init_reward_model
+    from stages.rl.rm.model import init_reward_model
     from tests.rl.conftest import make_tiny_model_dir
 
     with pytest.raises(PipelineError, match="reward_model.init: pretrain"):
