@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from stages.core import paths
+from stages.core import paths, threads
 from stages.core.dist import is_main_process, train_device
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, is_timing_key, untimed, write_metrics
@@ -120,7 +120,7 @@ def train_baseline(p: GrpoParams, init: Path, tokenizer: Any, rows: Rows) -> dic
                            per_step=p.questions_per_step, seed=p.seed, lr=p.baseline.lr,
                            max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size,
                            updater=rl_updater(model, p, lr=p.baseline.lr, weight_decay=0.0),
-                           chunk_tokens=p.compute.logprob_chunk_tokens)
+                           chunk_tokens=p.compute.logprob_chunk_tokens, on_step=lambda _done: threads.step())
         out = {"steps": len(bh), "sft_loss_first": round(bh[0]["sft_loss"], 4),
                "sft_loss_last": round(bh[-1]["sft_loss"], 4)}
         extra = {"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.tracked_dump()}
@@ -137,8 +137,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     Under a DeepSpeed launch with several ranks every rank trains; rank 0 alone writes outputs, and the other ranks
     return an empty dict."""
     t_start = time.perf_counter()
-    if p.compute.num_threads:
-        torch.set_num_threads(p.compute.num_threads)
+    threads.use(p.compute.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
     get_algorithm(p.algorithm).reward_functions(p)  # a bad custom reward path fails here, before any work
@@ -172,6 +171,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     if not main:
         return {}
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
+    metrics["threads"] = threads.stats()  # steps at each torch thread count (a timing: data/timings)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
                                      "trained_parameters", "baseline.sft_loss_last", "heldout"])

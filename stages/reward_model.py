@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from stages.core import paths
+from stages.core import paths, threads
 from stages.core.dist import barrier, is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, write_metrics
@@ -117,8 +117,7 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     t_start = time.perf_counter()
     if not p.enabled:
         return _disabled(t_start)
-    if p.num_threads:
-        torch.set_num_threads(p.num_threads)
+    threads.use(p.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
     prompts_path = p.prompts_file
     rows = load_prompts(prompts_path)[: p.questions]
     if p.labels == "values" and any("values" not in r for r in rows):

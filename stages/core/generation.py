@@ -50,6 +50,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
+from stages.core import threads
 from stages.core.errors import PipelineError
 from stages.core.logprobs import completion_logprobs, truncation_mask
 from stages.core.sampling import (  # the interface, re-exported: callers import it from here
@@ -323,8 +324,9 @@ class HFGenerator:
                  position_ids: torch.Tensor) -> torch.Tensor:
         kw: dict[str, Any] = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
         kw[self._cache_kw] = cache
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, **kw)
+        with threads.invariant_attention(input_ids):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, **kw)
         return out.logits[:, -1, :].float()
 
     def _decode(self, rows: list[_Row], sp: SamplingParams) -> list[Completion]:

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -215,9 +216,9 @@ def headline(metrics: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
 
 
 MEASURED_KEYS = frozenset({"memory", "resumed_from_step", "resumed_from_iteration", "resumed_problems",
-                           "tool_wait_share_of_step", "tool_wait_frac"})
+                           "tool_wait_share_of_step", "tool_wait_frac", "threads"})
 """Keys that :func:`is_timing_key` counts as measurements of the run besides the time-named ones: peak memory,
-whether (and where) a run resumed, a share of time."""
+whether (and where) a run resumed, a share of time, the torch thread counts the load chose (stages/core/threads.py)."""
 
 
 def is_timing_key(key: Any) -> bool:
@@ -271,10 +272,15 @@ def write_metrics(stage: str, metrics: dict[str, Any], keys: Iterable[str]) -> N
     DVC-cached output), the headline results (``keys``, see :func:`headline`) to ``data/metrics/<stage>.json`` (the
     small file DVC shows as metrics) and the timings to ``data/timings/<stage>.json`` (:func:`write_timings`). The
     first two are the same bytes for the same inputs, so a rerun changes nothing that DVC tracks and the run-cache
-    can restore them."""
+    can restore them. When the process checked answers (stages.core.answers), the timings also hold how the checks
+    were decided (``answer_checks.timeout``: symbolic checks that ran out of their CPU-time budget and counted as not
+    equivalent, the one verdict a faster or slower CPU could change)."""
     from stages.core import paths
 
     results, timings = split_timings(metrics)
+    checks = getattr(sys.modules.get("stages.core.answers"), "stats", None)  # only when the process checked answers
+    if checks:  # fast / symbolic / cached / timeout: how this process's checks were decided (thread timing decides
+        timings = {**(timings or {}), "answer_checks": dict(sorted(checks.items()))}  # cached vs symbolic)
     write_json(paths.details_file(stage), results)
     write_json(paths.metrics_file(stage), headline(results, keys))
     write_timings(stage, timings)

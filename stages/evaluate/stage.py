@@ -30,13 +30,14 @@ from typing import Any
 
 import torch
 
-from stages.core import generation, paths
+from stages.core import generation, paths, threads
 from stages.core.answers import CHECKER_VERSION, MODES, OUTCOMES, RIGHT, answer_key
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import resolve_model
 from stages.core.plots import write_table
 from stages.core.problems import Problem, load_problem_file
+from stages.core.progress import Throughput, describe
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
 from stages.evaluate.loop import LoopSettings, RunSpec, generator_format, run_one
 from stages.evaluate.metrics import default_ks, mean_se, sample_metrics
@@ -262,8 +263,7 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     need_shots = m.prompting == "few_shot" and any(r.family == "generated" for r in runs) and c.n_shots > 0
     data_files = [benchmark_file(c, name) for name in benchmarks] + ([sft_file] if need_shots else [])
     ckpt_dir = paths.CHECKPOINTS / "evaluate" / fingerprint(model, m, c, data_files)
-    if c.num_threads:
-        torch.set_num_threads(c.num_threads)
+    threads.use(c.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
     if generator is None:
         generator = make_generator(c, m.path, rows=c.batch_size * (m.n_samples if m.sample_modes else 1))
     settings = LoopSettings(c.batch_size, c.max_new_tokens, c.temperature, c.top_p, c.seed, c.tir_max_rounds,
@@ -364,12 +364,17 @@ def write_plots(model: str, metrics: dict[str, Any]) -> None:
 
 
 def _progress(label: str) -> Any:
-    last = [0.0]
+    """Progress lines of one evaluation run (every 5 s and at the end): problems done, problems per second, the cores
+    this process used and the load average since the previous line (stages.core.progress)."""
+    last = [0.0, 0]
+    live = Throughput()
 
     def report(done: int, total: int) -> None:
         now = time.perf_counter()
         if done == total or now - last[0] > 5.0:
-            last[0] = now
-            print(f"[evaluate] {label}: {done}/{total} problems", file=sys.stderr, flush=True)
+            rate = live.tick(done - last[1])
+            last[0], last[1] = now, done
+            print(f"[evaluate] {label}: {done}/{total} problems ({describe(rate, 'problems')})", file=sys.stderr,
+                  flush=True)
 
     return report

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from stages.core.progress import loadavg
 from stages.rl.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,17 @@ def run_logger() -> Any:
     return log
 
 
-def log_step(logger: Any, algorithm: str, done: int, total: int, row: dict[str, Any]) -> None:
-    """One line per step: rewards, accuracy, zero-std share, KL, length, time (and the held-out accuracy)."""
-    logger.info("%s step %d/%d: reward %.3f acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f)%s",
+def log_step(logger: Any, algorithm: str, done: int, total: int, row: dict[str, Any], n_outputs: int = 0) -> None:
+    """One line per step: rewards, accuracy, zero-std share, KL, length, time and throughput (sampled tokens per
+    second over the step's ``n_outputs`` outputs, the CPU cores the step used, the load average: why a step is slow)
+    and the held-out accuracy."""
+    n_gen = n_outputs * row["completion_len"]
+    tok_s = n_gen / row["t_generation"] if row.get("t_generation") and math.isfinite(n_gen) else 0.0
+    cores = row.get("cpu_step_s", 0.0) / row["step_s"] if row.get("step_s") else 0.0
+    logger.info("%s step %d/%d: reward %.3f acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f; "
+                "%.0f tok/s sampled, %.1f cores, load %.1f)%s",
                 algorithm, done, total, row["reward_mean"], row["accuracy"], row["zero_std_frac"], row["kl"],
-                row["completion_len"], row["step_s"], row["t_generation"], row["t_update"],
+                row["completion_len"], row["step_s"], row["t_generation"], row["t_update"], tok_s, cores, loadavg(),
                 f" | held-out {row['heldout_accuracy']:.3f}" if "heldout_accuracy" in row else "")
 
 

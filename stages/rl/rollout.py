@@ -285,7 +285,9 @@ def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt
     T = input_ids.shape[1] - prompt_len
     kw = {"temperature": temperature, "entropy": entropy, "chunk_tokens": chunk_tokens, "top_k": top_k, "top_p": top_p,
           "entropy_grad": entropy_grad}
-    if share_prompts and T > 1 and prompt_len > 0 and not _checkpointing(model):
+    # T = 2 would leave the cached pass one query position, whose attention gradients round differently at 1 and 2
+    # threads (torch 2.13); the plain pass is the same bits at any thread count (stages/core/threads.py)
+    if share_prompts and T > 2 and prompt_len > 0 and not _checkpointing(model):
         prompts = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], dim=1)
         uniq, inverse = torch.unique(prompts, dim=0, return_inverse=True)
         if uniq.shape[0] < input_ids.shape[0]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from stages.core import threads
 from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import resolve_backend
@@ -159,12 +160,13 @@ def train(ctx: StepContext, first: int, last: int) -> Rows:
     if start == first == 0:
         _heldout(ctx, 0, last, None, logger)
     for step in range(start, last):
+        threads.step()  # the torch thread count for this step, from the machine's load (stages/core/threads.py)
         row, ro, rewards = run_step(step, ctx)
         row["iteration"] = ctx.iteration
         done = step + 1
         _heldout(ctx, done, last, row, logger)
         ctx.history.append(row)
-        log_step(logger, ctx.algorithm.name, done, last, row)
+        log_step(logger, ctx.algorithm.name, done, last, row, n_outputs=len(ro.texts) if ro is not None else 0)
         every = ctx.p.log_completions_every
         if ro is not None and every and step % every == 0:
             table = sample_table(step, ro, rewards)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from stages.core import threads
 from stages.core.dist import init_distributed_env, is_main_process, train_device
 from stages.core.errors import PipelineError
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
@@ -130,6 +131,7 @@ def loop_metrics(res: TrainResult) -> dict[str, Any]:
         "train_loss_first": _r(hist[0]["loss"]) if hist else None,
         "train_loss_last": _r(hist[-1]["loss"]) if hist else None,
         "run_dir": res.run_dir,
+        "threads": threads.stats(),  # steps at each torch thread count (a timing: data/timings)
     }
 
 

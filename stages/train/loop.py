@@ -22,10 +22,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from stages.core import threads
 from stages.core.dist import train_device
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path
 from stages.core.modeling import enable_checkpointing
+from stages.core.progress import Throughput
 from stages.schema.train import TrainLoopParams
 from stages.train import checkpoint as ck
 from stages.train.data import BatchSource
@@ -192,8 +194,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     ``fault_hook(step)`` is called before each step (tests inject faults with it).
     """
     run_dir = Path(run_dir)
-    if p.num_threads:
-        torch.set_num_threads(p.num_threads)
+    threads.use(p.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
     device = train_device()
     bf16 = use_bf16(p.precision, device)
     seed_everything(p.seed)
@@ -258,7 +259,9 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     window: list[float] = []
     tw = time.perf_counter()
     tok_w = 0
+    live = Throughput()  # cores used and load beside tokens/s: why a step is slow
     for step in range(start, p.steps):
+        threads.step()
         if fault_hook is not None:
             fault_hook(step)
         big = data.next_batch(rows_per_micro * p.grad_accum * world)
@@ -300,7 +303,9 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
             rec = {"step": step + 1, "loss": float(np.mean(window)) if window else float("nan"), "lr": lr,
                    "grad_norm": grad_norm, "tokens_per_s": tok_w / max(now - tw, 1e-9), "skipped": state["skipped"]}
             state["history"].append(rec)
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
+            rate = live.tick()
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}",
+                            cores=f"{rate['cores']:.1f}", load=f"{rate['load']:.1f}")
             window, tw, tok_w = [], now, 0
         bar.update(1)
         last = step + 1 == p.steps

@@ -162,7 +162,7 @@ def completion_scores(rm: Any, input_ids: Tensor, attention_mask: Tensor, prompt
     base = getattr(net, str(getattr(net, "base_model_prefix", "")), None)
     head = getattr(net, "score", None)
     if share_prompts and isinstance(base, torch.nn.Module) and isinstance(head, torch.nn.Module) \
-            and ids.shape[1] > P > 0 and not _checkpointing(rm):
+            and ids.shape[1] > P + 1 and P > 0 and not _checkpointing(rm):  # one completion position: the plain pass
         uniq, inverse = torch.unique(torch.cat([ids[:, :P], att[:, :P]], dim=1), dim=0, return_inverse=True)
         if uniq.shape[0] < ids.shape[0]:
             p_att = uniq[:, P:]

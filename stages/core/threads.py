@@ -1,0 +1,183 @@
+"""How many CPU threads torch uses, chosen from how busy the machine is (issue 29 item 2).
+
+Torch runs its CPU kernels on OpenMP threads that meet at a barrier after every operation. When another process
+competes for the cores, one of the stage's threads is regularly descheduled and the other waits for it (spinning,
+which burns the slice the first one needs): with 2 threads on 2 cores beside one busy process the tiny default's
+training step ran 3x slower than alone, while 1 thread ran at its idle speed (20.0 s alone, 21.9 s beside it;
+2 threads: 11.2 s alone, 34.2 s beside it; benchmarks/thread_policy.py). No fixed count is good for both.
+
+:class:`ThreadPolicy` therefore decides between steps: a sampler thread counts, every 0.2 s, the runnable tasks of
+the machine (``procs_running`` of /proc/stat) that are not this process's own threads; at each :meth:`ThreadPolicy.step`
+the stage uses ``min(limit, cores - others)`` threads (at least 1), where ``others`` is that count averaged over the
+last step (rounded: 0.5 of a busy process counts as one). Nothing here changes results: the kernels the stages use
+give the same bits at 1 and 2 threads for this project's shapes (torch 2.13; tests/core/test_threads.py checks a
+training step in fp32 and bf16, GRPO's shared-prompt log-prob pass with its gradients and sampled generation), so
+the thread count only changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SAMPLE_S = 0.2
+"""Seconds between two samples of the machine's runnable tasks."""
+ENV = "DSM_THREADS"
+"""``fixed``: no adaptation (the stage's ``num_threads``, or torch's default, on every step)."""
+
+
+def cores() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _procs_running() -> int | None:
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running "):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _own_running() -> int:
+    """This process's threads in state R (running or runnable) now."""
+    n = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"R":
+                    n += 1
+        except (OSError, IndexError):
+            continue
+    return n
+
+
+class ThreadPolicy:
+    """The thread count of one stage's loop (module docstring): ``step()`` between steps (or batches) applies the
+    count for the next one and returns it. ``limit``: the most threads (a stage's ``num_threads``; 0 = every core).
+    ``stats()``: steps run at each count and the mean count of other runnable tasks seen (for data/timings)."""
+
+    def __init__(self, limit: int = 0, *, adaptive: bool | None = None) -> None:
+        import torch
+
+        self.limit = int(limit) if limit and limit > 0 else cores()
+        self.cores = cores()
+        self.adaptive = (os.environ.get(ENV, "") != "fixed") if adaptive is None else adaptive
+        self.adaptive = self.adaptive and self.limit > 1 and _procs_running() is not None
+        self.threads = self.limit
+        torch.set_num_threads(self.threads)
+        self._sum = 0.0
+        self._n = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.counts: dict[int, int] = {}
+        self.others_total, self.others_n = 0.0, 0
+        self._thread: threading.Thread | None = None
+        if self.adaptive:
+            self._thread = threading.Thread(target=self._sample, name="thread-policy", daemon=True)
+            self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            running = _procs_running()
+            if running is None:
+                continue
+            others = max(0, running - _own_running())
+            with self._lock:
+                self._sum += others
+                self._n += 1
+
+    def step(self) -> int:
+        """Choose the thread count for the next step from the load seen since the previous call; apply it."""
+        if not self.adaptive:
+            self.counts[self.threads] = self.counts.get(self.threads, 0) + 1
+            return self.threads
+        with self._lock:
+            others = self._sum / self._n if self._n else None
+            self._sum, self._n = 0.0, 0
+        if others is not None:
+            self.others_total += others
+            self.others_n += 1
+            want = max(1, min(self.limit, self.cores - int(others + 0.5)))
+            if want != self.threads:
+                import torch
+
+                log.info("torch threads %d -> %d (%.1f other runnable tasks on %d cores)", self.threads, want, others,
+                         self.cores)
+                torch.set_num_threads(want)
+                self.threads = want
+        self.counts[self.threads] = self.counts.get(self.threads, 0) + 1
+        return self.threads
+
+    def stats(self) -> dict[str, Any]:
+        """For data/timings: ``steps_at_threads`` {count: steps}, ``others_mean`` and whether it adapted."""
+        return {"adaptive": self.adaptive, "limit": self.limit,
+                "steps_at_threads": {str(k): v for k, v in sorted(self.counts.items())},
+                "others_mean": round(self.others_total / self.others_n, 2) if self.others_n else None}
+
+    def close(self) -> None:
+        """Stop the sampler thread (the count stays as it is)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+            self._thread = None
+
+    def __enter__(self) -> ThreadPolicy:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def invariant_attention(input_ids: Any) -> contextlib.AbstractContextManager[Any]:
+    """Around a forward whose ``input_ids`` hold one position per row (a decode step of generation), on the CPU:
+    scaled-dot-product attention by its math backend (two matmuls and a
+    softmax). Torch's CPU flash-attention kernel rounds a single query differently at 1 and 2 threads (5e-7 on the
+    tiny default's decode logits, torch 2.13), which would make sampled tokens and log-probs depend on the thread
+    count :class:`ThreadPolicy` chooses from the load; the math backend gives the same bits at any count and values
+    equal to the flash kernel's to 1e-6. Several query positions keep the default kernel (thread-count invariant in
+    the forward; a cached pass over a single position also rounds its gradients by thread count, so the log-prob
+    passes do not share a prompt for 2-token completions: stages/rl/rollout.py)."""
+    if getattr(input_ids, "device", None) is None or input_ids.device.type != "cpu" or input_ids.shape[-1] != 1:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+_current: ThreadPolicy | None = None
+
+
+def use(limit: int = 0) -> ThreadPolicy:
+    """Start the policy of this process's stage (``limit``: its ``num_threads``), replacing (and stopping) the one
+    before; the loops then call :func:`step`."""
+    global _current
+    if _current is not None:
+        _current.close()
+    _current = ThreadPolicy(limit)
+    return _current
+
+
+def step() -> int | None:
+    """:meth:`ThreadPolicy.step` of the current policy (None when no stage started one: nothing changes)."""
+    return _current.step() if _current is not None else None
+
+
+def stats() -> dict[str, Any] | None:
+    """:meth:`ThreadPolicy.stats` of the current policy, or None."""
+    return _current.stats() if _current is not None else None

@@ -1,0 +1,156 @@
+"""stages/core/threads.py: the torch thread count follows the machine's load, which is only sound because the stages'
+kernels give the same bits at 1 and 2 threads: checked here for the tiny default's shapes (a training step in fp32
+and in bf16 autocast, GRPO's shared-prompt log-prob pass and its gradients, sampled generation). If a torch or CPU
+change breaks one of these, the adaptation must go (DSM_THREADS=fixed, or take it out): results would then depend on
+the load (issue 29)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from stages.core import threads
+
+
+def _default_model() -> LlamaForCausalLM:
+    """params.yaml base_model's sizes, random weights."""
+    cfg = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=4, max_position_embeddings=512)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg)
+
+
+def _at(n: int, fn: Callable[[], Any]) -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _digest(tensors: list[torch.Tensor]) -> str:
+    h = hashlib.md5()
+    for t in tensors:
+        h.update(t.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_training_step_is_the_same_bits_at_1_and_2_threads(bf16: bool) -> None:
+    def train() -> tuple[str, list[float]]:
+        model = _default_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)  # as stages/train/loop.py
+        g = torch.Generator().manual_seed(1)
+        norms = []
+        for _ in range(2):
+            x = torch.randint(0, 2048, (16, 256), generator=g)  # pretrain's micro-batch
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return _digest(list(model.state_dict().values())), norms
+
+    assert _at(1, train) == _at(2, train)
+
+
+def test_grpo_shared_prompt_logprobs_and_gradients_are_the_same_bits_at_1_and_2_threads() -> None:
+    from stages.rl.rollout import token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    U, G, P, T = 5, 8, 40, 32
+    prompts = torch.randint(5, 2000, (U, P), generator=g)
+    pmask = torch.ones(U, P, dtype=torch.long)
+    for i in range(U):
+        pmask[i, : int(torch.randint(0, 20, (1,), generator=g))] = 0
+    cmask = (torch.arange(T)[None, :] < torch.randint(1, T + 1, (U * G, 1), generator=g)).long()
+    ids = torch.cat([prompts.repeat_interleave(G, 0), torch.randint(5, 2000, (U * G, T), generator=g)], 1)
+    att = torch.cat([pmask.repeat_interleave(G, 0), cmask], 1)
+
+    def run() -> str:
+        model = _default_model().train()
+        out = []
+        # 4 groups, one group alone (U = 1), and completions of 2 tokens (the cached pass sees one query position)
+        for rows, width in ((slice(0, 32), P + T), (slice(32, 40), P + T), (slice(0, 16), P + 2)):
+            model.zero_grad(set_to_none=True)
+            lp, ent = token_logprobs(model, ids[rows, :width], att[rows, :width], P, 1.0, entropy=True,
+                                     share_prompts=True)
+            (lp * cmask[rows, : width - P]).sum().backward()
+            out += [lp, ent] + [p.grad for p in model.parameters()]
+        return _digest(out)
+
+    assert _at(1, run) == _at(2, run)
+
+
+def test_sampled_generation_is_the_same_at_1_and_2_threads() -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from stages.core.generation import HFGenerator, SamplingParams
+
+    vocab = {f"w{i}": i for i in range(2046)} | {"<unk>": 2046, "</s>": 2047}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="</s>", pad_token="</s>")
+    texts = [" ".join(f"w{(7 * i + j) % 500}" for j in range(10 + 3 * i)) for i in range(8)]
+
+    def run() -> list[tuple[list[int], list[float]]]:
+        gen = HFGenerator(_default_model().eval(), tok)
+        outs = gen.generate(texts, SamplingParams(temperature=1.0, n=4, max_new_tokens=24, seed=3))
+        return [(list(c.token_ids), list(c.logprobs)) for group in outs for c in group]
+
+    assert _at(1, run) == _at(2, run)
+
+
+def test_the_policy_drops_to_one_thread_while_other_work_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 2 cores: one other runnable task -> 1 thread; none -> 2; DSM_THREADS=fixed -> always the limit."""
+    others = {"n": 1}
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(threads, "_procs_running", lambda: others["n"] + 1)
+    monkeypatch.setattr(threads, "_own_running", lambda: 1)
+    monkeypatch.setattr(threads, "SAMPLE_S", 0.01)
+    before = torch.get_num_threads()
+    try:
+        with threads.ThreadPolicy(2, adaptive=True) as pol:
+            assert pol.threads == 2
+            time.sleep(0.2)
+            assert pol.step() == 1 and torch.get_num_threads() == 1
+            others["n"] = 0
+            time.sleep(0.2)
+            assert pol.step() == 2 and torch.get_num_threads() == 2
+            assert pol.stats()["steps_at_threads"] == {"1": 1, "2": 1}
+        monkeypatch.setenv(threads.ENV, "fixed")
+        others["n"] = 1
+        with threads.ThreadPolicy(2) as pol:
+            time.sleep(0.1)
+            assert not pol.adaptive and pol.step() == 2
+        with threads.ThreadPolicy(1) as pol:  # a limit of 1 never adapts
+            assert not pol.adaptive and pol.step() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_sampler_sees_a_busy_process() -> None:
+    """The real counters: beside one spinning process, the mean of other runnable tasks is at least ~1."""
+    import subprocess
+    import sys
+
+    if threads._procs_running() is None:
+        pytest.skip("no /proc/stat")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with threads.ThreadPolicy(2, adaptive=True) as pol:
+            time.sleep(1.5)
+            pol.step()
+            assert pol.stats()["others_mean"] >= 0.8, pol.stats()
+    finally:
+        hog.kill()
+        hog.wait()
