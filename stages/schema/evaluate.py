@@ -47,7 +47,7 @@ class EvalCheckerParams(Section):
     report: CheckerMode
     """Mode of the accuracies the report sets beside the paper's (deepseekmath: the rules the paper's numbers were
     measured with)."""
-    timeout_s: PosFloat
+    timeout_s: TimeoutS
     """Deadline of one check in the checking worker (a check past it is a timeout: never right, counted)."""
     math_verify: bool
     """Also record math-verify's own verdict on every completion (its extraction and verify; a worker call each)."""

@@ -22,11 +22,11 @@ def _outputs(root: Path) -> dict[str, Any]:
     out = root / paths.CORPUS
     files = {f"{f.relative_to(out)}": f.read_bytes() for f in sorted(out.rglob("*")) if f.is_file() and f.name != "classifier.bin"}
     metrics = json.loads((root / paths.details_file("corpus")).read_text())
-    for key in ("timings_s", "wall_s", "work_split"):
-        metrics.pop(key)
-    for r in metrics["rounds"]:
-        r.pop("train_s")
-        r.pop("score_s")
+    for key in ("timings_s", "wall_s", "work_split"):  # timings live in their own file now; kept if a stage adds them
+        metrics.pop(key, None)
+    for r in metrics.get("rounds", []):
+        r.pop("train_s", None)
+        r.pop("score_s", None)
     files["rounds.json"] = json.dumps([{k: v for k, v in r.items() if k not in ("train_s", "score_s")}
                                        for r in json.loads(files.pop("reports/rounds.json"))]).encode()
     return {"files": files, "metrics": metrics}

@@ -93,7 +93,10 @@ def test_interrupted_stage_resumes_from_its_examples_and_training_checkpoint(pro
     got = reward_model.run(p)
     assert got["resumed_from_step"] == 3 and got["labelling"]["resumed"] is True
     for key in ("outcome_auc", "step_auc", "step_auc_values", "loss_per_epoch", "heldout_before_training", "best_of_n"):
-        assert got[key] == pytest.approx(want[key], rel=1e-5) if not isinstance(want[key], dict) else got[key] == want[key]
+        if want[key] is None or isinstance(want[key], dict):  # an AUC is None when the samples hold one class only
+            assert got[key] == want[key], key
+        else:
+            assert got[key] == pytest.approx(want[key], rel=1e-5), key
     w_got = load_file(str(paths.REWARD_MODEL / "model.safetensors"))
     for k, v in w_want.items():
         assert torch.allclose(v, w_got[k], atol=1e-6), k
