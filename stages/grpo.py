@@ -10,7 +10,8 @@ process_rule, ...). Real mode: the update under DeepSpeed ZeRO 0-2 (``deepspeed 
 GPUs), rollouts on a colocated vLLM engine (docs/real-mode.md).
 
 Outputs: data/models/grpo (policy; pipeline.json with the held-out curve and the training signals; samples.jsonl,
-sampled completions every ``log_completions_every`` steps), data/models/sft_continued (baseline),
+sampled completions every ``log_completions_every`` steps), data/ledger/grpo (the rollout ledger: every step's
+rollouts, stages/rl/ledger.py; ``python -m stages.rl.replay``), data/models/sft_continued (baseline),
 data/models/grpo_iters/ (per-iteration policies and reward models, stages/rl/iterative.py), data/metrics/grpo.json,
 data/plots/grpo/<metric>.csv. Resumable from checkpoints/grpo (stages/rl/checkpoint.py; under DeepSpeed the optimizer
 state is in the engine's own checkpoint).
@@ -39,6 +40,7 @@ from stages.core.modeling import (
     save_model,
 )
 from stages.core.plots import write_metric_files
+from stages.rl import ledger
 from stages.rl.algorithms import get_algorithm
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import run_dir
@@ -74,6 +76,7 @@ def train_policy(p: GrpoParams, model: Any, tokenizer: Any, rows: Rows, heldout:
     if not get_algorithm(p.algorithm).samples:
         return train_sft(model, tokenizer, rows, p, heldout=heldout)
     ctx = setup(p, model, tokenizer, rows=rows, heldout=heldout, rm_dir=paths.REWARD_MODEL)
+    ctx.ledger = ledger.run_writer(p, ckpt_dir, START_MODELS[p.start])  # data/ledger/grpo (stages/rl/ledger.py)
     try:
         run_iterations(ctx, ckpt_dir=ckpt_dir, out_dir=paths.GRPO_ITERS)
     finally:
@@ -158,6 +161,8 @@ def run(p: GrpoParams) -> dict[str, Any]:
     main = is_main_process()
     if main:
         save_policy(p, init, model, tokenizer, history, samples, info, heldout)
+        metrics["ledger"] = ledger.finish(ckpt_dir / "ledger", paths.GRPO_LEDGER, p.ledger.enabled,
+                                          p.steps * p.iterative.iterations)
         if heldout is not None:
             metrics["heldout"] = heldout.metrics()
     t0 = time.perf_counter()

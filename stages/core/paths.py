@@ -37,6 +37,7 @@ GRPO_MODEL = MODELS / "grpo"  # grpo stage: final policy
 SFT_CONTINUED = MODELS / "sft_continued"  # grpo stage: continued-SFT baseline (same steps and questions)
 REWARD_MODEL = MODELS / "reward_model"  # reward_model stage: outcome / process RM (+ examples.jsonl replay history)
 GRPO_ITERS = MODELS / "grpo_iters"  # grpo stage, iterative RL (Algorithm 1): iter<k>/ policy, rm_iter<k>/ reward model
+GRPO_LEDGER = DATA / "ledger" / "grpo"  # grpo stage: the rollout ledger (one Parquet file per step; stages/rl/ledger.py)
 RL_PROMPTS = DATA / "corpus" / "problems" / "rl.jsonl"  # corpus stage: the RL questions
 
 # small reports: the headline metrics and plots (git-tracked dvc metrics / plots), every result metric (DVC-cached)

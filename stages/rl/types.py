@@ -97,7 +97,9 @@ class StepContext:
     ``ckpt_dir`` (resumable checkpoints, or None), ``total_steps`` (the run's steps over all iterations),
     ``on_step`` (called with each row), ``step`` (the next step to run), ``iteration`` (Algorithm 1's, from 1),
     ``cache`` (what iterations continue with: rft's pool, PPO's value model), and with a reward-model source the
-    ``reward_model`` and the examples it was trained on (``rm_examples``)."""
+    ``reward_model`` and the examples it was trained on (``rm_examples``); ``curriculum``: the pass-rate curriculum
+    (stages.rl.curriculum.PassRateCurriculum) when ``grpo.curriculum`` is on, else None; ``ledger``: the rollout
+    ledger's writer (stages/rl/ledger.py) or None."""
 
     p: Any
     model: Any
@@ -125,6 +127,8 @@ class StepContext:
     cache: dict[str, Any] = field(default_factory=dict)
     reward_model: Any = None
     rm_examples: list[dict[str, Any]] = field(default_factory=list)
+    curriculum: Any = None
+    ledger: Any = None
 
     @property
     def device(self) -> torch.device:
