@@ -21,7 +21,10 @@
 - :mod:`stages.rl.data`: the prompt JSONL schema and the per-step question order.
 - :mod:`stages.rl.paradigm`: the paper's unified paradigm (section 5.2.1): RFT / online RFT gradient
   coefficients, RFT's sample filter and offline pool. :mod:`stages.rl.baseline`: the continued-SFT baseline.
-- :mod:`stages.rl.corrections`: rollout importance-sampling corrections (pure functions).
+- Issues 31-32, wired into the step: :mod:`stages.rl.corrections` (rollout importance-sampling corrections),
+  :mod:`stages.rl.recipes` (phases 1-2 with :mod:`stages.rl.curriculum`, :mod:`stages.rl.dynamic_sampling`,
+  :mod:`stages.rl.reward_shaping`), :mod:`stages.rl.sync` (the checked weight sync), :mod:`stages.rl.ledger` and
+  :mod:`stages.rl.replay` (every step's rollouts, and a step re-run from them).
 - :mod:`stages.rl.checkpoint`: resumable state. :mod:`stages.rl.update`: the policy's (and value model's)
   :class:`stages.train.update.Updater` from the grpo params, idle-model offloading.
 """

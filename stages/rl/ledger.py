@@ -92,6 +92,25 @@ class LedgerWriter:
         """Before the step samples: hash the policy's weights (the sampler's, checked by stages/rl/sync.py)."""
         self.hash = weight_hash(ctx.model)
 
+    def _meta(self, ctx: Any, tg: Any, lp: Any, P: int, T: int, G: int) -> dict[str, Any]:
+        """The file's metadata: the params, the start model, the tensor layout, which log-probs it holds."""
+        w = tg.weights
+        return {
+            "ledger_version": LEDGER_VERSION,
+            "params": self.p.model_dump(mode="json"),
+            "init": self.init,
+            "pad_id": ctx.tokenizer.pad_token_id,
+            "prompt_len": P,
+            "completion_len": T,
+            "group_size": G,
+            "world_size": world_size(),
+            "weights_dtype": None if w is None else str(w.dtype).removeprefix("torch."),
+            "loss_mask_dtype": str(tg.loss_mask.dtype).removeprefix("torch."),
+            "has_ref": lp.ref is not None,
+            "has_old": lp.old is not None,
+            "has_values": lp.values is not None,
+        }
+
     def record(self, ctx: Any, batch: Any, rewards: Any, tg: Any, lp: Any, row: dict[str, Any]) -> Path | None:
         """Write the step's file (None when the step had no rollout: rft kept nothing)."""
         ro = batch.rollout
@@ -100,11 +119,8 @@ class LedgerWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        N, P = ro.input_ids.shape[0], ro.prompt_len
-        T = ro.completion_mask.shape[1]
-        G = ro.group_size
-        plens = ro.attention_mask[:, :P].sum(-1).tolist()
-        clens = ro.completion_mask.sum(-1).long().tolist()
+        N, P, T, G = ro.input_ids.shape[0], ro.prompt_len, ro.completion_mask.shape[1], ro.group_size
+        plens, clens = ro.attention_mask[:, :P].sum(-1).tolist(), ro.completion_mask.sum(-1).long().tolist()
         ids = ro.input_ids.tolist()
         prompt_ids = [r[P - k : P] for r, k in zip(ids, plens, strict=True)]
         completion_ids = [r[P : P + k] for r, k in zip(ids, clens, strict=True)]
@@ -133,12 +149,8 @@ class LedgerWriter:
             "reward": pa.array(out, pa.float64()),
             "advantage": pa.array(w.tolist() if w is not None and not per_token else [None] * N, pa.float32()),
             "advantage_tokens": pa.array(_lists(w, clens) if per_token else [None] * N, pa.list_(pa.float32())),
-            "ref_logprobs": pa.array(
-                _lists(lp.ref, clens) if lp.ref is not None else [None] * N, pa.list_(pa.float32())
-            ),
-            "old_logprobs": pa.array(
-                _lists(lp.old, clens) if lp.old is not None else [None] * N, pa.list_(pa.float32())
-            ),
+            "ref_logprobs": pa.array(_lists(lp.ref, clens) if lp.ref is not None else [None] * N, pa.list_(pa.float32())),
+            "old_logprobs": pa.array(_lists(lp.old, clens) if lp.old is not None else [None] * N, pa.list_(pa.float32())),
             "weight_hash": pa.array([self.hash] * N, pa.string()),
             "loss": pa.array([float(row.get("loss", math.nan))] * N, pa.float64()),
             "grad_norm": pa.array([float(row.get("grad_norm", math.nan))] * N, pa.float64()),
@@ -150,21 +162,7 @@ class LedgerWriter:
                 [pa.array([float(v) for v in vals], pa.float64()) for vals in rewards.parts.values()],
                 names=list(rewards.parts),
             )
-        meta = {
-            "ledger_version": LEDGER_VERSION,
-            "params": self.p.model_dump(mode="json"),
-            "init": self.init,
-            "pad_id": ctx.tokenizer.pad_token_id,
-            "prompt_len": P,
-            "completion_len": T,
-            "group_size": G,
-            "world_size": world_size(),
-            "weights_dtype": None if w is None else str(w.dtype).removeprefix("torch."),
-            "loss_mask_dtype": str(tg.loss_mask.dtype).removeprefix("torch."),
-            "has_ref": lp.ref is not None,
-            "has_old": lp.old is not None,
-            "has_values": lp.values is not None,
-        }
+        meta = self._meta(ctx, tg, lp, P, T, G)
         table = pa.table(cols).replace_schema_metadata({"ledger": json.dumps(meta)})
         path = step_file(self.dir, batch.step)
         path.parent.mkdir(parents=True, exist_ok=True)

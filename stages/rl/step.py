@@ -294,6 +294,18 @@ class _Sums:
         return m
 
 
+def _normalizer(p: Any, tg: Targets, mb: Tensor, n_slices: int, distributed: bool) -> tuple[LossNormalizer, int]:
+    """The loss normaliser of minibatch ``mb`` and its micro-batch count; several ranks: batch-wide denominators and
+    equal backward counts (the most micro-batches of any rank)."""
+    norm = LossNormalizer.from_mask(tg.loss_mask[mb], max_len=p.rollout.max_new_tokens) if mb.numel() \
+        else LossNormalizer(0, 0, p.rollout.max_new_tokens)
+    if not distributed:
+        return norm, n_slices
+    n_seq, n_tok = all_reduce([float(norm.num_sequences), float(norm.num_tokens)])
+    n_micro = int(all_reduce([float(n_slices)], "max")[0])
+    return LossNormalizer(int(n_seq), int(n_tok), p.rollout.max_new_tokens), n_micro
+
+
 def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[str, Any]:
     """``mu`` passes of ``minibatches`` optimizer steps over the outputs that train (module docstring)."""
     p, ro, upd, algo, critic = ctx.p, batch.rollout, ctx.updater, ctx.algorithm, ctx.critic
@@ -310,13 +322,7 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
         order = rows[torch.randperm(rows.numel(), generator=gen)] if it or p.optim.minibatches > 1 else rows
         for mb in order.tensor_split(p.optim.minibatches):
             slices = micro_slices(mb, p.optim.micro_batch_size)
-            norm = LossNormalizer.from_mask(tg.loss_mask[mb], max_len=p.rollout.max_new_tokens) if mb.numel() \
-                else LossNormalizer(0, 0, p.rollout.max_new_tokens)
-            n_micro = len(slices)
-            if upd.distributed:  # batch-wide denominators and equal backward counts over the ranks
-                n_seq, n_tok = all_reduce([float(norm.num_sequences), float(norm.num_tokens)])
-                n_micro = int(all_reduce([float(len(slices))], "max")[0])
-                norm = LossNormalizer(int(n_seq), int(n_tok), p.rollout.max_new_tokens)
+            norm, n_micro = _normalizer(p, tg, mb, len(slices), upd.distributed)
             if n_micro == 0:
                 continue
             for u in upds:
