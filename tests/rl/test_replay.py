@@ -159,3 +159,21 @@ def test_ledger_values_are_the_steps(project, tmp_path):
         assert meta["prompt_len"] == max(len(x) for x in c["prompt_ids"])
         assert c["checker"][0] == p.reward.checker and c["checker_version"][0] == answers.CHECKER_VERSION
         assert c["weight_hash"][0] == c["weight_hash"][-1] and len(c["weight_hash"][0]) == 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_weight_checksums_are_exact_and_see_every_byte(dtype):
+    import struct
+
+    from stages.rl.ledger import _checksums
+
+    g = torch.Generator().manual_seed(0)
+    t = (torch.randn(1000, generator=g) * 50).to(dtype)
+    raw = t.numpy().tobytes() if dtype != torch.bfloat16 else t.view(torch.int16).numpy().tobytes()
+    words = [b for b in raw] if t.element_size() == 1 else list(struct.unpack(f"<{len(raw) // 2}h", raw))
+    want = (sum(words), sum(u * (i % 65521 + 1) for i, u in enumerate(words)))
+    assert _checksums(t) == want
+    swapped = t.clone()
+    swapped[3], swapped[4] = t[4].clone(), t[3].clone()
+    if not torch.equal(t[3], t[4]):
+        assert _checksums(swapped) != want
