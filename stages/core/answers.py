@@ -6,8 +6,8 @@ Public API (other stages code against these names):
   (Minerva ``final answer is $...$. I hope``, the last ``\\boxed{}`` with nested braces,
   ``he answer is``, the last ```` ```output ```` block, the last number), then :func:`strip_string`.
 - :func:`extract_answers`: every candidate of the first rule that matches (all boxed answers, say).
-- :func:`gsm8k_gold` ``(answer_field) -> str``: the gold after ``#### ``, commas removed
-  (defined with the GSM8K file format in :mod:`stages.core.problems`).
+- :func:`gsm8k_gold` ``(answer_field) -> str``: the gold after ``#### ``, commas removed (the GSM8K file
+  readers in :mod:`stages.core.problems` use it; this module imports nothing of that one).
 - :func:`strip_string`: the DeepSeekMath normalisation (see :mod:`stages.core._answers_norm`).
 - :func:`is_equivalent` ``(pred, gold, *, timeout_s=5.0) -> bool``: the DeepSeekMath rules plus
   math-verify. Safe from any thread: the symbolic part runs in a persistent worker process that is
@@ -37,7 +37,6 @@ from pathlib import Path
 from stages.core._answers_norm import _matching_brace, is_thousands_number, parse_number
 from stages.core._answers_norm import strip_string as _strip_string
 from stages.core._answers_rules import compare, never
-from stages.core.problems import gsm8k_gold  # the GSM8K file format lives there; re-exported (public API)
 
 __all__ = [
     "are_equivalent",
@@ -147,6 +146,14 @@ def extract_answers(text: str) -> list[str]:
         if answers:
             return answers
     return []
+
+
+def gsm8k_gold(answer_field: str) -> str:
+    """The GSM8K gold answer: the text after ``#### `` with commas removed (``2,125`` -> ``2125``)."""
+    s = str(answer_field)
+    if "####" not in s:
+        raise ValueError("GSM8K answer field has no '####' line")
+    return s.split("####")[-1].strip().replace(",", "")
 
 
 def _gsm8k_number(ans: str) -> str:

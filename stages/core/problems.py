@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stages.core.answers import extract_answer, gsm8k_gold  # answers imports nothing of this module
 from stages.core.errors import PipelineError
 from stages.core.io import iter_jsonl, iter_jsonl_lines
 from stages.core.text import strip_calculator
@@ -60,16 +61,6 @@ class Problem:
     """What per-difficulty breakdowns group by: n_steps, GSM8K solution lines, MATH level; None when unknown."""
     solution: str | None = None
     """The reference solution text (generated ``cot``, GSM8K ``answer``, MATH ``solution``), when the row has one."""
-
-
-def gsm8k_gold(answer_field: str) -> str:
-    """The GSM8K gold answer: the text after ``#### `` with commas removed (``2,125`` -> ``2125``).
-
-    Also :func:`stages.core.answers.gsm8k_gold` (the answers module's public API re-exports it)."""
-    s = str(answer_field)
-    if "####" not in s:
-        raise ValueError("GSM8K answer field has no '####' line")
-    return s.split("####")[-1].strip().replace(",", "")
 
 
 _HINTS = {
@@ -372,8 +363,6 @@ def _adapt_gsm8k(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str,
 def _adapt_math(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str, str]) -> Converted:
     """MATH ``{problem, solution, answer, level, type, unique_id}``: gold = ``answer`` (else the solution's last
     ``\\boxed{}``), CoT = the solution as written, difficulty = level (``3`` or ``"Level 3"``), type kept."""
-    from stages.core.answers import extract_answer  # answers imports this module
-
     q = _str_or_none(_field(row, fields, "problem"))
     if q is None:
         return _skip("no_question")
@@ -424,8 +413,6 @@ def _adapt_instruct(row: Mapping[str, Any], i: int, name: str, fields: Mapping[s
     (``data/PoT/gsm_gpt4.json``), else CoT. CoT: gold = the answer :func:`~stages.core.answers.extract_answer`
     finds in the output (none: skipped). PoT: the program in the pipeline's ``def solution()`` convention
     (:func:`pot_from_print_program`); its gold is the value it returns (run by the ingest stage)."""
-    from stages.core.answers import extract_answer
-
     q, out = _str_or_none(_field(row, fields, "instruction")), _str_or_none(_field(row, fields, "output"))
     if q is None:
         return _skip("no_question")
@@ -465,8 +452,6 @@ def _adapt_generic(row: Mapping[str, Any], i: int, name: str, fields: Mapping[st
     """Any row through ``fields`` (pipeline field -> source column; unnamed fields use their own name):
     ``question`` required; ``answer`` (text or number) or, without it, the answer extracted from ``cot`` or the
     value ``pot`` returns; ``cot`` / ``pot`` / ``tir`` / ``id`` / ``difficulty`` optional."""
-    from stages.core.answers import extract_answer
-
     q = _str_or_none(_field(row, fields, "question"))
     if q is None:
         return _skip("no_question")

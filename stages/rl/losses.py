@@ -7,6 +7,11 @@ losses of eq. 5). Registered: ``clipped`` (:func:`grpo_loss`: the clipped surrog
 when the algorithm puts beta in the loss) and ``nll`` (:func:`weighted_nll_loss`, RFT / online RFT). A new loss is
 one function decorated with ``@register_policy_loss("name")``.
 
+Not in the paper, pure functions not registered yet (issue 32): :func:`gspo_loss` (sequence-level ratio, GSPO),
+:func:`cispo_loss` (clipped stop-gradient IS weights, CISPO) and :func:`entropy_bonus`, each with the same
+aggregations. Every policy-gradient loss takes ``is_weights``, the sampler / trainer correction of
+:mod:`stages.rl.corrections` (TIS / MIS), on its policy term.
+
 The GRPO loss (paper eq. 3 with the k3 KL of eq. 4):
 
 Per token t of output i (all tensors (B, T), B outputs in the (micro-)batch, T completion tokens)::
@@ -107,6 +112,7 @@ def grpo_loss(
     beta: float,
     aggregation: Aggregation = "seq-mean-token-mean",
     normalizer: LossNormalizer | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO surrogate loss to minimise (the negated objective of paper eq. 3), with metrics.
 
@@ -122,6 +128,8 @@ def grpo_loss(
         beta: KL coefficient (paper: 0.04).
         aggregation: one of :data:`AGGREGATIONS`.
         normalizer: denominators over the whole optimizer batch; None = count over this batch.
+        is_weights: (B, T) detached rollout-correction weights multiplying the policy term pg (not the KL), as TRL
+            and verl (:func:`stages.rl.corrections.rollout_correction`); None = 1.
 
     Returns:
         (loss, metrics). Metrics are means over this batch's loss tokens: ``pg_loss`` (policy term,
@@ -141,6 +149,8 @@ def grpo_loss(
     ratio = torch.exp(logprobs - old_logprobs.detach())
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
     pg = -torch.minimum(ratio * adv, clipped * adv)
+    if is_weights is not None:
+        pg = pg * is_weights.detach().to(pg.dtype)
     per_token = pg
     kl = None
     if ref_logprobs is not None:
@@ -202,6 +212,18 @@ def weighted_nll_loss(logprobs: Tensor, coefficients: Tensor, mask: Tensor, *, a
     return loss, {"nll": nll, "n_tokens": n_tok}
 
 
+def _value_clipped(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> Tensor:
+    """(B, T) bool: where the clipped value term is the larger, decided from the clip condition itself, in float64:
+    the clamp acted (``|V_t - V_old,t| > c``) and ``(V_old,t + clip(V_t - V_old,t) - R_t)^2 > (V_t - R_t)^2``. Inside
+    the band ``V_old + (V - V_old)`` is V only up to rounding (bf16 values especially), and comparing the two squared
+    errors there counted rounding noise as clipping (issue 27: 0.0242 where the true fraction is 0.0226)."""
+    with torch.no_grad():
+        v, old, ret = values.detach().double(), old_values.detach().double(), returns.detach().double()
+        delta = v - old
+        clipped_err = (old + delta.clamp(-clip, clip) - ret) ** 2
+        return (delta.abs() > clip) & (clipped_err > (v - ret) ** 2)
+
+
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float | None,
                aggregation: Aggregation, normalizer: LossNormalizer | None = None) -> tuple[Tensor, dict[str, float]]:
     """PPO's value loss (paper section 4.1.1 trains the value model alongside the policy; the form is PPO's):
@@ -220,8 +242,8 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
         clip: c, or None for the plain squared error.
 
     Returns:
-        (loss, metrics): ``value_loss`` (same aggregation), ``vf_clip_frac`` (share of loss tokens where the clipped
-        term is the larger), ``value_mean``, ``n_tokens``.
+        (loss, metrics): ``value_loss`` (same aggregation), ``vf_clip_frac`` (share of loss tokens where the clamp acted,
+        ``|V_t - V_old,t| > c``, and the clipped term is the larger), ``value_mean``, ``n_tokens``.
     """
     if values.shape != mask.shape or old_values.shape != mask.shape or returns.shape != mask.shape:
         raise ValueError("values, old_values, returns and mask must have one shape")
@@ -234,7 +256,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
         vc = old_values + torch.clamp(values - old_values, -clip, clip)
         err_c = (vc - returns) ** 2
         per_token = 0.5 * torch.maximum(err, err_c)
-        clipped_more = err_c > err
+        clipped_more = _value_clipped(values, old_values, returns, clip)
     loss = aggregate(per_token, mask, aggregation, norm)
     with torch.no_grad():
         m = mask.to(torch.bool)
@@ -243,6 +265,233 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
         metrics = {"value_loss": float(loss.detach()), "vf_clip_frac": float((clipped_more & m).sum()) / denom,
                    "value_mean": float((values.detach() * m).sum()) / denom, "n_tokens": n_tok}
     return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# sequence-level and clipped-weight policy losses, and the entropy bonus (not in the paper; issue 32)
+
+
+def _prepare(
+    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, mask: Tensor, beta: float
+) -> Tensor:
+    """Check shapes and the reference; return the advantages as (B, T) in the log-probs' dtype."""
+    if logprobs.shape != mask.shape or old_logprobs.shape != mask.shape:
+        raise ValueError(
+            f"logprobs/old_logprobs/mask shapes differ: {tuple(logprobs.shape)}, {tuple(old_logprobs.shape)}, "
+            f"{tuple(mask.shape)}"
+        )
+    if beta != 0.0 and ref_logprobs is None:
+        raise ValueError("beta != 0 needs ref_logprobs")
+    adv = advantages.to(logprobs.dtype)
+    return adv.unsqueeze(-1).expand_as(logprobs) if adv.dim() == 1 else adv
+
+
+def _add_kl(pg: Tensor, logprobs: Tensor, ref_logprobs: Tensor | None, beta: float) -> tuple[Tensor, Tensor | None]:
+    """(pg + beta * k3, k3), or (pg, k3 or None) when beta == 0 (k3 still computed for the metric when ref is given)."""
+    kl = k3_kl(logprobs, ref_logprobs.detach()) if ref_logprobs is not None else None
+    return (pg + beta * kl if kl is not None and beta != 0.0 else pg), kl
+
+
+def _weighted(pg: Tensor, is_weights: Tensor | None) -> Tensor:
+    """The policy term times the (detached) rollout-correction weights; the KL is not weighted (TRL, verl)."""
+    return pg if is_weights is None else pg * is_weights.detach().to(pg.dtype)
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float,
+    clip_eps_high: float | None = None,
+    beta: float,
+    aggregation: Aggregation = "seq-mean-token-mean",
+    normalizer: LossNormalizer | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO: the clipped surrogate with the length-normalised sequence importance ratio (Zheng et al. 2025,
+    "Group Sequence Policy Optimization", arXiv:2507.18071: the objective of eq. 5 with s_i of eq. 7, in its
+    token-level form GSPO-token).
+
+    Per output i and token t (all (B, T); m the loss mask, |o_i| = sum_t m_{i,t})::
+
+        s_i     = exp( (1/|o_i|) sum_t m_{i,t} (logp_{i,t} - old_{i,t}) )      sequence ratio (geometric mean)
+        s_{i,t} = sg[s_i] * exp(logp_{i,t} - sg[logp_{i,t}])                  GSPO-token: value s_i, gradient
+                                                                               s_i * grad logp_{i,t}
+        pg_{i,t} = -min(s_{i,t} A_{i,t}, clip(s_{i,t}, 1 - eps_low, 1 + eps_high) A_{i,t})
+        l_{i,t}  = w_{i,t} pg_{i,t} + beta * k3_{i,t}                         w: rollout correction (default 1)
+
+    aggregated by :func:`aggregate`. With per-output advantages (A_{i,t} = A_i) and "seq-mean-token-mean" this is
+    GSPO's objective exactly, value and gradient: every token of output i carries the same clipped term, so the
+    token mean is min(s_i A_i, clip(s_i) A_i) and the gradient of the mean of s_i * logp_{i,t} is grad s_i. TRL's
+    ``importance_sampling_level="sequence"`` (a (B, 1) ratio broadcast over the tokens) gives the same value and
+    gradient in every aggregation; verl's ``loss_mode: gspo`` is this GSPO-token form. Per-token advantages (process
+    supervision) give GSPO-token's objective.
+
+    Departures: the paper has no KL term (beta = 0 reproduces it; the k3 KL of DeepSeekMath eq. 4 is added per token
+    otherwise, as TRL does); the paper's clip range is 3e-4 / 4e-4 (v2, section 5.1), the arguments' meaning is the
+    same (1 - eps_low <= s <= 1 + eps_high); no clamp of log s_i (verl clamps it at 10); a sequence without loss
+    tokens has s_i = 1 and adds nothing.
+
+    Args:
+        logprobs: (B, T) log pi_theta of the sampled tokens, with gradient.
+        old_logprobs: (B, T) log pi_old (detached).
+        ref_logprobs: (B, T) log pi_ref, or None when ``beta == 0``.
+        advantages: (B,) per output or (B, T) per token.
+        mask: (B, T) loss tokens.
+        clip_eps, clip_eps_high: the clip of s (lower / upper epsilon; upper None = lower).
+        beta: the KL coefficient.
+        aggregation, normalizer: as :func:`grpo_loss`.
+        is_weights: (B, T) rollout-correction weights on the policy term (:mod:`stages.rl.corrections`), or None.
+
+    Returns:
+        (loss, metrics): ``pg_loss`` (the policy term, same aggregation), ``kl`` (mean k3 over loss tokens),
+        ``clip_frac_low`` / ``clip_frac_high`` (share of loss tokens whose s was clipped with A < 0 / A > 0: zero
+        gradient), ``seq_ratio_mean`` (mean s_i over outputs with loss tokens), ``ratio_mean`` (mean s_{i,t} over loss
+        tokens), ``n_tokens``.
+    """
+    adv = _prepare(logprobs, old_logprobs, ref_logprobs, advantages, mask, beta)
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    norm = normalizer if normalizer is not None else LossNormalizer.from_mask(mask)
+    m = mask.to(logprobs.dtype)
+    log_s = ((logprobs.detach() - old_logprobs.detach()) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(
+        min=1.0
+    )
+    ratio = torch.exp(log_s + logprobs - logprobs.detach())  # value s_i, gradient s_i * grad logp
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
+    pg = _weighted(-torch.minimum(ratio * adv, clipped * adv), is_weights)
+    per_token, kl = _add_kl(pg, logprobs, ref_logprobs, beta)
+    loss = aggregate(per_token, mask, aggregation, norm)
+    with torch.no_grad():
+        mb = mask.to(torch.bool)
+        n_tok = int(mb.sum())
+        denom = max(n_tok, 1)
+        r = ratio.detach()
+        has = mb.any(-1)
+        metrics = {
+            "pg_loss": float(aggregate(pg.detach(), mask, aggregation, norm)),
+            "kl": float((kl.detach() * mb).sum()) / denom if kl is not None else 0.0,
+            "clip_frac_low": float(((r < 1.0 - clip_eps) & (adv < 0) & mb).sum()) / denom,
+            "clip_frac_high": float(((r > 1.0 + eps_high) & (adv > 0) & mb).sum()) / denom,
+            "seq_ratio_mean": float(torch.exp(log_s[:, 0])[has].mean()) if bool(has.any()) else 1.0,
+            "ratio_mean": float((r * mb).sum()) / denom,
+            "n_tokens": n_tok,
+        }
+    return loss, metrics
+
+
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    max_ratio: float,
+    min_ratio: float | None = None,
+    beta: float,
+    aggregation: Aggregation = "token-mean",
+    normalizer: LossNormalizer | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """CISPO: REINFORCE with clipped, stop-gradient importance-sampling weights (MiniMax-M1, MiniMax 2025,
+    arXiv:2506.13585, section 3.1: the CISPO objective and its clipped weight r-hat).
+
+    Per token (all (B, T))::
+
+        r_{i,t}    = exp(logp_{i,t} - old_{i,t})
+        rhat_{i,t} = clip(r_{i,t}, min_ratio, max_ratio)                         (the paper: 1 - eps_low^IS, 1 + eps_high^IS)
+        l_{i,t}    = -w_{i,t} sg[rhat_{i,t}] A_{i,t} logp_{i,t} + beta * k3_{i,t}   w: rollout correction (default 1)
+
+    aggregated by :func:`aggregate` (the paper: "token-mean", 1 / sum_i |o_i|). Unlike the PPO clip no token's
+    gradient is dropped: a clipped ratio only caps the token's weight. On-policy (r = 1) the gradient equals the
+    GRPO loss's. The value of the loss is -rhat A logp (not a surrogate of the objective's value; TRL's and verl's
+    value too): compare gradients, not values, with :func:`grpo_loss`.
+
+    Peers: TRL ``loss_type="cispo"`` clips r from above only, at ``epsilon_high`` used as the bound itself (ScaleRL's
+    eps_max, recommended 5.0): ``max_ratio = epsilon_high``, ``min_ratio = None`` (the paper also sets no effective
+    lower bound: "we did not impose a lower bound on the IS weight"). verl ``policy_loss.loss_mode: cispo`` clips to
+    [1 - clip_ratio_low, 1 + clip_ratio_high]: ``min_ratio = 1 - clip_ratio_low``, ``max_ratio = 1 + clip_ratio_high``.
+
+    Departures: the KL term (beta; the paper has none) is DeepSeekMath's k3 per token, as TRL adds it; no clamp of
+    logp - old before exp (verl clamps it to +-20).
+
+    Args:
+        logprobs: (B, T) log pi_theta, with gradient. old_logprobs: (B, T) log pi_old (detached).
+        ref_logprobs: (B, T) log pi_ref, or None when ``beta == 0``.
+        advantages: (B,) or (B, T). mask: (B, T) loss tokens.
+        max_ratio: upper bound of the weight (> 0). min_ratio: lower bound, or None for none.
+        beta, aggregation, normalizer, is_weights: as :func:`gspo_loss`.
+
+    Returns:
+        (loss, metrics): ``pg_loss``, ``kl``, ``clip_frac_low`` / ``clip_frac_high`` (share of loss tokens whose weight
+        was raised to min_ratio / lowered to max_ratio), ``clip_frac_high_pos`` (lowered and A > 0: TRL's
+        ``cispo_clip_ratio``), ``ratio_mean``, ``n_tokens``.
+    """
+    if not max_ratio > 0 or (min_ratio is not None and not 0 <= min_ratio <= max_ratio):
+        raise ValueError(f"cispo needs 0 <= min_ratio <= max_ratio and max_ratio > 0, got {min_ratio}, {max_ratio}")
+    adv = _prepare(logprobs, old_logprobs, ref_logprobs, advantages, mask, beta)
+    norm = normalizer if normalizer is not None else LossNormalizer.from_mask(mask)
+    ratio = torch.exp(logprobs.detach() - old_logprobs.detach())
+    weight = torch.clamp(ratio, min=min_ratio, max=max_ratio)
+    pg = _weighted(-weight * adv * logprobs, is_weights)
+    per_token, kl = _add_kl(pg, logprobs, ref_logprobs, beta)
+    loss = aggregate(per_token, mask, aggregation, norm)
+    with torch.no_grad():
+        mb = mask.to(torch.bool)
+        n_tok = int(mb.sum())
+        denom = max(n_tok, 1)
+        high = (ratio > max_ratio) & mb
+        low = ((ratio < min_ratio) & mb) if min_ratio is not None else torch.zeros_like(mb)
+        metrics = {
+            "pg_loss": float(aggregate(pg.detach(), mask, aggregation, norm)),
+            "kl": float((kl.detach() * mb).sum()) / denom if kl is not None else 0.0,
+            "clip_frac_low": float(low.sum()) / denom,
+            "clip_frac_high": float(high.sum()) / denom,
+            "clip_frac_high_pos": float((high & (adv > 0)).sum()) / denom,
+            "ratio_mean": float((ratio * mb).sum()) / denom,
+            "n_tokens": n_tok,
+        }
+    return loss, metrics
+
+
+def entropy_bonus(
+    entropy: Tensor,
+    mask: Tensor,
+    *,
+    coef: float,
+    aggregation: Aggregation = "token-mean",
+    normalizer: LossNormalizer | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The entropy bonus to add to a policy loss: ``-coef * aggregate(H, mask)`` (to minimise; maximises entropy).
+
+    H_{i,t} = -sum_v pi_theta(v | q, o_<t) log pi_theta(v | q, o_<t), the entropy of the full next-token distribution
+    at each completion position (at the sampling temperature), with gradient. An exploration regulariser of policy
+    gradient methods (Williams & Peng 1991; the A3C / PPO entropy term), not in the DeepSeekMath paper.
+
+    Aggregation: TRL (``entropy_coef``) takes the mean over the micro-batch's loss tokens whatever its ``loss_type``:
+    ``aggregation="token-mean"`` (with one micro-batch, or a batch-wide ``normalizer``, equal to TRL's); verl
+    (``actor.entropy_coeff``) aggregates the entropy with the policy loss's own ``loss_agg_mode``: pass the loss's
+    aggregation. TRL's adaptive coefficient (``entropy_target``) is not here: the caller owns ``coef``.
+
+    Args:
+        entropy: (B, T) per-token entropy, with gradient (the bonus has no effect on a detached tensor).
+        mask: (B, T) loss tokens.
+        coef: the coefficient (>= 0 for a bonus; 0 gives an exact zero).
+        aggregation, normalizer: as :func:`aggregate` (batch-wide denominators for gradient accumulation).
+
+    Returns:
+        (term, metrics): the scalar to add to the loss, and ``entropy`` (the aggregated entropy) and
+        ``entropy_bonus`` (the term's value).
+    """
+    if entropy.shape != mask.shape:
+        raise ValueError(f"entropy and mask shapes differ: {tuple(entropy.shape)} vs {tuple(mask.shape)}")
+    norm = normalizer if normalizer is not None else LossNormalizer.from_mask(mask)
+    h = aggregate(entropy, mask, aggregation, norm)
+    term = -coef * h
+    return term, {"entropy": float(h.detach()), "entropy_bonus": float(term.detach())}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -317,3 +317,17 @@ def test_are_equivalent_checks_lengths() -> None:
     with pytest.raises(ValueError):
         are_equivalent(["1"], ["1", "2"])
     assert are_equivalent([], []) == []
+
+
+def test_the_checker_imports_nothing_of_the_problem_files_module() -> None:
+    """No import circle: stages/core/problems.py imports the checker (extract_answer, gsm8k_gold); the checker's
+    modules import nothing of it, at module level or inside functions (issue 30)."""
+    import ast
+    from pathlib import Path
+
+    core = Path(answers.__file__).parent
+    for f in [core / "answers.py", *sorted(core.glob("_answers_*.py"))]:
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            assert not any(n == "stages.core.problems" for n in names), f"{f.name} imports stages.core.problems"

@@ -156,6 +156,29 @@ def test_value_loss_matches_a_loop_reference(clip: float | None, aggregation: st
     assert float(v.grad[mask == 0].abs().max()) == 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_vf_clip_frac_counts_only_tokens_the_clamp_acted_on(dtype: torch.dtype) -> None:
+    """vf_clip_frac against an explicit comparison per token, in Python floats: the clamp acted (|v - old| > c) and
+    the clipped squared error is the larger. The old metric compared ``(old + clamp(v - old) - R)^2 > (v - R)^2`` in
+    the tensors' dtype, where ``old + (v - old)`` differs from v by rounding inside the band; on these bf16 values it
+    counted 0.0190 for a true 0.0183 (issue 27)."""
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(64, 256, generator=g).to(dtype)
+    v = (old.float() + torch.randn(64, 256, generator=g) * 0.1).to(dtype)
+    ret = torch.randn(64, 256, generator=g).to(dtype)
+    mask = torch.ones(64, 256)
+    clip = 0.2
+    _, m = value_loss(v, old, ret, mask, clip=clip, aggregation="token-mean")
+    n_clip = 0
+    for a, b, r in zip(v.flatten().tolist(), old.flatten().tolist(), ret.flatten().tolist(), strict=True):
+        d = a - b
+        n_clip += abs(d) > clip and (b + max(-clip, min(clip, d)) - r) ** 2 > (a - r) ** 2
+    assert m["vf_clip_frac"] == n_clip / v.numel()
+    naive = float(((old + torch.clamp(v - old, -clip, clip) - ret) ** 2 > (v - ret) ** 2).double().mean())
+    if dtype == torch.bfloat16:  # the data does exercise the rounding the old metric counted
+        assert naive > m["vf_clip_frac"] + 1e-4
+
+
 def test_ppo_policy_loss_is_the_clipped_surrogate_without_kl() -> None:
     """The 'clipped' loss at PPO's settings (beta 0 in the loss: the KL is in the reward), per-token advantages,
     ratio away from 1, against a loop over tokens of -min(rho A, clip(rho) A) with the paper's per-sequence mean."""

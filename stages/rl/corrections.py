@@ -1,0 +1,278 @@
+"""Importance-sampling correction between the sampler's policy and the trainer's (rollout correction).
+
+The rollouts come from a sampler (vLLM in real mode: bf16 kernels, its own sampler) and the loss from the trainer
+(HF kernels, fp32 or bf16 autocast). The two assign different probabilities to the same tokens, so the "on-policy"
+samples are in fact drawn from pi_sampler, not from the pi_old the loss's ratio is taken against. The correction
+re-weights each token's policy-gradient term by the ratio of the two (Yao et al. 2025, "Your efficient RL framework
+secretly brings you off-policy RL training"), truncated (TIS) or with out-of-range tokens / sequences masked out
+(MIS; IcePop, "Small leak can sink a great ship", 2025), at token or sequence level.
+
+Per token t of output i (all (B, T); m = the loss mask)::
+
+    delta_{i,t} = log pi_old(o_t) - log pi_sampler(o_t)         (0 where the sampler's log-prob is NaN, as TRL)
+    rho^tok_{i,t} = exp(delta_{i,t})                               token level
+    rho^seq_i     = exp(sum_t m delta_{i,t})                       sequence level: the product of the token ratios
+    rho^geo_i     = exp(sum_t m delta_{i,t} / sum_t m)             geometric mean (length-normalised; seq-mask-tis)
+
+The correction has two independent parts, each at a level of its own:
+
+- the **weight** ``w`` (``weight_level``: token, sequence, geometric, or None for w = 1), truncated (TIS) to
+  ``[truncate_low, truncate_high]`` (either bound may be None: no bound on that side);
+- a **rejection** (``reject_level``, or None): a token (token level) or a whole sequence (sequence / geometric level)
+  whose ratio at that level lies outside ``[reject_low, reject_high]`` gets weight 0 (MIS / IcePop).
+
+so that ``weights = w * keep * m``, detached. The loss multiplies its per-token policy-gradient term by ``weights``
+(:func:`stages.rl.losses.grpo_loss`, ``gspo_loss``, ``cispo_loss``: ``is_weights``); the KL term is not weighted (as
+TRL and verl). A rejected token keeps its place in the loss's denominators (TRL, OpenRLHF, NeMo-RL); to drop it from
+them as well (verl's rejection sampling, which edits ``response_mask``), pass ``mask * keep`` as the loss mask.
+
+The peers' settings as :data:`IS_METHODS` presets (``low`` / ``high`` the two thresholds):
+
+=============== =============================================== ==========================================================
+preset          weight / rejection                              peers
+=============== =============================================== ==========================================================
+``tis``         w = clip(rho^tok, low, high)                    TRL ``token_truncate``, OpenRLHF / NeMo-RL ``tis``,
+                                                                verl ``rollout_is: token`` (upper bound only: low None)
+``mis``         w = rho^tok, reject token outside [low, high]   TRL ``token_mask``, OpenRLHF / NeMo-RL ``icepop``
+``seq-tis``     w = clip(rho^seq, low, high)                    TRL ``sequence_truncate``, verl ``rollout_is: sequence``
+``seq-mis``     w = rho^seq, reject sequence outside [low, high] TRL ``sequence_mask``
+``seq-mask-tis`` w = rho^tok, reject sequence whose rho^geo is   OpenRLHF / NeMo-RL ``seq-mask-tis``
+                outside [low, high]
+=============== =============================================== ==========================================================
+
+Departures: no clamp of delta before exp (verl clamps to +-20; TRL does not); an overflowing sequence ratio (inf) is
+truncated or rejected like any other out-of-range value, and the metrics are computed in float64. verl's rejection
+statistics other than the ratio (k2 / k3 divergences, seq_max) are not offered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+ISLevel = Literal["token", "sequence", "geometric"]
+IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
+ISMethod = Literal["tis", "mis", "seq-tis", "seq-mis", "seq-mask-tis"]
+IS_METHODS: tuple[str, ...] = ("tis", "mis", "seq-tis", "seq-mis", "seq-mask-tis")
+
+
+@dataclass(frozen=True)
+class ISCorrection:
+    """The result of :func:`rollout_correction`.
+
+    weights: (B, T) detached importance weights for the per-token policy-gradient term: w * keep, 0 where the mask is 0.
+    keep: (B, T) bool, loss tokens not rejected (mask & within the rejection bounds).
+    metrics: the ratio's distribution and what was truncated or rejected (:func:`rollout_correction`).
+    """
+
+    weights: Tensor
+    keep: Tensor
+    metrics: dict[str, float]
+
+
+def log_ratio(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, level: ISLevel) -> Tensor:
+    """log rho at ``level`` (module docstring): (B, T) for token, (B, 1) for sequence / geometric; detached.
+
+    A NaN sampler log-prob (a token the sampler could not score) gives delta 0 (ratio 1) there, as TRL does.
+    Masked-out positions give delta 0; a sequence without loss tokens has log rho^seq = log rho^geo = 0.
+    """
+    if trainer_logprobs.shape != mask.shape or sampler_logprobs.shape != mask.shape:
+        raise ValueError(
+            f"trainer_logprobs, sampler_logprobs and mask shapes differ: {tuple(trainer_logprobs.shape)}, "
+            f"{tuple(sampler_logprobs.shape)}, {tuple(mask.shape)}"
+        )
+    dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
+    m = mask.to(dtype)
+    d = torch.nan_to_num((trainer_logprobs.detach().to(dtype) - sampler_logprobs.detach().to(dtype)) * m, nan=0.0)
+    if level == "token":
+        return d
+    total = d.sum(-1, keepdim=True)
+    if level == "sequence":
+        return total
+    if level == "geometric":
+        return total / m.sum(-1, keepdim=True).clamp(min=1.0)
+    raise ValueError(f"level must be one of {IS_LEVELS}, got {level!r}")
+
+
+def _check_bounds(name: str, low: float | None, high: float | None) -> None:
+    for v in (low, high):
+        if v is not None and (not math.isfinite(v) or v < 0):
+            raise ValueError(f"{name} bounds must be finite and >= 0, got low={low}, high={high}")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"{name}: low ({low}) must not exceed high ({high})")
+
+
+def rollout_correction(
+    trainer_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    weight_level: ISLevel | None = "token",
+    truncate_low: float | None = None,
+    truncate_high: float | None = None,
+    reject_level: ISLevel | None = None,
+    reject_low: float | None = None,
+    reject_high: float | None = None,
+) -> ISCorrection:
+    """Importance weights pi_old / pi_sampler, truncated and / or with rejection (formulas in the module docstring).
+
+    Args:
+        trainer_logprobs: (B, T) log pi_old(o_t) as the trainer computes it (teacher-forced; detached here).
+        sampler_logprobs: (B, T) log pi_sampler(o_t) the sampler reported for the tokens it drew (NaN: unknown).
+        mask: (B, T) 1 for loss tokens (completion tokens that are not padding or tool output), 0 elsewhere.
+        weight_level: level of the weight w, or None for w = 1 (rejection only, as verl's ``rollout_rs``).
+        truncate_low, truncate_high: clip w to these bounds (TIS); None = unbounded on that side.
+        reject_level: level of the rejection statistic, or None for no rejection.
+        reject_low, reject_high: a unit (token or sequence, per ``reject_level``) whose ratio is outside
+            [reject_low, reject_high] is rejected (weight 0); None = unbounded on that side.
+
+    Returns:
+        :class:`ISCorrection`: (B, T) weights and keep, and metrics (floats; "units" are loss tokens at token level,
+        sequences with at least one loss token at sequence / geometric level):
+
+        - ``is_ratio_{mean,std,min,max}``: the raw ratio at the weight level (the rejection level when
+          ``weight_level`` is None), over its units, before truncation or rejection;
+        - ``is_weight_{mean,min,max}``: the final weights over the same units (a rejected unit counts as 0);
+          TRL's ``sampling/importance_sampling_ratio/{mean,min,max}``;
+        - ``is_truncated_low_frac`` / ``is_truncated_high_frac``: share of units whose w was raised / lowered;
+        - ``is_rejected_token_frac``: share of loss tokens rejected; ``is_rejected_seq_frac``: share of sequences
+          with at least one rejected token;
+        - ``is_ess``: normalised effective sample size (sum w)^2 / (n sum w^2) of the final weights over the
+          units (1 = all equal; verl's ``rollout_is_eff_sample_size``);
+        - ``mismatch_log_ratio_mean``: mean of log pi_old - log pi_sampler over loss tokens (minus the k1
+          estimate of KL(sampler || trainer)); ``mismatch_k3``: the k3 estimate of the same KL;
+          ``mismatch_abs_max``: max |delta|; ``n_nan_sampler``: loss tokens whose sampler log-prob was NaN.
+    """
+    if weight_level is not None and weight_level not in IS_LEVELS:
+        raise ValueError(f"weight_level must be one of {IS_LEVELS} or None, got {weight_level!r}")
+    if reject_level is not None and reject_level not in IS_LEVELS:
+        raise ValueError(f"reject_level must be one of {IS_LEVELS} or None, got {reject_level!r}")
+    _check_bounds("truncate", truncate_low, truncate_high)
+    _check_bounds("reject", reject_low, reject_high)
+    m = mask.to(torch.bool)
+    dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
+
+    if weight_level is None:
+        w = torch.ones(mask.shape, dtype=dtype, device=mask.device)
+        raw = None
+    else:
+        raw = torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, weight_level)).expand(mask.shape)
+        w = raw
+        if truncate_low is not None or truncate_high is not None:
+            w = torch.clamp(raw, min=truncate_low, max=truncate_high)
+
+    keep = m.clone()
+    rej_ratio = None
+    if reject_level is not None:
+        rej_ratio = torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, reject_level)).expand(mask.shape)
+        inside = torch.ones_like(keep)
+        if reject_low is not None:
+            inside &= rej_ratio >= reject_low
+        if reject_high is not None:
+            inside &= rej_ratio <= reject_high
+        keep &= inside
+    weights = torch.where(keep, w, torch.zeros_like(w)).detach()
+
+    with torch.no_grad():
+        metrics = _metrics(
+            trainer_logprobs,
+            sampler_logprobs,
+            m,
+            keep,
+            weights,
+            raw if raw is not None else rej_ratio,
+            weight_level or reject_level or "token",
+            raw,
+            truncate_low,
+            truncate_high,
+        )
+    return ISCorrection(weights=weights, keep=keep, metrics=metrics)
+
+
+def _units(x: Tensor, m: Tensor, level: str) -> Tensor:
+    """The values of a (B, T) tensor at the units of ``level``: loss tokens (token level), or the first position of
+    each sequence with at least one loss token (sequence / geometric level: the value is shared by its tokens)."""
+    if level == "token":
+        return x[m]
+    return x[:, 0][m.any(-1)] if x.shape[-1] else x.new_zeros(0)
+
+
+def _metrics(
+    trainer_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    m: Tensor,
+    keep: Tensor,
+    weights: Tensor,
+    ratio: Tensor | None,
+    level: str,
+    raw: Tensor | None,
+    low: float | None,
+    high: float | None,
+) -> dict[str, float]:
+    """The metrics of :func:`rollout_correction` (its docstring)."""
+    out: dict[str, float] = {}
+    r = _units(ratio if ratio is not None else torch.ones_like(weights), m, level).double()
+    n = r.numel()
+    out["is_ratio_mean"] = float(r.mean()) if n else 1.0
+    out["is_ratio_std"] = float(r.std(unbiased=False)) if n else 0.0
+    out["is_ratio_min"] = float(r.min()) if n else 1.0
+    out["is_ratio_max"] = float(r.max()) if n else 1.0
+    if level == "token":
+        fw = weights[m].double()
+    else:  # a sequence's weight: that of its kept tokens (they share it), 0 when all were rejected
+        fw = _units(weights.double().amax(-1, keepdim=True), m, level)
+    out["is_weight_mean"] = float(fw.mean()) if n else 1.0
+    out["is_weight_min"] = float(fw.min()) if n else 1.0
+    out["is_weight_max"] = float(fw.max()) if n else 1.0
+    sq = float((fw * fw).sum())
+    out["is_ess"] = float(fw.sum()) ** 2 / (n * sq) if sq > 0 else float(n == 0)
+    rv = _units(raw, m, level) if raw is not None else None
+    out["is_truncated_low_frac"] = (
+        float((rv < low).double().mean()) if rv is not None and n and low is not None else 0.0
+    )
+    out["is_truncated_high_frac"] = (
+        float((rv > high).double().mean()) if rv is not None and n and high is not None else 0.0
+    )
+    rejected = m & ~keep
+    out["is_rejected_token_frac"] = float(rejected.sum()) / max(int(m.sum()), 1)
+    out["is_rejected_seq_frac"] = float(rejected.any(-1).sum()) / max(int(m.any(-1).sum()), 1)
+    d = (trainer_logprobs.detach().double() - sampler_logprobs.detach().double())[m]
+    nan = torch.isnan(d)
+    d = d[~nan]
+    out["mismatch_log_ratio_mean"] = float(d.mean()) if d.numel() else 0.0
+    out["mismatch_k3"] = float((torch.exp(d) - d - 1).mean()) if d.numel() else 0.0
+    out["mismatch_abs_max"] = float(d.abs().max()) if d.numel() else 0.0
+    out["n_nan_sampler"] = float(nan.sum())
+    return out
+
+
+def method_kwargs(method: ISMethod, low: float | None, high: float | None) -> dict[str, Any]:
+    """The :func:`rollout_correction` keywords of a preset (table in the module docstring) with thresholds low, high."""
+    if method == "tis":
+        return {"weight_level": "token", "truncate_low": low, "truncate_high": high}
+    if method == "mis":
+        return {"weight_level": "token", "reject_level": "token", "reject_low": low, "reject_high": high}
+    if method == "seq-tis":
+        return {"weight_level": "sequence", "truncate_low": low, "truncate_high": high}
+    if method == "seq-mis":
+        return {"weight_level": "sequence", "reject_level": "sequence", "reject_low": low, "reject_high": high}
+    if method == "seq-mask-tis":
+        return {"weight_level": "token", "reject_level": "geometric", "reject_low": low, "reject_high": high}
+    raise ValueError(f"rollout correction method must be one of {IS_METHODS}, got {method!r}")
+
+
+def correct(
+    method: ISMethod,
+    trainer_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    low: float | None,
+    high: float | None,
+) -> ISCorrection:
+    """:func:`rollout_correction` with a preset of :data:`IS_METHODS` and its two thresholds."""
+    return rollout_correction(trainer_logprobs, sampler_logprobs, mask, **method_kwargs(method, low, high))
