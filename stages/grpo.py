@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from stages.core import paths
+from stages.core import hardware, paths
 from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend
@@ -513,6 +513,9 @@ def run(p: GrpoParams) -> dict[str, Any]:
                                                 rm_dir=rm_dir, out_dir=paths.GRPO_ITERS, cache={}, heldout=heldout)
     main = is_main_process()
     t_grpo = time.perf_counter() - t_start
+    ds = use_deepspeed(p.deepspeed.enabled)  # bf16: DeepSpeed's bf16 mode, or plain autocast when asked (not auto)
+    hw = {**hardware.record(train_device(), p.precision, (ds and use_bf16(p.precision, train_device())) or
+                            (not ds and p.precision == "bf16")), "generation_backend": resolve_backend(p.backend)}
     info["memory"] = peak_memory()  # of the RL part (before the baseline)
     summary = summarize(history)
     if main:
@@ -524,7 +527,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
             # timings or memory peaks here (a cached output is the same bytes for the same inputs): they are in the
             # metrics
             (tmp / "pipeline.json").write_text(json.dumps({
-                "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
+                "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(), "hardware": hw,
                 "heldout": heldout.metrics() if heldout else None,
                 "run": {"trained_parameters": info.get("trained_parameters")},
                 "summary": untimed(summary), "iterations": untimed(info.get("iterations"))}, indent=2) + "\n")
@@ -533,7 +536,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
                     f.write(json.dumps(s, ensure_ascii=False) + "\n")
         write_plots(paths.plots_dir("grpo"), history, PLOT_METRICS + ("sft_loss", "nll"))
     metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summary, "grpo_wall_s": round(t_grpo, 2),
-                               **info}
+                               **info, "hardware": hw}
     if heldout is not None and main:
         write_plots(paths.plots_dir("grpo"), heldout.records, ("heldout_accuracy",))
         metrics["heldout"] = heldout.metrics()
@@ -569,7 +572,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
                                      "grpo.step_s_mean", "grpo_wall_s", "memory", "trained_parameters",
-                                     "baseline.sft_loss_last", "heldout"])
+                                     "baseline.sft_loss_last", "heldout", "hardware"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

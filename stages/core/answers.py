@@ -214,8 +214,16 @@ def _is_text_answer(gold: str) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 _ROOT = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = float(os.environ.get("ANSWERS_WORKER_STARTUP_S", "180"))
-MAX_WORKERS = int(os.environ.get("ANSWERS_MAX_WORKERS", str(max(2, min(8, os.cpu_count() or 2)))))
+
+
+def startup_timeout_s() -> float:
+    """Seconds a checking worker may take to start (``ANSWERS_WORKER_STARTUP_S``, default 180; read when used)."""
+    return float(os.environ.get("ANSWERS_WORKER_STARTUP_S", "180"))
+
+
+def max_workers() -> int:
+    """Checking workers at most (``ANSWERS_MAX_WORKERS``, default the CPU count within [2, 8]; read when used)."""
+    return int(os.environ.get("ANSWERS_MAX_WORKERS", str(max(2, min(8, os.cpu_count() or 2)))))
 
 
 class _Worker:
@@ -256,11 +264,11 @@ class _Worker:
     def ensure_ready(self) -> None:
         if self._ready:
             return
-        line = self._readline(time.monotonic() + STARTUP_TIMEOUT_S)
+        line = self._readline(time.monotonic() + startup_timeout_s())
         if line is None or not json.loads(line).get("ready"):
             self.kill()
             raise RuntimeError(
-                f"answer-checking worker did not start within {STARTUP_TIMEOUT_S:.0f}s "
+                f"answer-checking worker did not start within {startup_timeout_s():.0f}s "
                 f"(python -m stages.core._answers_worker; exit code {self.proc.returncode})"
             )
         self._ready = True
@@ -305,7 +313,7 @@ class _Worker:
 
 
 class _Pool:
-    """Idle workers handed out one per check; grows to ``MAX_WORKERS`` (callers wait beyond)."""
+    """Idle workers handed out one per check; grows to :func:`max_workers` (callers wait beyond)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -321,7 +329,7 @@ class _Pool:
                         return w
                     self._live -= 1
                     w.kill()
-                if self._live < MAX_WORKERS:
+                if self._live < max_workers():
                     self._live += 1
                     break
                 self._cond.wait()
@@ -352,7 +360,7 @@ class _Pool:
             self._cond.notify()
 
     def warm(self, n: int) -> None:
-        ws = [self.acquire() for _ in range(max(1, min(n, MAX_WORKERS)))]
+        ws = [self.acquire() for _ in range(max(1, min(n, max_workers())))]
         try:
             for w in ws:
                 w.ensure_ready()
@@ -368,16 +376,18 @@ class _Pool:
             w.kill()
 
 
-_POOL = _Pool()
-_POOL_PID = os.getpid()
-atexit.register(lambda: _POOL.close() if os.getpid() == _POOL_PID else None)
+_POOL: _Pool | None = None  # created by the first check (importing this module starts nothing)
+_POOL_PID = 0
 
 
 def _pool() -> _Pool:
     """This process's pool; a forked child gets a fresh one (it must not share its parent's pipes)."""
     global _POOL, _POOL_PID
-    if os.getpid() != _POOL_PID:
+    if _POOL is None or os.getpid() != _POOL_PID:
+        first = _POOL is None
         _POOL, _POOL_PID = _Pool(), os.getpid()
+        if first:  # its workers stop at interpreter exit (a forked child's pool is its own: it checks the pid)
+            atexit.register(lambda: _POOL.close() if _POOL is not None and os.getpid() == _POOL_PID else None)
     return _POOL
 
 
@@ -471,7 +481,7 @@ def are_equivalent(
     workers: int | None = None,
 ) -> list[bool]:
     """:func:`is_equivalent` for each pair (order kept); the symbolic checks run on up to
-    ``workers`` worker processes at once (default: ``MAX_WORKERS``)."""
+    ``workers`` worker processes at once (default: :func:`max_workers`)."""
     if len(preds) != len(golds):
         raise ValueError(f"are_equivalent: {len(preds)} predictions but {len(golds)} golds")
     out: list[bool | None] = []
@@ -483,7 +493,7 @@ def are_equivalent(
             todo.append((i, p, g))
         else:
             stats["fast"] += 1
-    n = max(1, min(workers or MAX_WORKERS, MAX_WORKERS, len(todo)))
+    n = max(1, min(workers or max_workers(), max_workers(), len(todo)))
     if n == 1:
         for i, p, g in todo:
             out[i] = _symbolic(p, g, percent_variants, timeout_s)

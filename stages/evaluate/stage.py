@@ -28,6 +28,7 @@ import torch
 from stages.core import generation, paths
 from stages.core.answers import is_equivalent
 from stages.core.errors import PipelineError
+from stages.core.hardware import fast_bf16, generation_record
 from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import resolve_model
 from stages.core.problems import Problem, load_problem_file
@@ -165,9 +166,7 @@ def resolve_dtype(dtype: str) -> str:
     benchmarks/results/generation.json; on CPUs without AMX it is slower.)"""
     if dtype != "auto":
         return dtype
-    if torch.cuda.is_available():
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    return "bfloat16" if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)() else "float32"
+    return "bfloat16" if fast_bf16("cuda" if torch.cuda.is_available() else "cpu")[0] else "float32"
 
 
 def make_generator(c: EvalCommonParams, model_path: str, rows: int | None = None) -> Any:
@@ -199,12 +198,15 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     ckpt_dir = paths.CHECKPOINTS / "evaluate" / fingerprint(model, m, c, data_files)
     if c.num_threads:
         torch.set_num_threads(c.num_threads)
+    own_generator = generator is None
     if generator is None:
         generator = make_generator(c, m.path, rows=c.batch_size * (m.n_samples if m.sample_modes else 1))
     settings = LoopSettings(c.batch_size, c.max_new_tokens, c.temperature, c.top_p, c.seed, c.tir_max_rounds,
                             c.exec_timeout_s, c.exec_workers)
 
     metrics: dict[str, Any] = {"model": model, "prompting": m.prompting}
+    if own_generator:  # the dtype and backend ``auto`` resolved to on this machine (stages/core/hardware.py)
+        metrics["hardware"] = generation_record(c.dtype, resolve_dtype(c.dtype), generation.resolve_backend(c.backend))
     outputs: dict[str, list[dict[str, Any]]] = {}
     prompt_examples: list[str] = []
     resumed_total = 0
@@ -239,7 +241,7 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     metrics["generated_tokens"] = gen_tokens
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     write_metrics(f"evaluate_{model}", metrics, ["model", "*.greedy.acc", "*.greedy.exec_ok", "*.sample.pass@*",
-                                                 "*.sample.maj@*"])
+                                                 "*.sample.maj@*", "hardware"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return metrics
 
