@@ -7,7 +7,7 @@ limit: this is a throughput and memory check, not a learning check.
     PYTHONPATH=. python benchmarks/gpu_check.py --allow-cpu --size tiny --grpo-steps 2 --sft-steps 2   # code path
 
 What runs is the stages' own code: ``stages.grpo.train_grpo`` with the hf backend (vLLM and DeepSpeed are not on
-the GPU machine), plain PyTorch with bf16 autocast (``grpo.precision: bf16``: fp32 weights and AdamW, bf16
+the GPU machine), plain PyTorch with bf16 autocast (``grpo.compute.precision: bf16``: fp32 weights and AdamW, bf16
 matmuls; hf rollouts from a bf16 copy of the policy), gradient checkpointing, the chunked log-probs, a reference
 model (beta 0.04) kept in CPU memory while idle; then SFT steps of the training loop's forward
 (``stages.train.loop.forward_nll``) through the one update path (``stages.train.update.Updater``) on packed random
@@ -86,20 +86,18 @@ def grpo_params(args: argparse.Namespace, on_gpu: bool) -> Any:
     from stages.schema.grpo import GrpoParams
 
     base = validate_section(GrpoParams, read_params_file(args.params), args.params)
-    return base.model_copy(update={
-        "algorithm": "grpo", "advantage_estimator": "grpo", "policy_loss": "clipped", "reward_source": "rule",
-        "steps": args.grpo_steps, "questions_per_step": args.questions, "group_size": args.group_size,
-        "max_new_tokens": args.max_new_tokens, "backend": "hf", "micro_batch_size": args.grpo_micro_batch, "mu": 1,
-        "minibatches": 1, "beta": 0.04, "lr": 1e-6, "skip_zero_std_groups": False, "checkpoint_every": 0,
-        "log_completions_every": 0, "offload_idle_models": True, "share_prompt_prefix": True,
-        "precision": "bf16" if on_gpu else "fp32", "gradient_checkpointing": True,
-        "logprob_chunk_tokens": args.chunk, "attn_implementation": "sdpa", "num_threads": 0 if on_gpu else 1,
-        "heldout": base.heldout.model_copy(update={"every": 0}),
-        "baseline": base.baseline.model_copy(update={"enabled": False}),
-        "iterative": base.iterative.model_copy(update={"iterations": 1}),
-        "deepspeed": base.deepspeed.model_copy(update={"enabled": False}),
-        "reward": base.reward.model_copy(update={"accuracy_weight": 1.0, "format_weight": 0.0, "custom": [],
-                                                  "custom_weights": []}),
+    return base.updated({
+        "algorithm": "grpo", "advantage.estimator": "grpo", "loss.policy": "clipped",
+        "steps": args.grpo_steps, "questions_per_step": args.questions, "rollout.group_size": args.group_size,
+        "rollout.max_new_tokens": args.max_new_tokens, "rollout.backend": "hf",
+        "optim.micro_batch_size": args.grpo_micro_batch, "optim.mu": 1, "optim.minibatches": 1, "kl.beta": 0.04,
+        "optim.lr": 1e-6, "advantage.skip_zero_std_groups": False, "checkpoint_every": 0, "log_completions_every": 0,
+        "compute": {"offload_idle_models": True, "share_prompt_prefix": True, "precision": "bf16" if on_gpu else "fp32",
+                    "gradient_checkpointing": True, "logprob_chunk_tokens": args.chunk, "attn_implementation": "sdpa",
+                    "num_threads": 0 if on_gpu else 1},
+        "heldout.every": 0, "baseline.enabled": False, "iterative.iterations": 1, "deepspeed.enabled": False,
+        "reward": {"source": "rule", "accuracy_weight": 1.0, "format_weight": 0.0, "custom": [], "custom_weights": [],
+                   "rm_guards": base.reward.rm_guards.model_dump()},
     })
 
 

@@ -58,7 +58,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     params = load_params(args.params)
-    p = params.grpo.model_copy(update={"skip_zero_std_groups": False, "steps": args.steps})
+    p = params.grpo.updated({"advantage.skip_zero_std_groups": False, "steps": args.steps})
     model_dir = args.model or (str(ROOT / paths.SFT_MODEL) if (ROOT / paths.SFT_MODEL / "config.json").is_file() else None)
     rows = _prompts()
     if model_dir:
@@ -70,12 +70,12 @@ def main() -> int:
         model, tok = load_model(tmp), load_tokenizer(tmp)
         kind = "random init, base_model size"
     ref = None
-    if p.beta > 0:
+    if p.kl.beta > 0:
         import copy
 
         ref = copy.deepcopy(model).eval()
-    opt = torch.optim.AdamW(model.parameters(), lr=p.lr)
-    gen = make_generator(p.backend, model, tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=p.optim.lr)
+    gen = make_generator(p.rollout.backend, model, tok)
     rs = RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom, p.reward.custom_weights)
     rows_out = []
     for step in range(args.steps):
@@ -86,8 +86,8 @@ def main() -> int:
                    "median": round(statistics.median(r[k] for r in rows_out), 3)} for k in PARTS}
     result = {
         "model": kind, "n_params": sum(t.numel() for t in model.parameters()), "threads": args.threads,
-        "questions_per_step": p.questions_per_step, "group_size": p.group_size, "max_new_tokens": p.max_new_tokens,
-        "beta": p.beta, "backend": p.backend, "steps": args.steps,
+        "questions_per_step": p.questions_per_step, "group_size": p.rollout.group_size, "max_new_tokens": p.rollout.max_new_tokens,
+        "beta": p.kl.beta, "backend": p.rollout.backend, "steps": args.steps,
         "completion_len_mean": round(statistics.mean(r["completion_len"] for r in rows_out), 2),
         "seconds": summary, "machine": platform.processor() or platform.machine(),
         "note": "shared 2-core machine; timings noisy",

@@ -56,7 +56,7 @@ def tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 def setup(algo: str, p: GrpoParams, model_dir: str, rows: list[dict[str, Any]]) -> StepContext:
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
     a = get_algorithm(algo)
-    pa = p.model_copy(update={"algorithm": algo, "advantage_estimator": "gae" if algo == "ppo" else "grpo"})
+    pa = p.updated({"algorithm": algo, "advantage.estimator": "gae" if algo == "ppo" else "grpo"})
     ref = grpo.frozen_copy(model) if a.uses_reference(pa) else None
     ctx = StepContext(p=pa, model=model, tokenizer=tok, generator=make_generator("hf", model, tok),
                       updater=rl_updater(model, pa), rows=rows, reward_set=a.reward_functions(pa), ref_model=ref)
@@ -97,8 +97,8 @@ def main() -> int:
             print(f"{a} step {step}: " + "  ".join(f"{k}={m[k]:.2f}" for k in PARTS) +
                   f"  trained outputs {m['n_train_outputs']}", flush=True)
     result: dict[str, Any] = {"model": args.model, "threads": args.threads, "steps": args.steps,
-                              "questions_per_step": p.questions_per_step, "group_size": p.group_size,
-                              "max_new_tokens": p.max_new_tokens, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                              "questions_per_step": p.questions_per_step, "group_size": p.rollout.group_size,
+                              "max_new_tokens": p.rollout.max_new_tokens, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                               "load_average_before": [round(x, 2) for x in load_before],
                               "load_average_after": [round(x, 2) for x in os.getloadavg()],
                               "note": "interleaved in one process; on a loaded machine the CPU seconds are the steadier"}

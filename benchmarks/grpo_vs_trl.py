@@ -113,12 +113,16 @@ def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
     for prm in ref.parameters():
         prm.requires_grad_(False)
     q, g = args.questions, args.group
-    p = load_params(ROOT / "params.yaml").grpo.model_copy(update={
-        "questions_per_step": q, "group_size": g, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-        "top_p": 1.0, "beta": 0.04, "clip_eps": 0.2, "clip_eps_high": None, "mu": 1, "minibatches": 1,
-        "micro_batch_size": q * g, "aggregation": "seq-mean-token-mean", "scale_rewards": "group", "adv_eps": 1e-4,
-        "mask_truncated": False, "skip_zero_std_groups": False, "lr": args.lr, "weight_decay": 0.0,
-        "max_grad_norm": 1.0, "backend": "hf", "seed": SEED, "share_prompt_prefix": not args.no_share_prompts})
+    p = load_params(ROOT / "params.yaml").grpo.updated({
+        "questions_per_step": q, "seed": SEED,
+        "rollout": {"group_size": g, "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
+                    "backend": "hf"},
+        "kl.beta": 0.04, "loss": {"clip_eps": 0.2, "clip_eps_high": None, "aggregation": "seq-mean-token-mean",
+                                  "mask_truncated": False},
+        "optim": {"mu": 1, "minibatches": 1, "micro_batch_size": q * g, "lr": args.lr, "weight_decay": 0.0,
+                  "max_grad_norm": 1.0},
+        "advantage": {"scale_rewards": "group", "eps": 1e-4, "skip_zero_std_groups": False},
+        "compute.share_prompt_prefix": not args.no_share_prompts})
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     gen = make_generator("hf", model, tok, batch_size=q * g, **({"dtype": args.gen_dtype} if args.gen_dtype else {}))
     rows, _ = step_rows(args.steps + 1, q)
@@ -489,7 +493,7 @@ def main() -> int:
     ap.add_argument("--gen-dtype", default=None, choices=["bfloat16"],
                     help="(what-if, --worker ours only) sample with a bf16 copy of the policy; not the like-for-like run")
     ap.add_argument("--no-share-prompts", action="store_true",
-                    help="(ablation) ours with grpo.share_prompt_prefix off: a full forward pass per output in the "
+                    help="(ablation) ours with grpo.compute.share_prompt_prefix off: a full forward pass per output in the "
                          "log-prob passes (the generator's shared prefill stays)")
     ap.add_argument("--worker", choices=["ours", "trl"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", type=Path, default=None, help=argparse.SUPPRESS)

@@ -102,7 +102,7 @@ def main() -> None:
     test = read_jsonl(args.test_file)[: args.test]
     tok = load_tokenizer(args.sft)
     t0 = time.perf_counter()
-    sft_acc = greedy_accuracy(load_model(args.sft), tok, test, P.grpo.max_new_tokens)
+    sft_acc = greedy_accuracy(load_model(args.sft), tok, test, P.grpo.rollout.max_new_tokens)
     print(f"SFT greedy accuracy on {len(test)} held-out problems: {sft_acc:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
     out: dict[str, Any] = {"sft": args.sft, "n_test": len(test), "sft_accuracy": sft_acc, "args": vars(args), "runs": []}
     tmp_root = Path(tempfile.mkdtemp(prefix="iterative_rl."))
@@ -125,20 +125,19 @@ def main() -> None:
         print(f"seed {seed}: RM outcome AUC {rm_metrics['outcome_auc']} step AUC {rm_metrics['step_auc']} "
               f"({len(tr)} train / {len(held)} held-out examples, {rm_s:.0f}s)", flush=True)
         for sup in args.supervision:
-            upd: dict[str, Any] = {"seed": seed, "reward_source": sup, "steps": args.steps, "checkpoint_every": 0,
-                                   "log_completions_every": 0,
-                                   "iterative": P.grpo.iterative.model_copy(update={"iterations": args.iterations}),
-                                   "baseline": P.grpo.baseline.model_copy(update={"enabled": False})}
-            for k, v in (("questions_per_step", args.questions_per_step), ("group_size", args.group_size),
-                         ("max_new_tokens", args.max_new_tokens), ("lr", args.lr)):
+            upd: dict[str, Any] = {"seed": seed, "reward.source": sup, "steps": args.steps, "checkpoint_every": 0,
+                                   "log_completions_every": 0, "iterative.iterations": args.iterations,
+                                   "baseline.enabled": False}
+            for k, v in (("questions_per_step", args.questions_per_step), ("rollout.group_size", args.group_size),
+                         ("rollout.max_new_tokens", args.max_new_tokens), ("optim.lr", args.lr)):
                 if v is not None:
                     upd[k] = v
-            p = P.grpo.model_copy(update=upd)
+            p = P.grpo.updated(upd)
             model = load_model(args.sft)
             accs: list[float] = []
 
             def on_iteration(k: int, m: Any, _rm: Any, accs: list[float] = accs, tag: str = f"seed {seed} {sup}") -> None:
-                accs.append(greedy_accuracy(m, tok, test, P.grpo.max_new_tokens))
+                accs.append(greedy_accuracy(m, tok, test, P.grpo.rollout.max_new_tokens))
                 print(f"  {tag} iteration {k}: held-out greedy accuracy {accs[-1]:.3f}", flush=True)
 
             t1 = time.perf_counter()

@@ -117,7 +117,7 @@ def child_train(c: dict[str, Any], out: Path) -> dict[str, Any]:
         init_distributed_env()
         ensure_process_group()
         ds_cfg = build_deepspeed_config(zero_stage=c["zero"], offload_optimizer=False,
-                                        micro_batch_size=c["micro_batch"], grad_accum=1, grad_clip=1.0, bf16=False)
+                                        micro_batch_size=c["micro_batch"], grad_accum=1, max_grad_norm=1.0, bf16=False)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from stages.core.modeling import enable_checkpointing

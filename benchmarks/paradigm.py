@@ -1,7 +1,7 @@
 """The paper's unified-paradigm comparison (DeepSeekMath section 5.2.1, Figure 5): RFT, online RFT, GRPO with outcome
 supervision and GRPO with process supervision, several seeds each, as DVC experiments of the grpo stage.
 
-Each run is ``dvc exp run --queue -s grpo -n <name> -S grpo.algorithm=... -S grpo.reward_source=... -S grpo.seed=...``
+Each run is ``dvc exp run --queue -s grpo -n <name> -S grpo.algorithm=... -S grpo.reward.source=... -S grpo.seed=...``
 plus the held-out curve (``grpo.heldout.every``) and any ``--set`` overrides; then ``dvc queue start`` runs the
 queue and the script waits for it. It collects every experiment's held-out greedy accuracy versus step
 (data/metrics/grpo.json, ``heldout.accuracy_at_step``) from ``dvc exp show --json``, writes benchmarks/results/paradigm.json and
@@ -44,20 +44,20 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "paradigm.json"
 
 METHODS: dict[str, dict[str, str]] = {
-    "rft": {"grpo.algorithm": "rft", "grpo.reward_source": "rule"},
-    "online_rft": {"grpo.algorithm": "online_rft", "grpo.reward_source": "rule"},
-    "grpo_os": {"grpo.algorithm": "grpo", "grpo.reward_source": "rule"},
-    "grpo_ps": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rule"},
-    "grpo_os_rm": {"grpo.algorithm": "grpo", "grpo.reward_source": "outcome_rm"},
-    "grpo_ps_rm": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rm"},
+    "rft": {"grpo.algorithm": "rft", "grpo.reward.source": "rule"},
+    "online_rft": {"grpo.algorithm": "online_rft", "grpo.reward.source": "rule"},
+    "grpo_os": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule"},
+    "grpo_ps": {"grpo.algorithm": "grpo", "grpo.reward.source": "process_rule"},
+    "grpo_os_rm": {"grpo.algorithm": "grpo", "grpo.reward.source": "outcome_rm"},
+    "grpo_ps_rm": {"grpo.algorithm": "grpo", "grpo.reward.source": "process_rm"},
     # issue 17: PPO on the same data (G outputs per question, the rule reward), and GRPO from the pretrained model
     # with DeepSeek-R1-Zero's template and format reward (no SFT)
-    "ppo_os": {"grpo.algorithm": "ppo", "grpo.advantage_estimator": "gae", "grpo.reward_source": "rule"},
-    "grpo_zero": {"grpo.algorithm": "grpo", "grpo.reward_source": "rule", "grpo.start": "pretrain",
+    "ppo_os": {"grpo.algorithm": "ppo", "grpo.advantage.estimator": "gae", "grpo.reward.source": "rule"},
+    "grpo_zero": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.start": "pretrain",
                   "grpo.template": "r1", "grpo.reward.format_weight": "1.0"},
     # issue 19, Figure 6: iterative RL, 2 iterations of 20 steps (the RM retrained on the policy's samples with 10%
     # replay in between) against the 40-step one-iteration grpo_ps_rm runs: equal total steps
-    "grpo_ps_rm_iter2": {"grpo.algorithm": "grpo", "grpo.reward_source": "process_rm",
+    "grpo_ps_rm_iter2": {"grpo.algorithm": "grpo", "grpo.reward.source": "process_rm",
                          "grpo.iterative.iterations": "2", "grpo.steps": "20"},
 }
 LABELS = {"rft": "RFT", "online_rft": "Online RFT", "grpo_os": "GRPO+OS", "grpo_ps": "GRPO+PS",

@@ -57,7 +57,7 @@ def grpo_grid(base: dict[str, int], axes: dict[str, list[int]], repeats: int, th
     build_tiny_model(tmp)
     model, tok = load_model(tmp), load_tokenizer(tmp)
     ref = None
-    if params.grpo.beta > 0:
+    if params.grpo.kl.beta > 0:
         import copy
 
         ref = copy.deepcopy(model).eval()
@@ -65,9 +65,10 @@ def grpo_grid(base: dict[str, int], axes: dict[str, list[int]], repeats: int, th
                                params.grpo.reward.custom, params.grpo.reward.custom_weights)
 
     def point(q: int, g: int, t: int, n: int, step0: int) -> dict[str, Any]:
-        p = params.grpo.model_copy(update={"questions_per_step": q, "group_size": g, "max_new_tokens": t,
-                                           "skip_zero_std_groups": False, "micro_batch_size": q * g, "backend": "hf"})
-        opt = torch.optim.AdamW(model.parameters(), lr=p.lr)
+        p = params.grpo.updated({"questions_per_step": q, "rollout.group_size": g, "rollout.max_new_tokens": t,
+                                 "advantage.skip_zero_std_groups": False, "optim.micro_batch_size": q * g,
+                                 "rollout.backend": "hf"})
+        opt = torch.optim.AdamW(model.parameters(), lr=p.optim.lr)
         gen = make_generator("hf", model, tok, batch_size=q * g)
         ms = []
         for i in range(n):

@@ -57,12 +57,10 @@ def grpo_params(seed: int, steps: int, mode: str, threads: int, chunks: int | No
     from stages.schema.grpo import GrpoParams
 
     p = GrpoParams.from_file(ROOT / "params.yaml")
-    rollout = p.rollout.model_copy(update={"mode": mode, **({"chunks": chunks} if chunks else {})})
-    return p.model_copy(update={
-        "seed": seed, "steps": steps, "num_threads": threads, "checkpoint_every": 0, "log_completions_every": 0,
-        "rollout": rollout, "heldout": p.heldout.model_copy(update={"every": 0}),
-        "baseline": p.baseline.model_copy(update={"enabled": False}),
-        "iterative": p.iterative.model_copy(update={"iterations": 1})})
+    return p.updated({
+        "seed": seed, "steps": steps, "compute.num_threads": threads, "checkpoint_every": 0,
+        "log_completions_every": 0, "rollout.mode": mode, **({"rollout.chunks": chunks} if chunks else {}),
+        "heldout.every": 0, "baseline.enabled": False, "iterative.iterations": 1})
 
 
 def evaluate(model: Any, tok: Any, problems: list[Any], workdir: Path) -> dict[str, Any]:
@@ -315,7 +313,7 @@ def main() -> int:
                 la1 = os.getloadavg()[0]
                 loads += [la0, la1]
                 run = {"seed": seed, "mode": mode, "chunks": p.rollout.chunks,
-                       "sandbox_workers": p.rollout.sandbox_workers, "train_wall_s": round(train_s, 1),
+                       "sandbox_workers": p.rollout.exec_workers, "train_wall_s": round(train_s, 1),
                        "loadavg_before": round(la0, 2), "loadavg_after": round(la1, 2), "eval": ev,
                        "stats": run_stats(hist),
                        "curve": [{k: h.get(k) for k in ("step", "reward_mean", "accuracy", "step_s", "tool_wait_s",

@@ -13,8 +13,8 @@ run through ``grpo_step``; every method writes the same outputs (the policy to d
 One step (``grpo_step``, i.e. stages.rl.step.run_step): collect rollouts -> score -> targets (advantages or
 gradient coefficients) -> log-probs -> update, each phase a typed function of stages/rl/step.py; what differs
 between algorithms is a strategy object of stages/rl/algorithms.py (``grpo.algorithm``, one registry), the
-advantage estimator one of stages/rl/advantages.py (``grpo.advantage_estimator``) and the policy loss one of
-stages/rl/losses.py (``grpo.policy_loss``). ``ppo`` adds a value model (stages/rl/value.py, ``grpo.ppo``).
+advantage estimator one of stages/rl/advantages.py (``grpo.advantage.estimator``) and the policy loss one of
+stages/rl/losses.py (``grpo.loss.policy``). ``ppo`` adds a value model (stages/rl/value.py, ``grpo.ppo``).
 
 Real mode (stages/rl/update.py, stages/train/update.py): the update can run under DeepSpeed ZeRO 0-2 (``deepspeed``; one process, or
 ``deepspeed --module stages.grpo`` on several GPUs, each rank sampling its share of every step's questions), the
@@ -95,7 +95,7 @@ def grpo_step(step: int, p: GrpoParams, model: Any, tokenizer: Any, ref_model: A
     rewards: (Q, G), or (N, 1) for rft's kept samples; the rollout is None when rft kept nothing for the step).
 
     ``optimizer``: a :class:`stages.train.update.Updater` (plain or DeepSpeed) or a torch optimizer.
-    ``scorer``: the reward source when ``p.reward_source`` is not rule (stages.rl.reward_model.RewardModelSource or
+    ``scorer``: the reward source when ``p.reward.source`` is not rule (stages.rl.reward_model.RewardModelSource or
     StepLabelSource); the rule reward functions are still scored for the accuracy metric. ``pool``: rft's offline
     samples (required for rft). ``offload``: keep the reference / reward model in CPU memory except while they score
     (GPU only). ``critic``: PPO's value model (stages.rl.value.Critic)."""
@@ -215,27 +215,27 @@ def rollout_modes(p: GrpoParams) -> tuple[str, ...]:
 
 def rollout_generator(p: GrpoParams, model: Any, tokenizer: Any, questions: list[str], max_new_tokens: int,
                       bf16: bool = False) -> Any:
-    """The rollout generator of ``p.backend``: hf (decodes with the policy object itself) or a vLLM engine sized by
+    """The rollout generator of ``p.rollout.backend``: hf (decodes with the policy object itself) or a vLLM engine sized by
     ``vllm_gpu_memory_utilization`` and ``max_model_len`` (see :func:`max_model_len`), with sleep mode on a GPU
     when ``vllm_enable_sleep_mode``; bfloat16 when the update trains in bf16. Built after the update path, so
     under a multi-rank launch the engine joins its process group (stages.core.vllm_backend: external launcher,
     this rank's device, ``vllm_tensor_parallel_size`` ranks per engine) and starts from the policy in memory."""
-    if resolve_backend(p.backend) == "hf":  # bf16: a bf16 copy of an fp32 policy (refreshed by sync_weights)
-        return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.group_size,
+    if resolve_backend(p.rollout.backend) == "hf":  # bf16: a bf16 copy of an fp32 policy (refreshed by sync_weights)
+        return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.rollout.group_size,
                               dtype="bfloat16" if bf16 else None)
     modes = tuple(dict.fromkeys(("cot", *rollout_modes(p))))  # cot: the held-out curve's prompts
-    kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed,
+    kw: dict[str, Any] = {"gpu_memory_utilization": p.rollout.vllm.gpu_memory_utilization, "seed": p.seed,
                           "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens, p.template,
                                                          modes, p.rollout.tir_max_rounds)}
-    if p.vllm_enable_sleep_mode:
+    if p.rollout.vllm.enable_sleep_mode:
         if torch.cuda.is_available():
             kw["enable_sleep_mode"] = True
         else:
-            log.info("grpo.vllm_enable_sleep_mode: ignored on CPU (vLLM sleeps on CUDA only)")
+            log.info("grpo.rollout.vllm.enable_sleep_mode: ignored on CPU (vLLM sleeps on CUDA only)")
     if bf16:
         kw["dtype"] = "bfloat16"
-    if p.vllm_tensor_parallel_size > 1:
-        kw["tensor_parallel_size"] = p.vllm_tensor_parallel_size
+    if p.rollout.vllm.tensor_parallel_size > 1:
+        kw["tensor_parallel_size"] = p.rollout.vllm.tensor_parallel_size
     return make_generator("vllm", model, tokenizer, **kw)
 
 
@@ -280,19 +280,19 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
         raise ValueError(f"train_grpo: algorithm {p.algorithm} has no sampling loop; see train_sft")
     cache = {} if cache is None else cache
     reward_set = algo.reward_functions(p)
-    offload = p.offload_idle_models
+    offload = p.compute.offload_idle_models
     ref_model = frozen_copy(model, "cpu" if offload else None) if algo.uses_reference(p) else None
     world = world_size()
     if world > 1 and p.questions_per_step < world:
         raise PipelineError(f"grpo.questions_per_step: {p.questions_per_step} is below the {world} ranks; each rank "
                             "samples its share of a step's questions, so give at least one per rank")
     # the update path first: under DeepSpeed it joins the process group, which the rollout engine is built in
-    enable_checkpointing(model, p.gradient_checkpointing)
+    enable_checkpointing(model, p.compute.gradient_checkpointing)
     upd = rl_updater(model, p)
     questions = [r["question"] for r in rows] + ([r["question"] for r in heldout.rows] if heldout else [])
-    gen_len = max(p.max_new_tokens, heldout.max_new_tokens if heldout else 0)
+    gen_len = max(p.rollout.max_new_tokens, heldout.max_new_tokens if heldout else 0)
     generator = rollout_generator(p, model, tokenizer, questions, gen_len, bf16=upd.bf16 or upd.autocast_bf16)
-    info: dict[str, Any] = {"resumed_from_step": None, "generation_backend": resolve_backend(p.backend)}
+    info: dict[str, Any] = {"resumed_from_step": None, "generation_backend": resolve_backend(p.rollout.backend)}
     pool: RftPool | None = None
     if cache.get("pool") is None:  # rft's offline samples, drawn before any checkpoint is loaded
         t0 = time.perf_counter()
@@ -325,7 +325,7 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
             ref_model.to(upd.device)
     if getattr(scorer, "rm", None) is not None:
         scorer.rm.to("cpu" if offload else upd.device)
-    sandbox_pool = ThreadPoolExecutor(max_workers=p.rollout.sandbox_workers, thread_name_prefix="sandbox") \
+    sandbox_pool = ThreadPoolExecutor(max_workers=p.rollout.exec_workers, thread_name_prefix="sandbox") \
         if rollout_modes(p) != ("cot",) else None
     ctx = StepContext(p=p, model=model, tokenizer=tokenizer, generator=generator, updater=upd, rows=rows,
                       reward_set=reward_set, source=scorer, ref_model=ref_model, pool=pool, offload=offload,
@@ -366,7 +366,7 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
             save_checkpoint(ckpt_dir, updaters=updaters, step=done, history=history, extra=extra)
     _wake(generator)
     close = getattr(generator, "close", None)
-    if callable(close) and resolve_backend(p.backend) == "vllm":
+    if callable(close) and resolve_backend(p.rollout.backend) == "vllm":
         close()
     if sandbox_pool is not None:
         sandbox_pool.shutdown(wait=True)
@@ -377,11 +377,11 @@ def train_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPa
 
 def load_policy(path: Any, p: GrpoParams) -> Any:
     """A causal LM of the stage (the policy, the baseline's start), its weights read directly in the update's dtype
-    (bf16 under DeepSpeed's bf16 mode, else float32) onto this rank's device, with ``p.attn_implementation``."""
+    (bf16 under DeepSpeed's bf16 mode, else float32) onto this rank's device, with ``p.compute.attn_implementation``."""
     dev = train_device()
-    bf16 = use_deepspeed(p.deepspeed.enabled) and use_bf16(p.precision, dev)
+    bf16 = use_deepspeed(p.deepspeed.enabled) and use_bf16(p.compute.precision, dev)
     return load_model(path, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev,
-                      attn_implementation=p.attn_implementation)
+                      attn_implementation=p.compute.attn_implementation)
 
 
 def _n_trainable(model: Any) -> int:
@@ -409,8 +409,8 @@ def _wake(generator: Any) -> None:
 def train_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoParams, *,
               heldout: HeldoutEval | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """algorithm sft: the continued SFT of stages.rl.baseline on the rows' gold CoT solutions, ``p.steps`` x
-    ``iterative.iterations`` steps of ``questions_per_step`` questions (the GRPO question order) at ``p.lr``; one
-    plain process (no DeepSpeed). ``heldout`` is evaluated with a generator of ``p.backend`` synced to the model."""
+    ``iterative.iterations`` steps of ``questions_per_step`` questions (the GRPO question order) at ``p.optim.lr``; one
+    plain process (no DeepSpeed). ``heldout`` is evaluated with a generator of ``p.rollout.backend`` synced to the model."""
     if world_size() > 1:
         raise PipelineError("grpo.algorithm sft runs in one process; launch it without deepspeed / torchrun")
     total = p.steps * p.iterative.iterations
@@ -426,15 +426,15 @@ def train_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: GrpoPar
             generator.sync_weights(model)
             heldout.evaluate(done, generator)
 
-    enable_checkpointing(model, p.gradient_checkpointing)
-    hist = continued_sft(model, tokenizer, rows, steps=total, per_step=p.questions_per_step, seed=p.seed, lr=p.lr,
-                         max_grad_norm=p.max_grad_norm, micro_batch_size=p.micro_batch_size, on_step=on_step,
-                         updater=rl_updater(model, p, weight_decay=0.0), chunk_tokens=p.logprob_chunk_tokens)
+    enable_checkpointing(model, p.compute.gradient_checkpointing)
+    hist = continued_sft(model, tokenizer, rows, steps=total, per_step=p.questions_per_step, seed=p.seed, lr=p.optim.lr,
+                         max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size, on_step=on_step,
+                         updater=rl_updater(model, p, weight_decay=0.0), chunk_tokens=p.compute.logprob_chunk_tokens)
     if heldout is not None:
         for r in heldout.records:
             if r["step"] > 0:
                 hist[r["step"] - 1]["heldout_accuracy"] = r["heldout_accuracy"]
-    if generator is not None and callable(getattr(generator, "close", None)) and resolve_backend(p.backend) == "vllm":
+    if generator is not None and callable(getattr(generator, "close", None)) and resolve_backend(p.rollout.backend) == "vllm":
         generator.close()
     return hist, [], {"resumed_from_step": None}
 
@@ -485,8 +485,8 @@ def run(p: GrpoParams) -> dict[str, Any]:
     Under a DeepSpeed launch with several ranks every rank trains; rank 0 alone writes outputs and runs the
     baseline, and the other ranks return an empty dict."""
     t_start = time.perf_counter()
-    if p.num_threads:
-        torch.set_num_threads(p.num_threads)
+    if p.compute.num_threads:
+        torch.set_num_threads(p.compute.num_threads)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
     algo = get_algorithm(p.algorithm)
@@ -502,7 +502,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     check_compatible(model, tokenizer, str(init))
     torch.manual_seed(p.seed)
     heldout = HeldoutEval.from_params(p.heldout, p.template)
-    rm_dir = paths.REWARD_MODEL if p.reward_source in ("outcome_rm", "process_rm") else None
+    rm_dir = paths.REWARD_MODEL if p.reward.source in ("outcome_rm", "process_rm") else None
     ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), [init, prompts_path] + ([rm_dir] if rm_dir else []))
     if not algo.samples:
         history, samples, info = train_sft(model, tokenizer, rows, p, heldout=heldout)
@@ -548,12 +548,12 @@ def run(p: GrpoParams) -> dict[str, Any]:
     base_model = load_policy(init, p)
     torch.manual_seed(p.seed)
     if p.baseline.enabled:
-        enable_checkpointing(base_model, p.gradient_checkpointing)
+        enable_checkpointing(base_model, p.compute.gradient_checkpointing)
         bh = continued_sft(base_model, tokenizer, rows, steps=p.steps * p.iterative.iterations,
                            per_step=p.questions_per_step, seed=p.seed,
-                           lr=p.baseline.lr, max_grad_norm=p.max_grad_norm, micro_batch_size=p.micro_batch_size,
+                           lr=p.baseline.lr, max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size,
                            updater=rl_updater(base_model, p, lr=p.baseline.lr, weight_decay=0.0),
-                           chunk_tokens=p.logprob_chunk_tokens)
+                           chunk_tokens=p.compute.logprob_chunk_tokens)
         if main:
             save_model(base_model.to("cpu"), tokenizer, paths.SFT_CONTINUED,
                        extra={"stage": "grpo", "baseline": "continued_sft", "init": str(init),

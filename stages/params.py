@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from stages.core import paths
 from stages.core.errors import PipelineError
+from stages.rl.registry import run_needs
 from stages.schema.base import RUNTIME, Section, format_error, merge_runtime, read_params_file
 from stages.schema.base_model import BaseModelParams
 from stages.schema.corpus import (
@@ -102,10 +103,9 @@ class Params(BaseModel):
         if held.parent == paths.TESTSETS and held.stem not in names:
             raise ValueError(f"grpo.heldout.problems_file: {held} is not a test set (testsets.datasets has "
                              f"{sorted(names)})")
-        model_reward = self.grpo.reward_source in ("outcome_rm", "process_rm")
-        if model_reward and not self.reward_model.enabled:
-            raise ValueError(f"grpo.reward_source {self.grpo.reward_source} needs a reward model; set "
-                             "reward_model.enabled: true (or reward_source: rule)")
+        if run_needs(self.grpo).reward_model and not self.reward_model.enabled:
+            raise ValueError(f"grpo (reward.source {self.grpo.reward.source}, algorithm {self.grpo.algorithm}) needs "
+                             "the reward model; set reward_model.enabled: true (or a reward.source without one)")
         roles = {d.role for d in self.ingest.datasets.values()}
         for key, value in (("sft.problems", self.sft.problems), ("grpo.prompts_file", self.grpo.prompts_file),
                            ("reward_model.prompts_file", self.reward_model.prompts_file)):

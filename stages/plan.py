@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stages.rl.registry import REWARD_SOURCES, run_needs
+
 GIB = 2**30
 DS_BUCKET = 500_000_000
 """DeepSpeed's default reduce_bucket_size (elements); stages/train/ds_config.py keeps the default."""
@@ -403,22 +405,22 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
     """grpo: rollouts (vLLM or hf), the log-prob passes and the policy update on ``gpus`` ranks."""
     P = m.n_params()
     ds = g.deepspeed.enabled or gpus > 1
-    bf16 = ds and g.precision in ("bf16", "auto")
+    bf16 = ds and g.compute.precision in ("bf16", "auto")
     wb = 2 if bf16 else 4
-    seq = 512 + g.max_new_tokens  # a prompt of up to 512 tokens (GSM8K / MATH CoT prompts are shorter)
-    s = TrainSetup(micro_batch=g.micro_batch_size, seq=seq, world=gpus, deepspeed=ds,
+    seq = 512 + g.rollout.max_new_tokens  # a prompt of up to 512 tokens (GSM8K / MATH CoT prompts are shorter)
+    s = TrainSetup(micro_batch=g.optim.micro_batch_size, seq=seq, world=gpus, deepspeed=ds,
                    zero=g.deepspeed.zero_stage if ds else 0, offload_optimizer=g.deepspeed.offload_optimizer,
-                   bf16=bf16, checkpointing=g.gradient_checkpointing, chunk=g.logprob_chunk_tokens, device=device,
+                   bf16=bf16, checkpointing=g.compute.gradient_checkpointing, chunk=g.compute.logprob_chunk_tokens, device=device,
                    masked=True, entropy=True)
     e = train_memory(m, s)
     parts = dict(e.parts)
     aux = 0.0
     notes = [f"ZeRO-{s.zero} on {gpus} rank(s)" if ds else "plain PyTorch"]
-    if g.beta > 0 and not g.offload_idle_models:
+    if g.kl.beta > 0 and not g.compute.offload_idle_models:
         aux += P * wb
         notes.append("reference model resident")
-    model_reward = g.reward_source in ("outcome_rm", "process_rm")
-    if model_reward and not g.offload_idle_models:
+    model_reward = REWARD_SOURCES.spec(g.reward.source).reward_model  # scores the rollouts (the registry says)
+    if model_reward and not g.compute.offload_idle_models:
         aux += m.reward_model().n_params() * wb
         notes.append("reward model resident")
     if g.algorithm == "ppo":
@@ -429,29 +431,29 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
     logprob_pass = (e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"]
                     + inference_memory(m, s.micro_batch * seq, wb=wb, chunk=s.chunk)) + aux
     vllm = 0.0
-    if g.backend in ("vllm", "auto") and device == "cuda":
-        vllm = g.vllm_gpu_memory_utilization * gpu_mem
-        kv_bytes = vllm - P * wb / g.vllm_tensor_parallel_size
-        per_tok = 2 * m.layers * m.kv * wb / g.vllm_tensor_parallel_size
-        need = math.ceil(g.questions_per_step / gpus) * g.group_size * seq
+    if g.rollout.backend in ("vllm", "auto") and device == "cuda":
+        vllm = g.rollout.vllm.gpu_memory_utilization * gpu_mem
+        kv_bytes = vllm - P * wb / g.rollout.vllm.tensor_parallel_size
+        per_tok = 2 * m.layers * m.kv * wb / g.rollout.vllm.tensor_parallel_size
+        need = math.ceil(g.questions_per_step / gpus) * g.rollout.group_size * seq
         cap = max(kv_bytes, 0) / per_tok
         notes.append(f"vLLM KV cache {max(kv_bytes, 0) / GIB:.1f} GiB = {cap:,.0f} tokens; a step's rollouts per rank "
                      f"({need:,} tokens at full length) run in {math.ceil(need / max(cap, 1))} waves")
         parts["vllm_engine"] = vllm
     generation = e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"] + aux + vllm
-    update_extra = 0.0 if g.vllm_enable_sleep_mode else vllm
+    update_extra = 0.0 if g.rollout.vllm.enable_sleep_mode else vllm
     peak = max(e.peak + aux + update_extra, logprob_pass, generation)
     iterations = g.iterative.iterations
     questions = g.steps * iterations * g.questions_per_step
-    rollout_tokens = questions * g.group_size * g.max_new_tokens
-    n_passes = 6 + 2 * (g.beta > 0) + 2 * (g.mu > 1) + (2 if g.gradient_checkpointing else 0)
+    rollout_tokens = questions * g.rollout.group_size * g.rollout.max_new_tokens
+    n_passes = 6 + 2 * (g.kl.beta > 0) + 2 * (g.optim.mu > 1) + (2 if g.compute.gradient_checkpointing else 0)
     # the log-prob passes and the update (2 per pass forward, 4 backward); iterative RL's RM updates not counted
     flops = rollout_tokens * n_passes * P
     world = g.launcher.world_size
     work = (f"{questions:,} questions = {g.steps:,} steps x {g.questions_per_step} x {iterations} iteration(s); "
-            f"{questions * g.group_size:,} outputs (group {g.group_size}), up to {_count(rollout_tokens)} generated "
+            f"{questions * g.rollout.group_size:,} outputs (group {g.rollout.group_size}), up to {_count(rollout_tokens)} generated "
             "tokens")
-    plan = StagePlan("grpo", peak, parts, g.micro_batch_size, largest_micro_batch(m, s, budget - aux - update_extra),
+    plan = StagePlan("grpo", peak, parts, g.optim.micro_batch_size, largest_micro_batch(m, s, budget - aux - update_extra),
                      flops, notes, rollout_flops=rollout_tokens * 2 * P, world=gpus, file_world=world,
                      assumes=f"{questions:,} questions", work=work)
     if world != gpus:
@@ -510,6 +512,8 @@ def _replace(obj: Any, dotted: str, value: Any) -> Any:
 
 # (stage, what a user changes) -> (the params paths it sets, the value)
 _TRAIN_PREFIX = {"pretrain": "train.", "sft": "train.", "grpo": "", "reward_model": ""}
+_CHECKPOINTING = {"pretrain": "train.", "sft": "train.", "grpo": "compute.", "reward_model": ""}
+"""Where each stage's gradient_checkpointing switch sits in its section."""
 
 
 def plan_one(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float,
@@ -529,12 +533,12 @@ def fixes(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve
     offload, a smaller micro-batch, fewer vLLM memory, idle models offloaded), then more GPUs, then all of the
     switches together; and what LoRA would need (the pipeline has no LoRA: it trains every weight)."""
     budget = gpu_mem - reserve
-    pre = _TRAIN_PREFIX[name]
+    pre, ck = _TRAIN_PREFIX[name], _CHECKPOINTING[name]
     t = getattr(sec, "train", sec)
     ds = t.deepspeed
     changes: list[tuple[str, dict[str, Any]]] = []
-    if not t.gradient_checkpointing:
-        changes.append((f"runtime.{name}.{pre}gradient_checkpointing: true", {f"{pre}gradient_checkpointing": True}))
+    if not (getattr(sec, ck.rstrip("."), sec) if ck else sec).gradient_checkpointing:
+        changes.append((f"runtime.{name}.{ck}gradient_checkpointing: true", {f"{ck}gradient_checkpointing": True}))
     if name in ("pretrain", "sft") and ds.zero_stage < 3:
         changes.append((f"{name}.{pre}deepspeed.zero_stage: 3", {f"{pre}deepspeed.zero_stage": 3,
                                                                f"{pre}deepspeed.enabled": True}))
@@ -545,13 +549,15 @@ def fixes(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve
                         {f"{pre}deepspeed.offload_optimizer": True, f"{pre}deepspeed.zero_stage": z,
                          f"{pre}deepspeed.enabled": True}))
     if name == "grpo":
-        if not sec.offload_idle_models and (sec.beta > 0 or sec.reward_source in ("outcome_rm", "process_rm")):
-            changes.append(("runtime.grpo.offload_idle_models: true", {"offload_idle_models": True}))
-        if sec.backend in ("vllm", "auto") and device == "cuda" and sec.vllm_gpu_memory_utilization > 0.1:
-            changes.append(("grpo.vllm_gpu_memory_utilization: 0.1 (a smaller KV cache: more waves)",
-                            {"vllm_gpu_memory_utilization": 0.1}))
-        if not sec.vllm_enable_sleep_mode and device == "cuda":
-            changes.append(("runtime.grpo.vllm_enable_sleep_mode: true", {"vllm_enable_sleep_mode": True}))
+        needs = run_needs(sec)
+        if not sec.compute.offload_idle_models and (needs.reference or needs.reward_model):
+            changes.append(("runtime.grpo.compute.offload_idle_models: true", {"compute.offload_idle_models": True}))
+        vllm = sec.rollout.vllm
+        if sec.rollout.backend in ("vllm", "auto") and device == "cuda" and vllm.gpu_memory_utilization > 0.1:
+            changes.append(("grpo.rollout.vllm.gpu_memory_utilization: 0.1 (a smaller KV cache: more waves)",
+                            {"rollout.vllm.gpu_memory_utilization": 0.1}))
+        if not vllm.enable_sleep_mode and device == "cuda":
+            changes.append(("runtime.grpo.rollout.vllm.enable_sleep_mode: true", {"rollout.vllm.enable_sleep_mode": True}))
 
     def peak(s: Any, n: int) -> float:
         return plan_one(name, s, m, n, gpu_mem, reserve, device).peak

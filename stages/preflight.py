@@ -201,10 +201,10 @@ def _grpo(p: Params, produced: Collection[str]) -> None:
     _need_input("grpo.heldout.problems_file", g.heldout.problems_file, produced, hint)
     _rows(g.prompts_file, produced, "RL prompt")
     _check_launcher("grpo", g.launcher)
-    start = getattr(g, "start", "sft")  # grpo.start: the SFT model, or the pretrained one (R1-Zero style)
+    start = g.start  # the SFT model, or the pretrained one (R1-Zero style)
     _need_model(f"grpo.start ({start}: data/models/{start})", f"data/models/{start}", produced, writer=start)
-    if g.reward_source in ("outcome_rm", "process_rm") or g.iterative.iterations > 1:
-        _need_model("grpo.reward_source (data/models/reward_model)", "data/models/reward_model", produced,
+    if g.reward.source in ("outcome_rm", "process_rm") or g.iterative.iterations > 1:
+        _need_model("grpo.reward.source (data/models/reward_model)", "data/models/reward_model", produced,
                     tokenizer=False, writer="reward_model")
 
 

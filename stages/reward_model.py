@@ -138,7 +138,7 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     upd = Updater(rm, max_grad_norm=1.0, optimizer=torch.optim.AdamW(rm.parameters(), lr=p.lr, weight_decay=0.0),
                   deepspeed=build_deepspeed_config(
                       zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
-                      micro_batch_size=max(1, -(-p.batch_size // world_size())), grad_accum=1, grad_clip=1.0,
+                      micro_batch_size=max(1, -(-p.batch_size // world_size())), grad_accum=1, max_grad_norm=1.0,
                       bf16=bf16) if ds else None)
     state = load_latest(ckpt)
     if state is not None:

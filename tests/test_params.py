@@ -158,8 +158,8 @@ def test_runtime_values_live_under_runtime_only() -> None:
                                             r"runtime\.grpo\.checkpoint_every"):
         parse_params(raw)
     raw = _raw()
-    raw["runtime"]["grpo"]["lr"] = 0.1
-    with pytest.raises(PipelineError, match=r"runtime\.grpo\.lr: not a runtime value .* move it to grpo\.lr"):
+    raw["runtime"]["grpo"]["optim"] = {"lr": 0.1}
+    with pytest.raises(PipelineError, match=r"runtime\.grpo\.optim: not a runtime value .* move it to grpo\.optim"):
         parse_params(raw)
     raw = _raw()
     del raw["runtime"]["pretrain"]["train"]["log_every"]
@@ -177,12 +177,13 @@ def test_one_section_loads_alone_with_its_runtime_values(tmp_path: Path) -> None
     p = GrpoParams.from_file(ROOT / "params.yaml")
     full = load_params(ROOT / "params.yaml").grpo
     assert p == full and p.checkpoint_every == _raw()["runtime"]["grpo"]["checkpoint_every"]
-    assert "checkpoint_every" not in p.tracked_dump() and p.tracked_dump()["lr"] == p.lr
+    assert "checkpoint_every" not in p.tracked_dump() and p.tracked_dump()["optim"]["lr"] == p.optim.lr
+    assert "offload_idle_models" not in p.tracked_dump()["compute"] and p.compute.offload_idle_models is True
     raw = _raw()
-    raw["grpo"]["lr"] = -1.0
+    raw["grpo"]["optim"]["lr"] = -1.0
     bad = tmp_path / "params.yaml"
     bad.write_text(yaml.safe_dump(raw))
-    with pytest.raises(PipelineError, match=r"grpo\.lr: Input should be greater than 0"):
+    with pytest.raises(PipelineError, match=r"grpo\.optim\.lr: Input should be greater than 0"):
         GrpoParams.from_file(bad)
 
 
@@ -207,7 +208,7 @@ def test_one_gpu_recipe_validates_and_is_what_it_says(shared_data: Path) -> None
     p = load_params(path)
     assert p.base_model.checkpoint == "Qwen/Qwen2.5-0.5B-Instruct" and p.base_model.prompt_format == "chat_template"
     assert not (p.pretrain.enabled or p.sft.enabled or p.reward_model.enabled)
-    assert p.grpo.algorithm == "grpo" and p.grpo.reward_source == "rule" and p.grpo.prompts_file == "data/ingest/rl"
+    assert p.grpo.algorithm == "grpo" and p.grpo.reward.source == "rule" and p.grpo.prompts_file == "data/ingest/rl"
     assert {(n, d.adapter, d.role) for n, d in p.ingest.datasets.items()} == {("gsm8k_rl", "gsm8k", "rl")}
     assert Path(p.ingest.datasets["gsm8k_rl"].path).name == "train.jsonl"
     assert p.evaluate.common.benchmarks == ["gsm8k", "math500"]
@@ -221,7 +222,7 @@ def test_paper_file_trains_on_real_sets_with_a_model_reward(shared_data: Path) -
     roles = {d.role for d in p.ingest.datasets.values()}
     assert roles == {"sft", "rl"} and p.sft.problems == "data/ingest/sft" and p.grpo.prompts_file == "data/ingest/rl"
     assert p.reward_model.prompts_file == "data/ingest/rl" and p.reward_model.enabled
-    assert p.grpo.reward_source == "process_rm" and p.grpo.iterative.iterations == 2  # paper 4.1.3-4.1.4, Figure 6
+    assert p.grpo.reward.source == "process_rm" and p.grpo.iterative.iterations == 2  # paper 4.1.3-4.1.4, Figure 6
     assert {"gsm8k", "math"} <= set(p.evaluate.common.benchmarks) and p.base_model.prompt_format == "deepseekmath"
     assert p.corpus.decontam.ngram == p.ingest.common.decontam.ngram == 10
 
@@ -229,12 +230,12 @@ def test_paper_file_trains_on_real_sets_with_a_model_reward(shared_data: Path) -
 @pytest.mark.parametrize("key, value, expect", [
     ("evaluate.common.benchmarks", ["absent"], "evaluate.common.benchmarks: ['absent'] are not test sets"),
     ("grpo.heldout.problems_file", "data/testsets/absent.jsonl", "is not a test set"),
-    ("grpo.reward_source", "process_rm", "needs a reward model; set reward_model.enabled: true"),
+    ("grpo.reward.source", "process_rm", "needs the reward model; set reward_model.enabled: true"),
     ("sft.problems", "data/ingest/sft", "no ingest data set has role sft"),
 ])
 def test_sections_that_name_each_others_outputs_agree(key: str, value: Any, expect: str) -> None:
     raw = _raw()
-    if key == "grpo.reward_source":
+    if key == "grpo.reward.source":
         raw["reward_model"]["enabled"] = False
     node = raw
     *parents, leaf = key.split(".")
@@ -243,3 +244,61 @@ def test_sections_that_name_each_others_outputs_agree(key: str, value: Any, expe
     node[leaf] = value
     with pytest.raises(PipelineError, match=re.escape(expect)):
         parse_params(raw)
+
+
+def test_validating_the_params_imports_no_torch() -> None:
+    """stages.params and the schemas check registry names (algorithm, estimator, loss, reward source) against the
+    torch-free specs of stages/rl/registry.py: validating the whole file loads neither torch nor the RL package."""
+    code = ("import sys; import stages.params as sp; assert 'torch' not in sys.modules, 'import'; "
+            "sp.load_params('params.yaml'); bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') "
+            "or m in ('stages.rl.algorithms', 'stages.rl.step', 'transformers')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_grpo_keys_of_the_flat_layout_name_their_new_place() -> None:
+    from stages.schema.grpo import MOVED, from_flat
+
+    raw = _raw()
+    raw["grpo"]["reward_source"] = raw["grpo"]["reward"].pop("source")
+    with pytest.raises(PipelineError, match=r"grpo: reward_source: moved to grpo\.reward\.source"):
+        parse_params(raw)
+    raw = _raw()
+    raw["grpo"]["iterative"]["rm_lr"] = raw["grpo"]["iterative"]["rm"].pop("lr")
+    with pytest.raises(PipelineError, match=r"iterative\.rm_lr: moved to grpo\.iterative\.rm\.lr"):
+        parse_params(raw)
+    # from_flat is the inverse of the move: a flat rendering of today's section comes back equal
+    grpo = _raw()["grpo"]
+    flat: dict[str, Any] = {k: v for k, v in grpo.items() if not isinstance(v, dict)}
+    for old, new in MOVED.items():
+        node: Any = grpo
+        for part in new.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and "." not in old:
+            flat[old] = node
+    assert from_flat(grpo) == grpo
+    assert from_flat(flat)["optim"]["lr"] == grpo["optim"]["lr"] and from_flat(flat)["kl"] == grpo["kl"]
+
+
+def test_one_name_per_concept_across_sections() -> None:
+    """iterative RL's reward-model update uses the reward_model section's schema (its fields, their docstrings), and
+    a concept spelled in several sections has one name there (max_grad_norm, exec_workers, lr ...)."""
+    from stages.schema.grpo import GrpoIterativeRmParams
+    from stages.schema.reward_model import RewardModelParams, RmDataParams
+    from stages.schema.train import TrainLoopParams
+
+    shared = set(RmDataParams.model_fields)
+    assert shared <= set(RewardModelParams.model_fields) and shared <= set(GrpoIterativeRmParams.model_fields)
+    for name in shared:
+        assert RewardModelParams.model_fields[name].description == GrpoIterativeRmParams.model_fields[name].description
+    p = load_params(ROOT / "params.yaml")
+    assert "max_grad_norm" in TrainLoopParams.model_fields and "grad_clip" not in TrainLoopParams.model_fields
+    assert p.grpo.optim.max_grad_norm and p.sft.train.max_grad_norm
+    assert "exec_workers" in p.grpo.rollout.model_fields_set and p.evaluate.common.exec_workers
+
+
+def test_updated_applies_dotted_changes_and_validates() -> None:
+    p = load_params(ROOT / "params.yaml").grpo
+    q = p.updated({"optim.lr": 0.5, "steps": 3, "reward": {"source": "process_rule"}})
+    assert (q.optim.lr, q.steps, q.reward.source, q.reward.accuracy_weight) == (0.5, 3, "process_rule", 1.0)
+    with pytest.raises(ValueError, match="unknown reward source 'nope'; registered: "):
+        p.updated({"reward.source": "nope"})

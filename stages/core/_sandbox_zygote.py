@@ -41,7 +41,6 @@ import resource
 import select
 import signal
 import socket
-import stat as stat_mod
 import struct
 import sys
 import time
@@ -75,18 +74,24 @@ FSOPEN_CLOEXEC, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE, FSMOUNT_CLOEXEC = 1, 1
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT, SYS_MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 1, 22, 38, 39
 SECCOMP_MODE_FILTER = 2
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "AMD64": 155, "aarch64": 41, "arm64": 41}.get(platform.machine())
 
 # Mechanisms, in the order of the report. "uid" = drop to a fresh unprivileged uid per sandbox.
 MECHANISMS = (
     "uid", "no_new_privs", "seccomp", "unix_stream_only", "no_file_locks", "no_fs_notify", "pidns", "netns",
-    "mountns", "ipcns", "utsns", "cgroupns", "ro_root", "nodev", "private_tmp", "shared_quota", "hide_paths",
-    "minimal_dev", "proc", "cgroup_pids", "cgroup_memory", "rlimits", "empty_env", "fresh_process",
+    "mountns", "ipcns", "utsns", "cgroupns", "allowlist_fs", "ro_root", "nodev", "private_tmp", "shared_quota",
+    "inode_cap", "minimal_dev", "proc", "proc_hidepid", "cgroup_pids", "cgroup_memory", "cpu_limit", "rlimits",
+    "empty_env", "fresh_process",
 )
 # What a mechanism needs: disabling the key disables the values.
 DEPENDS = {
-    "mountns": ("ro_root", "private_tmp", "shared_quota", "hide_paths", "minimal_dev", "proc"),
+    "mountns": ("allowlist_fs", "ro_root", "private_tmp", "shared_quota", "minimal_dev", "proc"),
+    "allowlist_fs": ("minimal_dev",),
     "ro_root": ("nodev",),
+    "private_tmp": ("shared_quota", "inode_cap"),
     "pidns": ("proc",),
+    "proc": ("proc_hidepid",),
     "no_new_privs": ("seccomp",),
     "seccomp": ("unix_stream_only", "no_file_locks", "no_fs_notify"),
 }
@@ -307,8 +312,10 @@ def _one_of(values: list[int]) -> list:
 
 
 def build_seccomp(*, unix_stream_only: bool = True, no_file_locks: bool = True,
-                  no_fs_notify: bool = True) -> tuple[_SockFprog, ctypes.Array]:
-    """The allow-list filter program (built once in the zygote; sandboxes only install it)."""
+                  no_fs_notify: bool = True, allow_exec: bool = False) -> tuple[_SockFprog, ctypes.Array]:
+    """The allow-list filter program (built once in the zygote; sandboxes only install it). ``allow_exec``: also
+    what starting a new interpreter needs (execve, arch_prctl, set_tid_address): for a launcher such as
+    bubblewrap, which installs the filter before it execs the program (benchmarks/sandbox_attacks.py)."""
     if not seccomp_supported():
         raise SetupError("seccomp", f"no syscall table for {platform.machine()}")
     fcntl_ok = dict(_FCNTL_ALLOW)
@@ -335,6 +342,8 @@ def build_seccomp(*, unix_stream_only: bool = True, no_file_locks: bool = True,
     allowed = allowed_syscalls(locks=not no_file_locks, notify=not no_fs_notify)
     if not unix_stream_only:
         allowed.update({"socketpair": _X86_64_SOCKETPAIR, "sendto": _X86_64_SENDTO})
+    if allow_exec:
+        allowed.update({"execve": 59, "arch_prctl": 158, "set_tid_address": 218})
     prog: list = [
         (_LD, 0, 0, 4),  # A = arch
         (_JEQ, 1, 0, AUDIT_ARCH_X86_64),
@@ -387,12 +396,24 @@ def read_exact(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def cg_limit(mech: str, max_procs: int, memory_mb: int, disk_mb: int) -> bytes:
+def cg_limit(mech: str, max_procs: int, memory_mb: int, disk_mb: int, cpus: float = 1.0) -> bytes:
     """The value written to the sandbox's cgroup: pids.max counts I too; the memory cap covers the program's
-    memory, its tmpfs (charged to it) and 64 MiB of copy-on-write pages of the interpreter."""
+    memory, its tmpfs (charged to it) and 64 MiB of copy-on-write pages of the interpreter; the CPU quota is
+    ``cpus`` periods of 100 ms per period."""
     if mech == "cgroup_pids":
         return str(max_procs + 1).encode()
+    if mech == "cpu_limit":
+        return str(max(1000, round(cpus * CPU_PERIOD_US))).encode()
     return str((memory_mb + disk_mb + 64) << 20).encode()
+
+
+CG_FILES = {"cgroup_pids": "pids.max", "cgroup_memory": "memory.limit_in_bytes", "cpu_limit": "cpu.cfs_quota_us"}
+CPU_PERIOD_US = 100_000  # cgroup v1's default cpu.cfs_period_us
+
+
+def inode_cap(disk_mb: int) -> int:
+    """Files (inodes) the sandbox's tmpfs may hold: 1024 + 64 per MB (5120 at 64 MB, ~5 MB of kernel memory)."""
+    return 1024 + 64 * max(1, disk_mb)
 
 
 def write_line(fd: int, line: str) -> None:
@@ -431,32 +452,67 @@ def remove_stale_cgroups(parent: str) -> None:
             remove_cgroup_tree(os.path.join(parent, name))
 
 
-def other_traversable(path: str) -> bool:
-    """True when a process with an unrelated uid can reach ``path`` (every directory on the way is o+x)."""
-    parts = os.path.abspath(path).split("/")
-    cur = "/"
-    for part in [""] + [p for p in parts if p]:
-        cur = os.path.join(cur, part) if part else "/"
-        try:
-            st = os.stat(cur)
-        except OSError:
-            return False
-        if stat_mod.S_ISDIR(st.st_mode) and not st.st_mode & stat_mod.S_IXOTH:
-            return False
-    return True
+# ----------------------------------------------------------------------------------------------------------
+# The sandbox's file system, by allow-list: a read-only tmpfs holding only these, each at its host path.
+SYSTEM_TREES = ("/usr", "/lib", "/lib32", "/lib64", "/libx32")  # bound read-only when directories
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # merged-/usr symlinks, copied as symlinks
+# /etc: only what the C library and the standard library read (dynamic loader cache, time zone, name service)
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "nsswitch.conf")
+ETC_WRITTEN = {  # written into the sandbox's /etc (the host's passwd / group / hosts are not shown)
+    "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+}
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
 
 
-def first_blocked_ancestor(path: str) -> str | None:
-    cur = "/"
-    for part in [p for p in os.path.abspath(path).split("/") if p]:
-        cur = os.path.join(cur, part)
-        try:
-            st = os.stat(cur)
-        except OSError:
-            return None
-        if stat_mod.S_ISDIR(st.st_mode) and not st.st_mode & stat_mod.S_IXOTH:
-            return cur
-    return None
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def python_installation() -> tuple[list[str], list[str]]:
+    """The running interpreter's own directories (standard library, lib-dynload, site-packages, a stdlib zip),
+    and the ``sys.path`` entries outside them (directories that ``.pth`` files or PYTHONPATH named: an editable
+    install's checkout, ...), which the sandbox does not show."""
+    import site
+    import sysconfig
+
+    dirs = {os.path.dirname(os.__file__), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    dirs |= set(site.getsitepackages())
+    dirs |= {p for p in sys.path if os.path.basename(p) == "lib-dynload"}
+    dirs = {d for d in dirs if d and os.path.isdir(d)}
+    dirs |= {p for p in sys.path if p.endswith(".zip") and os.path.isfile(p)}  # python3X.zip, when present
+    real = {os.path.realpath(d) for d in dirs}
+    outside = [p for p in sys.path if p and os.path.exists(p)
+               and not any(_inside(p, d) or _inside(os.path.realpath(p), r) for d in dirs for r in real)]
+    return sorted(dirs), sorted(set(outside))
+
+
+def plan_fs(python_dirs: list[str], expose: list[str], hide: list[str], *, root: str = "/") -> dict:
+    """What the sandbox's root holds: ``binds`` (host paths shown read-only at the same path; the outermost of
+    nested ones), ``links`` (merged-/usr symlinks), ``etc`` (host /etc entries shown), ``hide`` (paths inside a
+    bind that stay hidden: covered by an empty read-only mount). ``root`` prefixes host lookups (tests)."""
+    def host(p: str) -> str:
+        return os.path.join(root, p.lstrip("/")) if root != "/" else p
+
+    links = {p: os.readlink(host(p)) for p in SYSTEM_LINKS if os.path.islink(host(p))}
+    cands = [p for p in SYSTEM_TREES if p not in links and os.path.isdir(host(p))]
+    cands += [os.path.abspath(p) for p in (*python_dirs, *expose) if os.path.exists(host(os.path.abspath(p)))]
+    binds: list[str] = []
+    for p in sorted(set(cands), key=lambda x: (x.count("/"), x)):  # outer first
+        real = os.path.realpath(host(p))
+        if any(_inside(p, b) or _inside(real, os.path.realpath(host(b))) for b in binds):
+            continue
+        binds.append(p)
+    hidden = []
+    for h in hide:
+        hr = os.path.realpath(host(os.path.abspath(h)))
+        for b in binds:
+            br = os.path.realpath(host(b))
+            if _inside(hr, br) and os.path.exists(hr):
+                hidden.append(os.path.join(b, os.path.relpath(hr, br)) if hr != br else b)
+    etc = [e for e in ETC_FILES if os.path.lexists(host(f"/etc/{e}"))]
+    return {"binds": sorted(binds), "links": links, "etc": etc, "hide": sorted(set(hidden))}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -475,8 +531,12 @@ class Zygote:
         self.cg_parents: dict[str, str] = {}
         self.cg_free: list[dict[str, str | None]] = []
         self.cg_dying: list[str] = []
-        self.expose: list[str] = []
-        self.hide: list[str] = []
+        self.fs: dict = {"binds": [], "links": {}, "etc": [], "hide": []}
+        self.not_exposed: list[str] = []
+        self.template: str | None = None  # where the sandboxes' root is mounted in the zygote's mount namespace
+        self.tmp_binds: list[str] = []  # binds under /tmp: re-attached in each sandbox's private /tmp
+        self.cpu_method: str | None = None
+        self.cpus = os.sched_getaffinity(0)
         self.disk_mb = int(cfg.get("disk_mb", 64))
         self.memory_mb = int(cfg.get("memory_mb", 512))
         self.max_procs = int(cfg.get("max_procs", 32))
@@ -500,6 +560,8 @@ class Zygote:
             for mech in ("uid", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns", "cgroup_pids",
                          "cgroup_memory"):
                 self.disable(mech, "the pipeline is not running as root")
+        if SYS_PIVOT_ROOT is None:
+            self.disable("allowlist_fs", f"no pivot_root number for {platform.machine()}")
         if self.enabled["pidns"]:
             try:
                 self.host_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -520,7 +582,11 @@ class Zygote:
         ntasks = len(os.listdir("/proc/self/task"))
         if ntasks > 1:  # forking a multi-threaded process can deadlock the child
             self.warnings.append(f"zygote has {ntasks} threads after preloading; a preloaded module started threads")
-        self._plan_paths()
+        if self.enabled["allowlist_fs"]:
+            try:
+                self._build_template()
+            except (SetupError, OSError) as e:
+                self.disable("allowlist_fs", str(e))
         self._setup_cgroups()
         self._probe()
 
@@ -552,33 +618,102 @@ class Zygote:
             self.warnings.append(f"thread stack size unknown: {e}")
         return out
 
-    def _plan_paths(self) -> None:
-        """Which host directories to hide behind empty tmpfs, and which Python directories to re-expose."""
-        hide = {p for p in self.cfg.get("hide", []) if os.path.isdir(p) and not os.path.islink(p)}
-        roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-        roots |= {p for p in sys.path if p and os.path.isdir(p)}
-        roots |= {os.path.realpath(p) for p in list(roots)}
-        expose = set()
-        # /tmp is replaced by the sandbox's private tmpfs too: a Python install (a venv) under /tmp
-        # must be re-exposed there (see Sandbox.mount_work's caller), like one under a hidden directory.
-        covered = hide | {"/tmp"}
-        for r in roots:
-            blocked = first_blocked_ancestor(r)
-            in_hidden = any(r == h or r.startswith(h.rstrip("/") + "/") for h in covered)
-            if blocked or in_hidden:
-                if blocked:
-                    hide.add(blocked)
-                expose.add(os.path.realpath(r))
-        # keep only outermost exposures
-        ex = sorted(expose)
-        self.expose = [p for p in ex if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in ex)]
-        # a hidden directory must not contain another hidden one (mount order) - keep outermost
-        hs = sorted(hide)
-        self.hide = [p for p in hs if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in hs)]
+    def _build_template(self) -> None:
+        """The sandboxes' root, built once: the zygote moves to a private mount namespace of its own and mounts a
+        tmpfs holding only the allow-list (:func:`plan_fs`) over ``/dev/shm`` there; each sandbox then copies
+        this namespace (``unshare``) and makes the tmpfs its root (``pivot_root``), leaving the host's tree.
+
+        Shown, read-only, ``nosuid``, ``nodev``, each at its host path: ``/usr`` and ``/lib*`` (or their merged-/usr
+        symlinks), the interpreter's standard library, lib-dynload and site-packages (not the directories that
+        ``.pth`` files name: an editable install's checkout stays out), ``expose`` paths, six /etc entries and a
+        written passwd / group / hosts, the five device nodes, and empty ``/tmp``, ``/proc`` mount points. Not
+        shown: everything else (the checkout, data directories, HOME, ``/run``, ``/sys``, ``/var``, other
+        mounts); ``hide`` paths inside a bind are covered by empty read-only mounts."""
+        pydirs, self.not_exposed = python_installation()
+        expose = [p for p in self.cfg.get("expose", []) if p]
+        self.fs = fs = plan_fs(pydirs, expose, list(self.cfg.get("hide", [])))
+        self.template = tpl = "/dev/shm"
+        if not os.path.isdir(tpl):
+            raise SetupError("allowlist_fs", "no /dev/shm to mount the sandboxes' root on")
+        _check(libc.unshare(CLONE_NEWNS), "allowlist_fs", "unshare(CLONE_NEWNS) of the zygote")
+        mount("allowlist_fs", None, "/", None, MS_REC | MS_PRIVATE)
+        ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
+        clones = []
+        for b in fs["binds"]:  # taken before anything is mounted over their paths (a venv under /dev/shm)
+            fd = open_tree("allowlist_fs", os.path.realpath(b), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)
+            mount_setattr("allowlist_fs", fd, "", AT_EMPTY_PATH, ro | MOUNT_ATTR_NODEV)
+            clones.append((b, fd))
+        etc = []
+        for e in fs["etc"]:
+            src = f"/etc/{e}"
+            if os.path.islink(src):
+                etc.append((e, os.readlink(src), None))
+            else:
+                fd = open_tree("allowlist_fs", src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)
+                mount_setattr("allowlist_fs", fd, "", AT_EMPTY_PATH, ro | MOUNT_ATTR_NODEV)
+                etc.append((e, None, fd))
+        devs = []
+        for name in DEV_NODES:
+            if os.path.exists(f"/dev/{name}"):
+                fd = open_tree("minimal_dev", f"/dev/{name}", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)
+                mount_setattr("minimal_dev", fd, "", AT_EMPTY_PATH, ro)
+                devs.append((name, fd))
+        mount("allowlist_fs", "tmpfs", tpl, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+
+        def at(path: str) -> str:
+            return os.path.join(tpl, path.lstrip("/"))
+
+        def mountpoint(path: str, is_dir: bool) -> None:
+            if is_dir:
+                os.makedirs(at(path), mode=0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(at(path)), mode=0o755, exist_ok=True)
+                open(at(path), "w").close()
+
+        for d in ("tmp", "proc", "dev", "etc"):
+            os.makedirs(at(d), mode=0o755, exist_ok=True)
+        for link, target in fs["links"].items():
+            os.symlink(target, at(link))
+        for b, fd in clones:
+            mountpoint(b, os.path.isdir(b))
+            move_mount("allowlist_fs", fd, at(b))
+            os.close(fd)
+        for e, target, fd in etc:
+            if fd is None:
+                os.symlink(target, at(f"/etc/{e}"))
+            else:
+                mountpoint(f"/etc/{e}", os.path.isdir(f"/etc/{e}"))
+                move_mount("allowlist_fs", fd, at(f"/etc/{e}"))
+                os.close(fd)
+        for name, text in ETC_WRITTEN.items():
+            with open(at(f"/etc/{name}"), "w") as f:
+                f.write(text)
+            os.chmod(at(f"/etc/{name}"), 0o644)
+        for name, fd in devs:
+            mountpoint(f"/dev/{name}", False)
+            move_mount("minimal_dev", fd, at(f"/dev/{name}"))
+            os.close(fd)
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                             ("stderr", "/proc/self/fd/2")):
+            os.symlink(target, at(f"/dev/{name}"))
+        os.makedirs(at("/dev/shm"), mode=0o755, exist_ok=True)
+        for h in fs["hide"]:  # inside read-only binds: mount over them (mount points need no write access)
+            if os.path.isdir(at(h)):
+                mount("allowlist_fs", "tmpfs", at(h), "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY,
+                      "size=4k,nr_inodes=1,mode=0555")
+            else:
+                mount("allowlist_fs", at("/dev/null"), at(h), None, MS_BIND)
+                mount("allowlist_fs", None, at(h), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        mount("allowlist_fs", None, tpl, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        self.tmp_binds = [b for b in fs["binds"] if _inside(b, "/tmp")]
 
     def _setup_cgroups(self) -> None:
-        for ctrl, mech in (("pids", "cgroup_pids"), ("memory", "cgroup_memory")):
-            if not self.enabled[mech]:
+        """A parent cgroup per controller for this zygote's sandboxes (cgroup v1). CPU: a quota per sandbox
+        (``cpus`` CPUs for the whole process tree); without a cpu controller, each program is pinned to
+        ``ceil(cpus)`` CPUs instead (``sched_setaffinity``, which the seccomp filter does not let it undo)."""
+        self.cpu_method = "affinity"
+        for ctrl, mech in (("pids", "cgroup_pids"), ("memory", "cgroup_memory"), ("cpu", "cpu_limit")):
+            if not self.enabled[mech] or (mech == "cpu_limit" and os.geteuid() != 0):
                 continue
             base = f"/sys/fs/cgroup/{ctrl}"
             try:
@@ -594,8 +729,13 @@ class Zygote:
                 parent = os.path.join(base + cur, f"dsm-sandbox-{os.getpid()}")
                 os.mkdir(parent)
                 self.cg_parents[mech] = parent
+                if mech == "cpu_limit":
+                    self.cpu_method = "cgroup"
             except OSError as e:
-                self.disable(mech, str(e))
+                if mech == "cpu_limit":
+                    self.reasons["cpu_limit"] = f"cgroup: {e}; pinned to CPUs instead"
+                else:
+                    self.disable(mech, str(e))
 
     def _probe(self) -> None:
         """Run a real program in a sandbox; a mechanism whose setup fails is disabled (with a warning)."""
@@ -773,8 +913,11 @@ class Zygote:
             "warnings": list(self.warnings),
             "fatal": self.fatal,
             "cgroups": list(self.cg_parents.values()),
-            "hidden_paths": self.hide,
-            "exposed_paths": self.expose,
+            "exposed_paths": self.fs["binds"] if self.enabled["allowlist_fs"] else None,
+            "hidden_paths": self.fs["hide"] if self.enabled["allowlist_fs"] else None,
+            "etc": self.fs["etc"] if self.enabled["allowlist_fs"] else None,
+            "not_exposed": self.not_exposed,
+            "cpu_limit": self.cpu_method if self.enabled["cpu_limit"] else None,
             "uid_base": self.uid_base if self.enabled["uid"] else None,
             "seccomp": None if not self.enabled["seccomp"] else {
                 "policy": "allow-list (anything else fails with EPERM)", "arch": "x86_64",
@@ -869,6 +1012,7 @@ class Sandbox:
         self.cg_fds: dict[str, int] = {}
         self.uid: int | None = None
         self.tmp_workdir = "/tmp"  # the program's working directory inside the private /tmp
+        self.host_pid = 0
 
     # ---- I: PID 1 of the sandbox, and its monitor ------------------------------------------------------
     def init(self) -> int:
@@ -878,7 +1022,7 @@ class Sandbox:
                 raise SetupError("pidns", self.pid_err)
             if os.getpid() != 1:
                 raise SetupError("pidns", "the sandbox is not PID 1 of a new PID namespace")
-        host_pid = int(os.readlink("/proc/self"))  # the host's /proc is still mounted here
+        self.host_pid = host_pid = int(os.readlink("/proc/self"))  # the host's /proc is still mounted here
         self.uid = self.z.uid_base + host_pid if self.on["uid"] else None
         try:  # the monitor must survive an out-of-memory kill in its cgroup
             with open("/proc/self/oom_score_adj", "w") as f:
@@ -891,8 +1035,7 @@ class Sandbox:
             try:
                 with open(os.path.join(d, "cgroup.procs"), "w") as f:
                     f.write("0")  # this process
-                name = "pids.max" if mech == "cgroup_pids" else "memory.limit_in_bytes"
-                self.cg_fds[mech] = os.open(os.path.join(d, name), os.O_WRONLY)
+                self.cg_fds[mech] = os.open(os.path.join(d, CG_FILES[mech]), os.O_WRONLY)
                 os.write(self.cg_fds[mech], cg_limit(mech, self.z.max_procs, self.z.memory_mb, self.z.disk_mb))
             except OSError as e:
                 raise SetupError(mech, f"joining {d}: {e}") from e
@@ -912,7 +1055,13 @@ class Sandbox:
         if self.on["mountns"]:
             self.build_fs()
         if self.on["proc"]:
-            mount("proc", "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            # hidepid=invisible: the program sees its own processes only (not PID 1, the root monitor);
+            # subset=pid: no /proc/sys, /proc/kcore, /proc/sysrq-trigger, ... (kernel >= 5.8)
+            if self.on["proc_hidepid"]:
+                mount("proc_hidepid", "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                      "hidepid=invisible,subset=pid")
+            else:
+                mount("proc", "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         upid = os.fork()
         if upid == 0:
             code = 111
@@ -1016,91 +1165,65 @@ class Sandbox:
                     time.sleep(0.005)
 
     def build_fs(self) -> None:
-        """The sandbox's file-system view (new mount namespace, run as root in I)."""
-        mount("mountns", None, "/", None, MS_REC | MS_PRIVATE)
-        exposed = []
-        if self.on["hide_paths"]:
-            for p in self.z.expose:
-                exposed.append((p, open_tree("hide_paths", p, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)))
-        devs = []
-        if self.on["minimal_dev"]:
-            for name in ("null", "zero", "full", "random", "urandom"):
-                if os.path.exists(f"/dev/{name}"):
-                    devs.append((name, open_tree("minimal_dev", f"/dev/{name}", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)))
-        if self.on["ro_root"]:
-            # nodev: a device node anywhere on the host (outside the minimal /dev) cannot be opened
-            attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | (MOUNT_ATTR_NODEV if self.on["nodev"] else 0)
-            mech = "nodev" if self.on["nodev"] else "ro_root"
-            mount_setattr(mech, AT_FDCWD, "/", AT_RECURSIVE, attrs)
-            for _, fd in exposed:
-                mount_setattr(mech, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, attrs)
-            for _, fd in devs:  # the five device nodes of /dev keep working
-                mount_setattr("ro_root", fd, "", AT_EMPTY_PATH | AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)
-        if self.on["hide_paths"]:
-            for h in self.z.hide:
-                if h in ("/tmp", "/dev", "/dev/shm"):
-                    continue
-                mount("hide_paths", "tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-                for p, fd in exposed:
-                    if p.startswith(h.rstrip("/") + "/"):
-                        os.makedirs(p, mode=0o755, exist_ok=True)
-                        move_mount("hide_paths", fd, p)
-                        os.close(fd)
-                mount("hide_paths", None, h, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        if self.on["minimal_dev"]:
-            mount("minimal_dev", "tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-            for name, fd in devs:
-                open(f"/dev/{name}", "w").close()
-                move_mount("minimal_dev", fd, f"/dev/{name}")
-                os.close(fd)
-            for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                                 ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-                os.symlink(target, f"/dev/{name}")
-            os.mkdir("/dev/shm", 0o755)
+        """The sandbox's file-system view (new mount namespace, run as root in I): the zygote's template as root
+        (:meth:`Zygote._build_template`), or without it the host's tree read-only; a private /tmp and /dev/shm."""
+        tmp_fds = []
+        if self.on["allowlist_fs"]:
+            tpl = self.z.template
+            assert tpl is not None
+            for b in self.z.tmp_binds:  # under /tmp: cloned before the private /tmp covers them
+                fd = open_tree("allowlist_fs", os.path.join(tpl, b.lstrip("/")),
+                               OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+                tmp_fds.append((b, fd))
+            os.chdir(tpl)
+            _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "allowlist_fs", "pivot_root")
+            _check(libc.umount2(b".", MNT_DETACH), "allowlist_fs", "detaching the host's tree")
+            os.chdir("/")
+        else:
+            mount("mountns", None, "/", None, MS_REC | MS_PRIVATE)
+            if self.on["ro_root"]:
+                attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | (MOUNT_ATTR_NODEV if self.on["nodev"] else 0)
+                mount_setattr("nodev" if self.on["nodev"] else "ro_root", AT_FDCWD, "/", AT_RECURSIVE, attrs)
         if self.on["private_tmp"]:
             self.mount_work(self.z.disk_mb)
-            if self.on["hide_paths"]:
-                for p, fd in exposed:
-                    if p.startswith("/tmp/"):  # read-only Python directories inside the private /tmp
-                        os.makedirs(p, mode=0o755, exist_ok=True)
-                        move_mount("hide_paths", fd, p)
-                        os.close(fd)
-                        # the program still starts in an empty directory of its own
-                        self.tmp_workdir = "/tmp/work"
-                if self.tmp_workdir != "/tmp":
-                    os.makedirs(self.tmp_workdir, mode=0o700, exist_ok=True)
-                    if self.uid is not None:
-                        os.chown(self.tmp_workdir, self.uid, self.uid)
-        if self.on["minimal_dev"]:
-            mount("minimal_dev", None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            for b, fd in tmp_fds:  # read-only Python directories inside the private /tmp
+                os.makedirs(b, mode=0o755, exist_ok=True)
+                move_mount("allowlist_fs", fd, b)
+                os.close(fd)
+                self.tmp_workdir = "/tmp/work"  # the program still starts in an empty directory of its own
+            if self.tmp_workdir != "/tmp":
+                os.makedirs(self.tmp_workdir, mode=0o700, exist_ok=True)
+                if self.uid is not None:
+                    os.chown(self.tmp_workdir, self.uid, self.uid)
 
     def mount_work(self, disk_mb: int) -> None:
-        """One size-limited tmpfs shown at /tmp (the working directory) and /dev/shm: one quota for both."""
+        """One size- and inode-limited tmpfs shown at /tmp (the working directory) and /dev/shm: one quota for
+        both (``shared_quota``; else two tmpfs with the same limits)."""
         uid = self.uid if self.uid is not None else 0
-        opts = f"size={max(1, disk_mb)}m,mode=0700,uid={uid},gid={uid}"
+        size = f"{max(1, disk_mb)}m"
+        inodes = str(inode_cap(disk_mb)) if self.on["inode_cap"] else None
         if self.on["shared_quota"]:
-            try:
-                fs = _check(libc.syscall(SYS_FSOPEN, b"tmpfs", FSOPEN_CLOEXEC), "shared_quota", "fsopen")
-                for k, v in (("size", f"{max(1, disk_mb)}m"), ("mode", "0755")):
+            fs = _check(libc.syscall(SYS_FSOPEN, b"tmpfs", FSOPEN_CLOEXEC), "shared_quota", "fsopen")
+            for k, v in (("size", size), ("mode", "0755"), ("nr_inodes", inodes)):
+                if v is not None:
                     _check(libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_SET_STRING, k.encode(), v.encode(), 0),
-                           "shared_quota", f"fsconfig {k}")
-                _check(libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0), "shared_quota", "fsconfig create")
-                mfd = _check(libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV),
-                             "shared_quota", "fsmount")
-                os.close(fs)
-                for sub, mode in (("work", 0o700), ("shm", 0o700)):
-                    os.mkdir(sub, mode, dir_fd=mfd)
-                    os.chown(sub, uid, uid, dir_fd=mfd)
-                for sub, target in (("work", "/tmp"), ("shm", "/dev/shm")):
-                    if target == "/dev/shm" and not os.path.isdir(target):
-                        continue
-                    t = open_tree("shared_quota", sub, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, dirfd=mfd)
-                    move_mount("shared_quota", t, target)
-                    os.close(t)
-                os.close(mfd)
-                return
-            except SetupError:
-                raise
+                           "inode_cap" if k == "nr_inodes" else "shared_quota", f"fsconfig {k}")
+            _check(libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0), "shared_quota", "fsconfig create")
+            mfd = _check(libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV),
+                         "shared_quota", "fsmount")
+            os.close(fs)
+            for sub, mode in (("work", 0o700), ("shm", 0o700)):
+                os.mkdir(sub, mode, dir_fd=mfd)
+                os.chown(sub, uid, uid, dir_fd=mfd)
+            for sub, target in (("work", "/tmp"), ("shm", "/dev/shm")):
+                if target == "/dev/shm" and not os.path.isdir(target):
+                    continue
+                t = open_tree("shared_quota", sub, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, dirfd=mfd)
+                move_mount("shared_quota", t, target)
+                os.close(t)
+            os.close(mfd)
+            return
+        opts = f"size={size},mode=0700,uid={uid},gid={uid}" + (f",nr_inodes={inodes}" if inodes else "")
         mount("private_tmp", "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
         if os.path.isdir("/dev/shm"):
             mount("private_tmp", "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts)
@@ -1122,8 +1245,9 @@ class Sandbox:
         max_procs = int(req.get("max_procs", 32))
         memory_mb = int(req.get("memory_mb", 512))
         disk_mb = int(req.get("disk_mb", self.z.disk_mb))
+        cpus = float(req.get("cpus") or 1.0)
         for mech, fd in self.cg_fds.items():
-            val = cg_limit(mech, max_procs, memory_mb, disk_mb)
+            val = cg_limit(mech, max_procs, memory_mb, disk_mb, cpus)
             if val != cg_limit(mech, self.z.max_procs, self.z.memory_mb, self.z.disk_mb):
                 try:
                     os.write(fd, val)
@@ -1136,7 +1260,18 @@ class Sandbox:
         except OSError:
             pass
         if self.on["private_tmp"] and disk_mb != self.z.disk_mb:
-            mount("private_tmp", None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, f"size={max(1, disk_mb)}m")
+            opts = f"size={max(1, disk_mb)}m" + (f",nr_inodes={inode_cap(disk_mb)}" if self.on["inode_cap"] else "")
+            mount("private_tmp", None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
+            if not self.on["shared_quota"] and os.path.isdir("/dev/shm"):
+                mount("private_tmp", None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
+        if self.on["cpu_limit"] and "cpu_limit" not in self.cg_fds:  # no cpu cgroup: pinned to ceil(cpus) CPUs
+            cpus_list = sorted(self.z.cpus)
+            k = min(len(cpus_list), max(1, math.ceil(cpus)))
+            start = self.host_pid % len(cpus_list)  # spreads consecutive sandboxes over the CPUs
+            try:
+                os.sched_setaffinity(0, {cpus_list[(start + i) % len(cpus_list)] for i in range(k)})
+            except OSError as e:
+                raise SetupError("cpu_limit", f"sched_setaffinity: {e}") from e
         cpu = max(1, math.ceil(float(req.get("cpu_s") or req.get("timeout_s", 10))))
         with open("/proc/self/statm") as f:
             vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")

@@ -67,6 +67,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -91,7 +92,6 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
     "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics", "random",
     "re", "string", "datetime", "heapq", "bisect", "operator", "json", "numpy", "sympy",
 )
-DEFAULT_HIDE: tuple[str, ...] = ("/root", "/home", "/run", "/var/tmp", "/sys/fs/cgroup")
 DEFAULT_UID_BASE = 2_000_000_000
 STATUSES = ("ok", "error", "timeout", "killed")
 _DONE = re.compile(rb"(?m)^D$")
@@ -126,6 +126,24 @@ class ExecResult:
     def ok(self) -> bool:
         """True when the program exited with status 0."""
         return self.status == "ok"
+
+
+# Sane ranges of run()'s limits (the params schema bounds its sandbox fields to these too).
+LIMITS: dict[str, tuple[float, float]] = {
+    "timeout_s": (0.001, 86_400.0), "cpu_s": (0.001, 86_400.0), "memory_mb": (1, 1 << 20), "disk_mb": (1, 1 << 20),
+    "max_procs": (1, 1 << 15), "max_output_bytes": (2, 1 << 30), "cpus": (0.01, 1024.0),
+}
+
+
+def check_limits(**values: float | None) -> None:
+    """Raise ValueError naming the first limit that is not a finite number in its :data:`LIMITS` range (None:
+    the default, allowed)."""
+    for k, v in values.items():
+        if v is None and k == "cpu_s":
+            continue
+        lo, hi = LIMITS[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+            raise ValueError(f"sandbox: {k} must be a finite number in [{lo:g}, {hi:g}], not {v!r}")
 
 
 class _Capture:
@@ -187,10 +205,13 @@ def _remove_cgroup_tree(path: str) -> None:
 class SandboxExecutor:
     """A handle on one zygote process; thread-safe. Most code uses the module functions instead.
 
-    ``prefork``: sandboxes kept ready; ``preload``: modules imported once in the zygote; ``hide``: extra host
-    directories to hide; ``disable``: mechanisms to switch off (for tests of degraded hosts; each one is
-    logged as a warning); ``disk_mb``: tmpfs size prepared in advance (other sizes cost a remount);
-    ``max_concurrent``: programs running at once through this executor (more callers wait).
+    ``prefork``: sandboxes kept ready; ``preload``: modules imported once in the zygote; ``expose``: host paths
+    the programs may read besides the allow-list (shown read-only at the same path; say a data set they should
+    see); ``hide``: host paths never shown, even inside the allow-list (covered by an empty read-only mount);
+    ``disable``: mechanisms to switch off (for tests of degraded hosts; each one is logged as a warning);
+    ``disk_mb``: tmpfs size prepared in advance (other sizes cost a remount); ``max_concurrent``: programs
+    running at once through this executor (more callers wait); ``python``: the interpreter of the zygote and
+    of every program (default: this one), whose installation the sandboxes see.
     """
 
     def __init__(
@@ -198,18 +219,22 @@ class SandboxExecutor:
         *,
         prefork: int = 2,
         preload: Sequence[str] = DEFAULT_PRELOAD,
-        hide: Sequence[str] = DEFAULT_HIDE,
+        expose: Sequence[str] = (),
+        hide: Sequence[str] = (),
         disable: Sequence[str] = (),
         uid_base: int = DEFAULT_UID_BASE,
         disk_mb: int = 64,
         max_concurrent: int | None = None,
         startup_timeout_s: float = 120.0,
+        python: str | None = None,
     ) -> None:
         self._cfg: dict[str, Any] = {
-            "prefork": int(prefork), "preload": list(preload), "hide": list(hide), "disable": list(disable),
+            "prefork": int(prefork), "preload": list(preload), "disable": list(disable),
+            "expose": [os.path.abspath(p) for p in expose], "hide": [os.path.abspath(p) for p in hide],
             "uid_base": int(uid_base), "disk_mb": int(disk_mb), "memory_mb": 512, "max_procs": 32,
         }
         self._startup_timeout_s = startup_timeout_s
+        self._python = python or sys.executable
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -237,7 +262,7 @@ class SandboxExecutor:
                "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1"}
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
+                [self._python, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
                 pass_fds=[b.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -346,15 +371,17 @@ class SandboxExecutor:
         max_procs: int = 32,
         max_output_bytes: int = 65536,
         cpu_s: float | None = None,
+        cpus: float = 1.0,
         call: str | None = None,
     ) -> tuple[ExecResult, str | None]:
         """Run ``code``; with ``call`` also call that top-level function and return ``str()`` of its result."""
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
-        if not (timeout_s > 0 and memory_mb > 0 and disk_mb > 0 and max_procs >= 1 and max_output_bytes >= 2):
-            raise ValueError("timeout_s, memory_mb, disk_mb must be > 0, max_procs >= 1, max_output_bytes >= 2")
+        check_limits(timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb, max_procs=max_procs,
+                     max_output_bytes=max_output_bytes, cpu_s=cpu_s, cpus=cpus)
         req = json.dumps({"code": code, "timeout_s": float(timeout_s), "cpu_s": cpu_s, "memory_mb": int(memory_mb),
-                          "disk_mb": int(disk_mb), "max_procs": int(max_procs), "call": call}).encode()
+                          "disk_mb": int(disk_mb), "max_procs": int(max_procs), "cpus": float(cpus),
+                          "call": call}).encode()
         with self._sem:
             t0 = time.monotonic()
             head, fds = self._acquire()
@@ -519,16 +546,19 @@ def run_python(
     max_procs: int = 32,
     max_output_bytes: int = 65536,
     cpu_s: float | None = None,
+    cpus: float = 1.0,
 ) -> ExecResult:
     """Run ``code`` as a fresh ``__main__`` in its own sandbox; thread-safe.
 
     ``timeout_s``: wall clock; ``cpu_s``: CPU seconds per process (default ``timeout_s``); ``memory_mb``:
     address space the program may add to the interpreter's (and the cgroup cap of the whole tree);
     ``disk_mb``: total size of the working directory and /dev/shm; ``max_procs``: processes + threads;
-    ``max_output_bytes``: kept per stream (first and last halves).
+    ``max_output_bytes``: kept per stream (first and last halves); ``cpus``: CPUs the whole process tree may
+    use at once (a cgroup CPU quota; without one, the program is pinned to ``ceil(cpus)`` CPUs). Each limit must
+    be a finite number in its :data:`LIMITS` range (ValueError otherwise).
     """
     return get_executor().run(code, timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb,
-                              max_procs=max_procs, max_output_bytes=max_output_bytes, cpu_s=cpu_s)[0]
+                              max_procs=max_procs, max_output_bytes=max_output_bytes, cpu_s=cpu_s, cpus=cpus)[0]
 
 
 def run_many(codes: Sequence[str], *, workers: int | None = None, **kw: Any) -> list[ExecResult]:

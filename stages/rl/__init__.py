@@ -4,7 +4,7 @@ between methods is a strategy object, an advantage estimator and a policy loss, 
 - :mod:`stages.rl.step`: the step: collect -> score -> targets -> log-probs -> update, typed phases, one timer.
 - :mod:`stages.rl.algorithms`: the algorithms registry (sft, rft, online_rft, grpo, ppo), ``grpo.algorithm``.
 - :mod:`stages.rl.advantages`: the estimator registry (grpo: outcome / process group-relative; gae: PPO) and the
-  pure functions behind it, ``grpo.advantage_estimator``.
+  pure functions behind it, ``grpo.advantage.estimator``.
 - :mod:`stages.rl.losses`: the policy-loss registry (clipped: eq. 1 / 3; nll: eq. 5), the aggregation modes and
   micro-batch normaliser, PPO's value loss (pure).
 - :mod:`stages.rl.rewards`: the one reward interface (``Rewards``, ``RewardSource``) and the rule / format /

@@ -3,7 +3,7 @@
 The registry (verl's ``core_algos.py`` shape): every estimator takes the same two arguments, an
 :class:`AdvantageInput` (the rollout's :class:`stages.rl.rewards.Rewards`, its loss mask, and for PPO the value
 predictions and the per-token log-ratio to the reference) and an :class:`AdvantageConfig`, and returns
-:class:`Advantages`. ``grpo.advantage_estimator`` names one; its allowed values are the registered names. A new
+:class:`Advantages`. ``grpo.advantage.estimator`` names one; its allowed values are the registered names. A new
 estimator is one function decorated with ``@register_estimator("name")``.
 
 - ``grpo``: group-relative (below): outcome supervision from per-output rewards, process supervision when the

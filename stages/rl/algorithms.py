@@ -106,7 +106,7 @@ class Algorithm:
     def check(self, p: Any) -> str | None:
         """A one-line problem with the params for this algorithm, or None (GrpoParams' validator calls it).
         Default: the rule reward only (the paradigm's sft / rft / online_rft, paper section 5.2.1)."""
-        if p.reward_source != "rule":
+        if p.reward.source != "rule":
             return (f"algorithm {self.name} uses the rule reward (paper section 5.2.1); set reward_source: rule, or "
                     "algorithm: grpo for a reward model")
         return None
@@ -130,7 +130,7 @@ class Algorithm:
         return "nll"
 
     def loss_config(self, p: Any) -> LossConfig:
-        return LossConfig(clip_eps=p.clip_eps, clip_eps_high=p.clip_eps_high, beta=0.0, aggregation=p.aggregation)
+        return LossConfig(clip_eps=p.loss.clip_eps, clip_eps_high=p.loss.clip_eps_high, beta=0.0, aggregation=p.loss.aggregation)
 
     def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Any:
         """A value model with its updater (PPO), or None."""
@@ -184,8 +184,8 @@ def get_algorithm(name: str) -> Algorithm:
 def advantage_config(p: Any) -> AdvantageConfig:
     """The estimator settings of the grpo params."""
     ppo = p.ppo
-    return AdvantageConfig(scale_rewards=p.scale_rewards, eps=p.adv_eps, gamma=ppo.gamma, lam=ppo.lam,
-                           kl_coef=p.beta, whiten=ppo.whiten)
+    return AdvantageConfig(scale_rewards=p.advantage.scale_rewards, eps=p.advantage.eps, gamma=ppo.gamma, lam=ppo.lam,
+                           kl_coef=p.kl.beta, whiten=ppo.whiten)
 
 
 @register_algorithm("sft")
@@ -218,8 +218,8 @@ class Rft(Algorithm):
         rows = [ctx.rows[q] for q, _ in kept]
         prompts = [rollout_prompt(r["question"], getattr(c, "mode", "cot"), ctx.p.template, ctx.tokenizer)
                    for r, (_, c) in zip(rows, kept, strict=True)]
-        return build_rollout(rows, prompts, [[c] for _, c in kept], ctx.tokenizer, mask_truncated=ctx.p.mask_truncated,
-                             mask_written=ctx.p.rollout.mask_written_outputs) if kept else None
+        return build_rollout(rows, prompts, [[c] for _, c in kept], ctx.tokenizer, mask_truncated=ctx.p.loss.mask_truncated,
+                             mask_written=ctx.p.loss.mask_written_outputs) if kept else None
 
     def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
         """``group_size`` outputs of ``model`` (the SFT model) for every question of steps 0 .. total_steps - 1 (this
@@ -268,7 +268,7 @@ class OnlineRft(Algorithm):
         mask = batch.rollout.loss_mask.clone()
         correct = torch.nan_to_num(rewards.output.reshape(-1), nan=0.0) == 1.0
         mask[~correct] = 0
-        adv = replace(outcome_advantages(rewards.output, scale_rewards="group", eps=ctx.p.adv_eps),
+        adv = replace(outcome_advantages(rewards.output, scale_rewards="group", eps=ctx.p.advantage.eps),
                       rewards=rewards.output)  # group statistics for the metrics
         n_fail = exclude_invalid(mask, adv)
         return Targets(mask, rft_coefficients(correct), group_stats(rewards, adv, n_fail), rewards.output)
@@ -276,38 +276,38 @@ class OnlineRft(Algorithm):
 
 @register_algorithm("grpo")
 class Grpo(Algorithm):
-    """GRPO (paper section 4.1): advantages from ``grpo.advantage_estimator`` (group-relative by default: outcome or
+    """GRPO (paper section 4.1): advantages from ``grpo.advantage.estimator`` (group-relative by default: outcome or
     process supervision by the reward source), the clipped surrogate with the k3 KL in the loss (eq. 3-4)."""
 
     loss_metrics = ("ratio_mean",)
 
     def check(self, p: Any) -> str | None:
-        if p.advantage_estimator == "gae":
+        if p.advantage.estimator == "gae":
             return "advantage_estimator gae needs a value model: use algorithm ppo, or another estimator with grpo"
         return None
 
     def uses_reference(self, p: Any) -> bool:
-        return p.beta > 0
+        return p.kl.beta > 0
 
     def needs_old_logprobs(self, p: Any) -> bool:
-        return not (p.mu == 1 and p.minibatches == 1)
+        return not (p.optim.mu == 1 and p.optim.minibatches == 1)
 
     def policy_loss(self, p: Any) -> str:
-        return p.policy_loss
+        return p.loss.policy
 
     def loss_config(self, p: Any) -> LossConfig:
-        return replace(super().loss_config(p), beta=p.beta)
+        return replace(super().loss_config(p), beta=p.kl.beta)
 
     def targets(self, ctx: StepContext, batch: Batch, rewards: Rewards) -> Targets:
         ro, p = batch.rollout, ctx.p
         assert ro is not None
         mask = ro.loss_mask.clone()
-        adv = estimate_advantages(p.advantage_estimator, AdvantageInput(rewards, ro.completion_mask),
+        adv = estimate_advantages(p.advantage.estimator, AdvantageInput(rewards, ro.completion_mask),
                                   advantage_config(p))
         n_fail = exclude_invalid(mask, adv)
-        if p.skip_zero_std_groups:
+        if p.advantage.skip_zero_std_groups:
             Q = adv.valid.shape[0]
-            informative = (adv.advantages != 0).reshape(Q, -1).any(dim=1).repeat_interleave(p.group_size)
+            informative = (adv.advantages != 0).reshape(Q, -1).any(dim=1).repeat_interleave(p.rollout.group_size)
             mask[~informative] = 0
         shown = torch.where(adv.valid, adv.rewards, torch.full_like(adv.rewards, math.nan)) \
             if adv.rewards is not None else rewards.output
@@ -325,18 +325,18 @@ class Ppo(Algorithm):
     loss_metrics = ("ratio_mean",)
 
     def check(self, p: Any) -> str | None:
-        if p.advantage_estimator != "gae":
+        if p.advantage.estimator != "gae":
             return "algorithm ppo estimates advantages with its value model: set advantage_estimator: gae"
         return None
 
     def uses_reference(self, p: Any) -> bool:
-        return p.beta > 0
+        return p.kl.beta > 0
 
     def needs_old_logprobs(self, p: Any) -> bool:
-        return p.beta > 0 or not (p.mu == 1 and p.minibatches == 1)  # eq. 2 reads pi_old before the update
+        return p.kl.beta > 0 or not (p.optim.mu == 1 and p.optim.minibatches == 1)  # eq. 2 reads pi_old before the update
 
     def policy_loss(self, p: Any) -> str:
-        return p.policy_loss
+        return p.loss.policy
 
     def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Any:
         from stages.rl.step import make_critic
@@ -354,7 +354,7 @@ class Ppo(Algorithm):
     def finish_targets(self, ctx: StepContext, batch: Batch, rewards: Rewards, tg: Targets, lp: LogProbs) -> Targets:
         assert lp.values is not None
         log_ratio = None if lp.ref is None or lp.old is None else lp.old - lp.ref
-        adv = estimate_advantages(ctx.p.advantage_estimator,
+        adv = estimate_advantages(ctx.p.advantage.estimator,
                                   AdvantageInput(rewards, tg.loss_mask, values=lp.values, log_ratio=log_ratio),
                                   advantage_config(ctx.p))
         assert adv.returns is not None

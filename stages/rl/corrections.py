@@ -145,7 +145,9 @@ def rollout_correction(
           units (1 = all equal; verl's ``rollout_is_eff_sample_size``);
         - ``mismatch_log_ratio_mean``: mean of log pi_old - log pi_sampler over loss tokens (minus the k1
           estimate of KL(sampler || trainer)); ``mismatch_k3``: the k3 estimate of the same KL;
-          ``mismatch_abs_max``: max |delta|; ``n_nan_sampler``: loss tokens whose sampler log-prob was NaN.
+          ``mismatch_abs_mean`` / ``mismatch_abs_max``: mean / max |delta| (TRL's
+          ``sampling/sampling_logp_difference/{mean,max}``); ``n_nan_sampler``: loss tokens whose sampler log-prob
+          was NaN (excluded from these four).
     """
     if weight_level is not None and weight_level not in IS_LEVELS:
         raise ValueError(f"weight_level must be one of {IS_LEVELS} or None, got {weight_level!r}")
@@ -245,6 +247,7 @@ def _metrics(
     d = d[~nan]
     out["mismatch_log_ratio_mean"] = float(d.mean()) if d.numel() else 0.0
     out["mismatch_k3"] = float((torch.exp(d) - d - 1).mean()) if d.numel() else 0.0
+    out["mismatch_abs_mean"] = float(d.abs().mean()) if d.numel() else 0.0
     out["mismatch_abs_max"] = float(d.abs().max()) if d.numel() else 0.0
     out["n_nan_sampler"] = float(nan.sum())
     return out

@@ -1,4 +1,4 @@
-"""Guards against reward hacking for a learned reward (``grpo.rm_reward``; reward_source outcome_rm / process_rm).
+"""Guards against reward hacking for a learned reward (``grpo.reward.rm_guards``; reward_source outcome_rm / process_rm).
 
 A policy trained on a reward model's scores finds outputs the RM overrates (Gao et al. 2023, "Scaling laws for
 reward model overoptimization"). Besides GRPO's group normalisation and the KL penalty (beta), three guards, each a
@@ -94,7 +94,7 @@ class GuardedSource:
     """A reward model source with the guards of this module applied to its rewards (module docstring).
 
     ``inner``: the RM source (``rewards(ro) -> Rewards``; per-step for process supervision). ``cfg``: the
-    ``grpo.rm_reward`` params. ``length_target``: T in tokens (resolved by the caller when the param is null)."""
+    ``grpo.reward.rm_guards`` params. ``length_target``: T in tokens (resolved by the caller when the param is null)."""
 
     def __init__(self, inner: Any, cfg: Any, length_target: float | None) -> None:
         self.inner = inner
@@ -149,13 +149,13 @@ def rm_sft_length(examples: list[dict[str, Any]]) -> float | None:
 
 
 def guarded(source: Any, cfg: Any, examples: list[dict[str, Any]]) -> Any:
-    """``source`` wrapped in :class:`GuardedSource` when any guard of ``cfg`` (``grpo.rm_reward``) is on, else
+    """``source`` wrapped in :class:`GuardedSource` when any guard of ``cfg`` (``grpo.reward.rm_guards``) is on, else
     ``source`` itself. ``examples``: the RM's training examples (the length target when ``cfg.length_target`` is
     null)."""
     if not (cfg.normalize or cfg.rule_weight or cfg.length_penalty):
         return source
     target = cfg.length_target if cfg.length_target is not None else rm_sft_length(examples)
     if cfg.length_penalty and target is None:
-        raise PipelineError("grpo.rm_reward.length_target: null needs the RM's SFT training samples (examples.jsonl "
+        raise PipelineError("grpo.reward.rm_guards.length_target: null needs the RM's SFT training samples (examples.jsonl "
                             "with origin 'sft') to measure the length; give length_target in tokens")
     return GuardedSource(source, cfg, target)

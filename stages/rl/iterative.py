@@ -66,39 +66,39 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
     """One RM update of Algorithm 1: new labelled samples of ``policy`` plus a replay of ``history``.
 
     ``p`` is the grpo params section (fields of ``p.iterative``). The RM trains through the policy's update path
-    (stages.rl.update.rl_updater: DeepSpeed when the stage uses it, bf16 per ``grpo.precision``, on the accelerator,
-    gradient checkpointing per ``grpo.gradient_checkpointing``) with a fresh AdamW at ``rm_lr`` for this update;
+    (stages.rl.update.rl_updater: DeepSpeed when the stage uses it, bf16 per ``grpo.compute.precision``, on the accelerator,
+    gradient checkpointing per ``grpo.compute.gradient_checkpointing``) with a fresh AdamW at ``rm_lr`` for this update;
     several ranks sample, score and train on a share each. Afterwards the RM goes back to CPU memory when
     ``offload_idle_models``. Returns (new training examples, metrics)."""
     it = p.iterative
-    gen_kw: dict[str, Any] = {"gpu_memory_utilization": p.vllm_gpu_memory_utilization, "seed": p.seed}
-    if getattr(p, "vllm_tensor_parallel_size", 1) > 1:
-        gen_kw["tensor_parallel_size"] = p.vllm_tensor_parallel_size
-    cfg = SampleConfig(samples_per_question=it.rm_samples_per_question, temperature=p.temperature,
-                       max_new_tokens=p.max_new_tokens, labels=it.rm_labels, rollouts_per_step=it.rm_rollouts_per_step,
-                       seed=p.seed * 31 + iteration, backend=p.backend, generator_kwargs=gen_kw)
+    gen_kw: dict[str, Any] = {"gpu_memory_utilization": p.rollout.vllm.gpu_memory_utilization, "seed": p.seed}
+    if p.rollout.vllm.tensor_parallel_size > 1:
+        gen_kw["tensor_parallel_size"] = p.rollout.vllm.tensor_parallel_size
+    cfg = SampleConfig(samples_per_question=it.rm.samples_per_question, temperature=p.rollout.temperature,
+                       max_new_tokens=p.rollout.max_new_tokens, labels=it.rm.labels, rollouts_per_step=it.rm.rollouts_per_step,
+                       seed=p.seed * 31 + iteration, backend=p.rollout.backend, generator_kwargs=gen_kw)
     t0 = time.perf_counter()
     was_training = policy.training
     policy.eval()
-    new = collect_examples(policy, tokenizer, rm_update_rows(rows, it.rm_questions, p.seed, iteration), cfg,
+    new = collect_examples(policy, tokenizer, rm_update_rows(rows, it.rm.questions, p.seed, iteration), cfg,
                            origin=f"iter{iteration}")
     policy.train(was_training)
-    train, held = split_by_question(new, it.rm_heldout_fraction, p.seed + iteration)
-    mixed, n_replay = replay_mix(train, history, it.rm_replay_fraction, p.seed + iteration)
+    train, held = split_by_question(new, it.rm.heldout_fraction, p.seed + iteration)
+    mixed, n_replay = replay_mix(train, history, it.rm.replay_fraction, p.seed + iteration)
     dev = train_device()
     rm.to(dev)
-    n = it.rm_samples_per_question
-    before = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, shard=True, best_of=n)
+    n = it.rm.samples_per_question
+    before = evaluate_reward_model(rm, tokenizer, held, it.rm.batch_size, shard=True, best_of=n)
     losses: list[float] = []
     if mixed:
-        enable_checkpointing(rm, p.gradient_checkpointing)
-        upd = rl_updater(rm, p, lr=it.rm_lr, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=it.rm_batch_size)
-        losses = train_reward_model(rm, tokenizer, mixed, epochs=it.rm_epochs, lr=it.rm_lr,
-                                    batch_size=it.rm_batch_size, seed=p.seed + iteration, train_on=it.rm_train_on,
+        enable_checkpointing(rm, p.compute.gradient_checkpointing)
+        upd = rl_updater(rm, p, lr=it.rm.lr, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=it.rm.batch_size)
+        losses = train_reward_model(rm, tokenizer, mixed, epochs=it.rm.epochs, lr=it.rm.lr,
+                                    batch_size=it.rm.batch_size, seed=p.seed + iteration, train_on=it.rm.train_on,
                                     updater=upd)
         del upd  # the optimizer (and a DeepSpeed engine) of this update only
-    after = evaluate_reward_model(rm, tokenizer, held, it.rm_batch_size, shard=True, best_of=n)
-    if p.offload_idle_models:
+    after = evaluate_reward_model(rm, tokenizer, held, it.rm.batch_size, shard=True, best_of=n)
+    if p.compute.offload_idle_models:
         rm.to("cpu")
     release_memory()
     return train, {
@@ -116,7 +116,7 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
     """Algorithm 1 (module docstring) on ``model`` in place; returns (metric rows, sample rows, info).
 
     ``train_fn`` is stages.grpo.train_grpo: ``train_fn(model, tokenizer, rows, p_k, ckpt_dir=, first_step=,
-    scorer=)`` (``scorer``: the reward source of ``p.reward_source``, stages.rl.reward_model) runs the steps
+    scorer=)`` (``scorer``: the reward source of ``p.reward.source``, stages.rl.reward_model) runs the steps
     first_step .. p_k.steps - 1 and copies the model it starts from as pi_ref; it also gets ``cache=`` when
     ``cache`` is given (what later iterations continue with: rft's pool, PPO's value model).
     ``rm_dir``: the reward model to start from (None with the rule reward). ``on_iteration(k, model, rm)``
@@ -132,18 +132,18 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
     n_iter, M = p.iterative.iterations, p.steps
     out_dir = Path(out_dir)
     main = is_main_process()  # several ranks (DeepSpeed launch): rank 0 writes
-    offload = getattr(p, "offload_idle_models", False)
+    offload = p.compute.offload_idle_models
     resumed = load_latest(Path(ckpt_dir) / ITERATIONS_DIR) if ckpt_dir is not None and n_iter > 1 else None
     if main and resumed is None:
         shutil.rmtree(out_dir, ignore_errors=True)  # no stale iter<k> of an earlier run with more iterations
         out_dir.mkdir(parents=True)
     rm = scorer = None
     history_ex: list[dict[str, Any]] = []
-    if p.reward_source in ("outcome_rm", "process_rm"):
+    if p.reward.source in ("outcome_rm", "process_rm"):
         assert rm_dir is not None
         dev = train_device()
         rm = load_reward_model(rm_dir, device="cpu" if offload else dev,
-                               attn_implementation=getattr(p, "attn_implementation", None))
+                               attn_implementation=p.compute.attn_implementation)
         history_ex = load_examples(rm_dir)
     history: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
@@ -168,10 +168,10 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
     for k in range(first, n_iter + 1):
         t0 = time.perf_counter()
         if rm is not None:
-            kind = "outcome" if p.reward_source == "outcome_rm" else "process"
-            scorer = guarded(RewardModelSource(rm, tokenizer, kind, batch_size=p.micro_batch_size), p.rm_reward,
+            kind = "outcome" if p.reward.source == "outcome_rm" else "process"
+            scorer = guarded(RewardModelSource(rm, tokenizer, kind, batch_size=p.optim.micro_batch_size), p.reward.rm_guards,
                              history_ex)
-        elif p.reward_source == "process_rule":
+        elif p.reward.source == "process_rule":
             scorer = StepLabelSource(tokenizer)
         pk = p.model_copy(update={"steps": k * M})
         ck = None if ckpt_dir is None else (ckpt_dir if n_iter == 1 else Path(ckpt_dir) / f"iter{k}")
@@ -202,7 +202,7 @@ def run_iterations(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: An
             rm_out = out_dir / f"rm_iter{k}"
             if main:
                 save_reward_model(rm, tokenizer, rm_out, history_ex, None,
-                                  {"stage": "grpo", "iteration": k, "reward_source": p.reward_source,
+                                  {"stage": "grpo", "iteration": k, "reward_source": p.reward.source,
                                    "metrics": untimed(rm_m)})
             entry["reward_model"] = str(rm_out)
         info["iterations"].append(it_info)

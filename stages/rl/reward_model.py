@@ -741,7 +741,7 @@ class StepLabelSource:
         labels_all: list[list[float]] = []
         for n, (row, ids) in enumerate(zip(ro.rows, rollout_completions(ro), strict=True)):
             if "values" not in row:
-                raise PipelineError("grpo.reward_source process_rule needs problem rows with a 'values' field "
+                raise PipelineError("grpo.reward.source process_rule needs problem rows with a 'values' field "
                                     "(the generated problems); use process_rm for other data")
             if not ids:
                 ends_all.append([])

@@ -93,7 +93,7 @@ def written_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
     no rollout ran a program: it left out the output blocks the policy wrote itself, the ```output header
     included. Injected tool output is now masked by provenance (``Sample.policy_mask``); this rule remains for the
     outputs of the modes that run no loop between the policy's tokens (cot, pot) when
-    ``grpo.rollout.mask_written_outputs`` asks for it. Cheap when there is no such block (one decode).
+    ``grpo.loss.mask_written_outputs`` asks for it. Cheap when there is no such block (one decode).
     """
     ids = list(token_ids)
     text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -149,21 +149,21 @@ def question_modes(r: Any, seed: int, step: int, questions: Sequence[int]) -> li
 
 def sample_outputs(generator: Any, tokenizer: Any, questions: Sequence[str], modes: Sequence[str], p: Any, seed: int,
                    pool: Executor | None = None) -> tuple[list[list[Sample]], dict[str, float]]:
-    """``p.group_size`` outputs per question in its mode (``p``: the grpo params: temperature, top_p, max_new_tokens
+    """``p.rollout.group_size`` outputs per question in its mode (``p``: the grpo params: temperature, top_p, max_new_tokens
     per generation, template, rollout), through the tool loop with token carry (stages.core.tool_loop.run_loop, one
     call per mode present, cot first). Returns (samples[q][g], metrics: the sandbox's figures and tir's rounds when a
     program-running mode is present, and each mode's share of the outputs with a mixture).
 
     Seeds: the cot call is seeded with ``seed`` (one chunk, one round: the plain sampling of before the modes);
     round r of chunk c of mode m with ``seed + 7919 c + 104729 r + 15485863 m``. ``pool``: the sandbox threads (None:
-    ``p.rollout.sandbox_workers`` threads for this call)."""
+    ``p.rollout.exec_workers`` threads for this call)."""
     r = p.rollout
     out: list[list[Sample]] = [[] for _ in questions]
     stats = LoopStats()
     present = [m for m in MODES if m in modes]
     own = None
     if pool is None and any(m != "cot" for m in present):
-        own = pool = ThreadPoolExecutor(max_workers=r.sandbox_workers, thread_name_prefix="sandbox")
+        own = pool = ThreadPoolExecutor(max_workers=r.exec_workers, thread_name_prefix="sandbox")
     try:
         for mode in present:
             idx = [k for k, m in enumerate(modes) if m == mode]
@@ -171,8 +171,8 @@ def sample_outputs(generator: Any, tokenizer: Any, questions: Sequence[str], mod
             offset = 15_485_863 * MODES.index(mode)
 
             def sampling(round_: int, chunk: int, offset: int = offset) -> SamplingParams:
-                return SamplingParams(temperature=p.temperature, top_p=p.top_p, n=p.group_size,
-                                      max_new_tokens=p.max_new_tokens,
+                return SamplingParams(temperature=p.rollout.temperature, top_p=p.rollout.top_p, n=p.rollout.group_size,
+                                      max_new_tokens=p.rollout.max_new_tokens,
                                       seed=seed + offset + 7_919 * chunk + 104_729 * round_)
 
             streams = run_loop(generator, prompts, mode, sampling, pool, max_rounds=r.tir_max_rounds,
@@ -204,7 +204,7 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
     ``completions[q][g]`` follows the generation interface (token_ids, logprobs, text, finish_reason); a
     :class:`Sample` also brings its ``policy_mask`` (injected tool-output tokens get loss mask 0), mode and program
     answer. ``mask_written``: the outputs of the modes without a tool loop (cot, pot) also lose the ```output blocks
-    they wrote themselves (:func:`written_output_mask`; ``grpo.rollout.mask_written_outputs``).
+    they wrote themselves (:func:`written_output_mask`; ``grpo.loss.mask_written_outputs``).
     """
     G = len(completions[0])
     pad = tokenizer.pad_token_id

@@ -177,8 +177,8 @@ def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout
                                       seed=p.seed * 1_000_003 + step, pool=ctx.sandbox_pool)
     _call(ctx.generator, "sleep")  # vllm sleep mode: the engine's memory goes to the update
     prompts = [rollout_prompt(r["question"], m, p.template, ctx.tokenizer) for r, m in zip(batch, modes, strict=True)]
-    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.mask_truncated,
-                       mask_written=p.rollout.mask_written_outputs)
+    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.loss.mask_truncated,
+                       mask_written=p.loss.mask_written_outputs)
     ro.metrics.update(metrics)
     return ro
 
@@ -253,16 +253,16 @@ def logprobs(ctx: StepContext, batch: Batch, tg: Targets) -> LogProbs:
     if ro is None or not rows.numel() or (out.old is None and out.ref is None and out.values is None):
         return out
     with torch.no_grad(), on_device(ctx.ref_model, dev, ctx.offload), ctx.updater.autocast():
-        for sl in micro_slices(rows, p.micro_batch_size):
+        for sl in micro_slices(rows, p.optim.micro_batch_size):
             ids, att, t = trim(ro, sl)
             if out.old is not None:
-                lp, _ = token_logprobs(ctx.model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature,
-                                       share_prompts=p.share_prompt_prefix, chunk_tokens=p.logprob_chunk_tokens)
+                lp, _ = token_logprobs(ctx.model, ids.to(dev), att.to(dev), ro.prompt_len, p.rollout.temperature,
+                                       share_prompts=p.compute.share_prompt_prefix, chunk_tokens=p.compute.logprob_chunk_tokens)
                 out.old[sl, :t] = lp.cpu()
             if out.ref is not None:
                 rdev = next(ctx.ref_model.parameters()).device
-                rlp, _ = token_logprobs(ctx.ref_model, ids.to(rdev), att.to(rdev), ro.prompt_len, p.temperature,
-                                        share_prompts=p.share_prompt_prefix, chunk_tokens=p.logprob_chunk_tokens)
+                rlp, _ = token_logprobs(ctx.ref_model, ids.to(rdev), att.to(rdev), ro.prompt_len, p.rollout.temperature,
+                                        share_prompts=p.compute.share_prompt_prefix, chunk_tokens=p.compute.logprob_chunk_tokens)
                 out.ref[sl, :t] = rlp.float().cpu()
             if out.values is not None:
                 assert ctx.critic is not None
@@ -317,9 +317,9 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
     assert ro is not None and tg.weights is not None
     ids, att, t = trim(ro, sl)
     with upd.autocast():
-        lp_new, ent = token_logprobs(upd.forward_model, ids.to(dev), att.to(dev), ro.prompt_len, p.temperature,
-                                     entropy=it == 0, share_prompts=p.share_prompt_prefix,
-                                     chunk_tokens=p.logprob_chunk_tokens)
+        lp_new, ent = token_logprobs(upd.forward_model, ids.to(dev), att.to(dev), ro.prompt_len, p.rollout.temperature,
+                                     entropy=it == 0, share_prompts=p.compute.share_prompt_prefix,
+                                     chunk_tokens=p.compute.logprob_chunk_tokens)
     lp_new = lp_new.float()
     msk = tg.loss_mask[sl, :t].to(dev)
     old = lp_new.detach() if lp.old is None else lp.old[sl, :t].to(dev)
@@ -335,7 +335,7 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
             v = critic.values(ids, att, ro.prompt_len, train=True)
         cdev = v.device
         vl, vm = value_loss(v, lp.values[sl, :t].to(cdev), tg.returns[sl, :t].to(cdev), msk.to(cdev),
-                            clip=critic.clip, aggregation=p.aggregation, normalizer=norm)
+                            clip=critic.clip, aggregation=p.loss.aggregation, normalizer=norm)
         out.append(vl)
     pending.append(_Micro(float(loss.detach()), lm, ent, msk, vm))
     return out
@@ -390,17 +390,17 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
     s = _Sums()
     grad_norms, value_norms, losses, skipped, n_opt = [], [], [], 0, 0
     mismatch_lp = torch.zeros_like(tg.loss_mask)
-    for it in range(p.mu):
-        order = rows[torch.randperm(rows.numel(), generator=gen)] if it or p.minibatches > 1 else rows
-        for mb in order.tensor_split(p.minibatches):
-            slices = micro_slices(mb, p.micro_batch_size)
-            norm = LossNormalizer.from_mask(tg.loss_mask[mb], max_len=p.max_new_tokens) if mb.numel() \
-                else LossNormalizer(0, 0, p.max_new_tokens)
+    for it in range(p.optim.mu):
+        order = rows[torch.randperm(rows.numel(), generator=gen)] if it or p.optim.minibatches > 1 else rows
+        for mb in order.tensor_split(p.optim.minibatches):
+            slices = micro_slices(mb, p.optim.micro_batch_size)
+            norm = LossNormalizer.from_mask(tg.loss_mask[mb], max_len=p.rollout.max_new_tokens) if mb.numel() \
+                else LossNormalizer(0, 0, p.rollout.max_new_tokens)
             n_micro = len(slices)
             if upd.distributed:  # batch-wide denominators and equal backward counts over the ranks
                 n_seq, n_tok = all_reduce([float(norm.num_sequences), float(norm.num_tokens)])
                 n_micro = int(all_reduce([float(len(slices))], "max")[0])
-                norm = LossNormalizer(int(n_seq), int(n_tok), p.max_new_tokens)
+                norm = LossNormalizer(int(n_seq), int(n_tok), p.rollout.max_new_tokens)
             if n_micro == 0:
                 continue
             for u in upds:
@@ -453,7 +453,7 @@ def make_critic(ctx: StepContext, cache: dict[str, Any]) -> Critic:
 
     ppo = ctx.p.ppo
     vm = init_value_model(ctx.model, ppo.value_init, paths.REWARD_MODEL)
-    enable_checkpointing(vm, ctx.p.gradient_checkpointing)
+    enable_checkpointing(vm, ctx.p.compute.gradient_checkpointing)
     critic = Critic(vm, rl_updater(vm, ctx.p, lr=ppo.value_lr), ppo.value_clip)
     cache["critic"] = critic
     resume = cache.pop("critic_resume", None)  # a run resumed after an iteration (stages.rl.iterative)

@@ -3,9 +3,9 @@ value model) from the grpo params, and moving idle models between CPU and GPU me
 
 DeepSpeed (ZeRO 0-2; ``grpo.deepspeed``, or a deepspeed / torchrun launch): the config comes from
 ``stages.train.ds_config.build_deepspeed_config`` (the training stages' builder): micro-batch
-``grpo.micro_batch_size``, clipping ``grpo.max_grad_norm``, ZeRO stage / optimizer offload from ``grpo.deepspeed``,
-bf16 from ``grpo.precision`` (``auto``: CUDA with bf16, AMX CPUs). The optimizer is torch AdamW. Without DeepSpeed the
-update is fp32, or bf16 autocast with fp32 weights when ``grpo.precision`` is ``bf16`` (not ``auto``). Several ranks:
+``grpo.optim.micro_batch_size``, clipping ``grpo.optim.max_grad_norm``, ZeRO stage / optimizer offload from ``grpo.deepspeed``,
+bf16 from ``grpo.compute.precision`` (``auto``: CUDA with bf16, AMX CPUs). The optimizer is torch AdamW. Without DeepSpeed the
+update is fp32, or bf16 autocast with fp32 weights when ``grpo.compute.precision`` is ``bf16`` (not ``auto``). Several ranks:
 each samples and scores its share of the step's questions (whole groups, so group advantages stay local); the loss
 normalisers are summed over ranks and the update pads with dummy passes (stages/rl/step.py). ZeRO-3 is not
 supported (the ranks' log-prob passes differ in number, and ZeRO-3 makes every forward a collective).
@@ -43,22 +43,22 @@ def on_device(module: torch.nn.Module | None, device: torch.device, offload: boo
 
 def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None, weight_decay: float | None = None,
                micro_batch_size: int | None = None, max_grad_norm: float | None = None) -> Updater:
-    """The :class:`Updater` of ``model`` from the grpo params ``p``: AdamW at ``lr`` (default ``p.lr``) with
-    ``weight_decay`` (default ``p.weight_decay``), clipping at ``max_grad_norm`` (default ``p.max_grad_norm``), DeepSpeed as the module docstring
-    says (micro-batch ``micro_batch_size``, default ``p.micro_batch_size``)."""
+    """The :class:`Updater` of ``model`` from the grpo params ``p``: AdamW at ``lr`` (default ``p.optim.lr``) with
+    ``weight_decay`` (default ``p.optim.weight_decay``), clipping at ``max_grad_norm`` (default ``p.optim.max_grad_norm``), DeepSpeed as the module docstring
+    says (micro-batch ``micro_batch_size``, default ``p.optim.micro_batch_size``)."""
     ds_cfg = None
-    clip = p.max_grad_norm if max_grad_norm is None else max_grad_norm
+    clip = p.optim.max_grad_norm if max_grad_norm is None else max_grad_norm
     if use_deepspeed(p.deepspeed.enabled):
         if p.deepspeed.zero_stage == 3:
             raise ValueError("the grpo stage's update does not support ZeRO-3")
         ds_cfg = build_deepspeed_config(zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
-                                        micro_batch_size=micro_batch_size or p.micro_batch_size, grad_accum=1,
-                                        grad_clip=clip,
-                                        bf16=use_bf16(p.precision, train_device()))
-    opt = torch.optim.AdamW(model.parameters(), lr=p.lr if lr is None else lr,
-                            weight_decay=p.weight_decay if weight_decay is None else weight_decay)
+                                        micro_batch_size=micro_batch_size or p.optim.micro_batch_size, grad_accum=1,
+                                        max_grad_norm=clip,
+                                        bf16=use_bf16(p.compute.precision, train_device()))
+    opt = torch.optim.AdamW(model.parameters(), lr=p.optim.lr if lr is None else lr,
+                            weight_decay=p.optim.weight_decay if weight_decay is None else weight_decay)
     return Updater(model, optimizer=opt, max_grad_norm=clip, deepspeed=ds_cfg,
-                   autocast_bf16=ds_cfg is None and p.precision == "bf16")
+                   autocast_bf16=ds_cfg is None and p.compute.precision == "bf16")
 
 
 def release_memory() -> None:
@@ -74,4 +74,4 @@ def as_updater(model: torch.nn.Module, optimizer: Any, p: Any) -> Updater:
     """``optimizer`` as an :class:`Updater` (benchmarks and tests may pass a plain torch optimizer)."""
     if isinstance(optimizer, Updater):
         return optimizer
-    return Updater(model, optimizer=optimizer, max_grad_norm=p.max_grad_norm)
+    return Updater(model, optimizer=optimizer, max_grad_norm=p.optim.max_grad_norm)

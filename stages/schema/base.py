@@ -81,6 +81,20 @@ class Section(BaseModel):
                 else (v.model_dump() if isinstance(v, BaseModel) else v))
         return out
 
+    def updated(self, changes: dict[str, Any]) -> Any:
+        """A validated copy with ``changes`` applied: keys are dotted paths below this model (``"optim.lr"``,
+        ``"steps"``); a mapping value is merged into the group it names. Unlike ``model_copy(update=...)``, the
+        validators run (a bad value is a ValidationError)."""
+        data = self.model_dump()
+        for key, value in changes.items():
+            *parents, leaf = key.split(".")
+            node = data
+            for part in parents:
+                node = node[part]
+            node[leaf] = {**node[leaf], **value} if isinstance(value, dict) and isinstance(node.get(leaf), dict) \
+                else value
+        return type(self).model_validate(data)
+
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] = "params.yaml") -> Any:
         """Read ``path`` and validate this stage's section (``SECTION``) with its runtime values merged in.
@@ -157,7 +171,7 @@ def format_error(source: str, err: ValidationError, prefix: str = "") -> str:
     """One line for a pydantic error: ``<source>: <key>: <what is wrong> (got <value>)`` per problem."""
     parts = []
     for e in err.errors():
-        key = prefix + ".".join(str(x) for x in e["loc"]) or "(top level)"
+        key = (prefix + ".".join(str(x) for x in e["loc"])).rstrip(".") or "(top level)"
         if e["type"] == "missing":
             parts.append(f"{key}: missing; add it (the committed params.yaml lists every key)")
         elif e["type"] == "extra_forbidden":

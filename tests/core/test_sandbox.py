@@ -205,7 +205,7 @@ import os, json
 info = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "pid": os.getpid(),
         "env": dict(os.environ), "cwd": os.getcwd(), "cwd_files": os.listdir("."),
         "procs": sorted(p for p in os.listdir("/proc") if p.isdigit()),
-        "ifaces": [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]],
+        "ifaces": [l.split(":")[0].strip() for l in open("/proc/self/net/dev").read().splitlines()[2:]],
         "hostname": os.uname().nodename, "dev": sorted(os.listdir("/dev")),
         "nnp": [l for l in open("/proc/self/status") if l.startswith(("NoNewPrivs", "Seccomp:", "CapEff"))]}
 try:
@@ -213,7 +213,7 @@ try:
     info["root_writable"] = True
 except OSError as e:
     info["root_writable"] = e.errno
-info["root_home"] = os.listdir("/root")
+info["top"] = os.listdir("/")
 print(json.dumps(info))
 """
     r = run_python(code)
@@ -229,7 +229,8 @@ print(json.dumps(info))
     if "seccomp" in on:
         assert "Seccomp:\t2\n" in info["nnp"]
     if "pidns" in on and "proc" in on:
-        assert info["pid"] == 2 and info["procs"] == ["1", "2"]  # the sandbox's init and the program
+        # the program and its own processes only: the sandbox's init (PID 1, root) is hidden too
+        assert info["pid"] == 2 and info["procs"] == (["2"] if "proc_hidepid" in on else ["1", "2"])
     if "netns" in on:
         assert info["ifaces"] == ["lo"]
     if "utsns" in on:
@@ -239,10 +240,12 @@ print(json.dumps(info))
     if "minimal_dev" in on:
         assert info["dev"] == sorted(["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout",
                                       "urandom", "zero"])
-    if "hide_paths" in on and "/root" in rep["hidden_paths"]:
-        # only the re-exposed Python installation is visible under /root
-        assert all(p.startswith("/root/") for p in rep["exposed_paths"] if p.startswith("/root"))
-        assert set(info["root_home"]) <= {p.split("/")[2] for p in rep["exposed_paths"] if p.startswith("/root/")}
+    if "allowlist_fs" in on:
+        # the root holds the allow-list only: system trees, /etc, /dev, /proc, /tmp, and the first component of
+        # each exposed Python directory
+        tops = {p.split("/")[1] for p in rep["exposed_paths"]}
+        assert set(info["top"]) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc",
+                                    "tmp"} | tops, info["top"]
 
 
 def test_isolation_report_describes_the_filter_and_the_thread_settings():
@@ -289,7 +292,7 @@ def test_degraded_mechanism_is_logged_and_reported(caplog):
         logged = " ".join(rec.getMessage() for rec in caplog.records)
         assert "'netns' is NOT active" in logged and "'seccomp' is NOT active" in logged
         res, _ = ex.run("import os\nprint(sorted(l.split(':')[0].strip() for l in "
-                        "open('/proc/net/dev').read().splitlines()[2:]))")
+                        "open('/proc/self/net/dev').read().splitlines()[2:]))")
         assert res.ok and res.stdout.strip() != "['lo']"  # really without a network namespace: host interfaces
     finally:
         ex.close()

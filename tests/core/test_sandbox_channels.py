@@ -24,7 +24,13 @@ import pytest
 from benchmarks.sandbox_syscalls import MATH_PROGRAMS
 from stages.core import _sandbox_zygote as zygote
 from stages.core.sandbox import isolation_report, run_python
-from tests.core.test_sandbox_hostile import STRICT, assert_clean, victim_dir  # noqa: F401 - victim_dir: a fixture
+from tests.core.test_sandbox_hostile import (  # noqa: F401 - fixtures
+    STRICT,
+    assert_clean,
+    exposed,
+    run_exposed,
+    victim_dir,
+)
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -36,10 +42,11 @@ def active(mech: str) -> None:
         pytest.skip(f"{mech} is not active here: {rep['reasons'].get(mech)}")
 
 
-def run_alongside(code: str, host_action, **kw):
-    """Run ``code`` in a thread; call ``host_action()`` every 20 ms while it runs; return its result."""
+def run_alongside(code: str, host_action, run=run_python, **kw):
+    """Run ``code`` (with ``run``) in a thread; call ``host_action()`` every 20 ms while it runs; return its
+    result."""
     box: dict = {}
-    t = threading.Thread(target=lambda: box.setdefault("r", run_python(code, **kw)))
+    t = threading.Thread(target=lambda: box.setdefault("r", run(code, **kw)))
     t.start()
     while t.is_alive():
         host_action()
@@ -172,7 +179,7 @@ def test_typical_math_programs_still_run():
 # ----------------------------------------------------------------------------------------------------------
 # 2. No datagram to a host AF_UNIX socket: socketpair only for stream / seqpacket, sendto without an
 # address, no sendmsg. (Seccomp blocks socket() and connect(); read-only mounts do not apply to sockets.)
-def test_no_datagram_reaches_a_host_unix_socket(victim_dir):  # noqa: F811
+def test_no_datagram_reaches_a_host_unix_socket(victim_dir, run_exposed):  # noqa: F811
     active("unix_stream_only")
     path = str(victim_dir / "host.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -212,7 +219,7 @@ s.sendall(b"stream"); q.send(b"seqpacket")
 print("pairs work", t.recv(16), w.recv(16))
 """
     try:
-        r = run_alongside(code, drain, **STRICT)
+        r = run_alongside(code, drain, run_exposed, **STRICT)
         time.sleep(0.1)
         drain()
     finally:
@@ -233,7 +240,7 @@ FLOCK_WR = struct.pack("hh4xqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0)
 FLOCK_UN = struct.pack("hh4xqqi4x", fcntl.F_UNLCK, 0, 0, 0, 0)
 
 
-def test_a_program_cannot_hold_a_lock_that_blocks_the_host(victim_dir):  # noqa: F811
+def test_a_program_cannot_hold_a_lock_that_blocks_the_host(victim_dir, run_exposed):  # noqa: F811
     active("no_file_locks")
     target = victim_dir / "params.yaml"  # world-readable, not writable: like the project's params.yaml
     target.write_text("seed: 0\n")
@@ -268,7 +275,7 @@ time.sleep(1.5)  # holding whatever it got
                 unlock()
 
     try:
-        r = run_alongside(code, host_takes_locks, **STRICT)
+        r = run_alongside(code, host_takes_locks, run_exposed, **STRICT)
     finally:
         os.close(hfd)
     assert r.ok, r.stderr
@@ -278,7 +285,7 @@ time.sleep(1.5)  # holding whatever it got
     assert_clean(r)
 
 
-def test_no_notification_of_host_file_changes(victim_dir):  # noqa: F811
+def test_no_notification_of_host_file_changes(victim_dir, run_exposed):  # noqa: F811
     active("no_fs_notify")
     watched = victim_dir / "watched"
     watched.mkdir(mode=0o755)
@@ -306,7 +313,7 @@ time.sleep(0.5)
         n[0] += 1
         (watched / f"f{n[0] % 5}").write_text(str(n[0]))
 
-    r = run_alongside(code, host_touches_files, **STRICT)
+    r = run_alongside(code, host_touches_files, run_exposed, **STRICT)
     assert r.ok, r.stderr
     for name in ("inotify", "fanotify", "F_NOTIFY"):
         assert f"{name} refused 1\n" in r.stdout, r.stdout
@@ -317,7 +324,7 @@ time.sleep(0.5)
 DEV_NODES = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"}
 
 
-def test_root_is_nodev_and_a_host_device_node_cannot_be_opened(victim_dir):  # noqa: F811
+def test_root_is_nodev_and_a_host_device_node_cannot_be_opened(victim_dir, run_exposed):  # noqa: F811
     active("nodev")
     node = victim_dir / "null-copy"
     try:
@@ -333,7 +340,7 @@ print("without nodev", sorted(without))
 attempt("open host device node", lambda: open({str(node)!r}, "wb").write(b"x"))
 attempt("open /dev/null", lambda: open("/dev/null", "wb").write(b"x"))
 """
-    r = run_python(code, **STRICT)
+    r = run_exposed(code, **STRICT)
     assert r.ok, r.stderr
     without = eval(r.stdout.split("without nodev ", 1)[1].split("\n")[0])  # noqa: S307 - a list literal we printed
     assert set(without) <= DEV_NODES, without

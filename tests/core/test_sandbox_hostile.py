@@ -66,12 +66,31 @@ def responsiveness():
         t.join()
 
 
+@pytest.fixture(scope="session")
+def exposed(tmp_path_factory):
+    """A host directory and an executor whose sandboxes see it (read-only, at its own path: ``expose``). The
+    sandbox's file system is an allow-list, so the default executor shows no directory of the tests (nor the
+    checkout, wherever it is: under /tmp, HOME, ...); tests that need a host file in view (a world-writable
+    victim, a host socket, lock, device node) put it here and run their program through this executor."""
+    base = tmp_path_factory.mktemp("sandbox-exposed")
+    base.chmod(0o755)  # the sandbox's uid is "other" to every host file
+    ex = sandbox.SandboxExecutor(expose=[str(base)], preload=["math"], prefork=1)
+    yield base, ex
+    ex.close()
+    shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture
-def victim_dir():
-    """A world-writable directory with a world-writable file, on the host, visible inside the sandbox."""
-    base = ROOT / ".pytest_cache"
-    base.mkdir(exist_ok=True)
-    d = base / f"sandbox-victim-{uuid.uuid4().hex[:8]}"
+def run_exposed(exposed):
+    """``run_python`` through the executor that shows the victim directories."""
+    return lambda code, **kw: exposed[1].run(code, **kw)[0]
+
+
+@pytest.fixture
+def victim_dir(exposed):
+    """A world-writable directory with a world-writable file, on the host, visible (read-only) to the sandboxes
+    of ``run_exposed``."""
+    d = exposed[0] / f"victim-{uuid.uuid4().hex[:8]}"
     d.mkdir()
     d.chmod(0o777)
     f = d / "keep.txt"
@@ -189,7 +208,7 @@ print("completed", sum(1 for s in ends if os.WIFEXITED(s) and os.WEXITSTATUS(s) 
     assert_clean(r)
 
 
-def test_200_files_of_100_mb(victim_dir):
+def test_200_files_of_100_mb(victim_dir, run_exposed):
     before = shutil.disk_usage("/").free
     code = """
 import os, errno
@@ -219,7 +238,7 @@ try:
 except OSError as e:
     print("host", errno.errorcode[e.errno])
 """
-    r = run_python(code, timeout_s=20, memory_mb=256, disk_mb=16)
+    r = run_exposed(code, timeout_s=20, memory_mb=256, disk_mb=16)
     assert r.ok, r.stderr
     total, err = r.stdout.split("\n")[0].split()
     assert int(total) <= 16 << 20 and err in ("ENOSPC", "EFBIG")
@@ -230,7 +249,7 @@ except OSError as e:
     assert_clean(r)
 
 
-def test_socket_to_local_server_plain_socket_and_ctypes(victim_dir):
+def test_socket_to_local_server_plain_socket_and_ctypes(victim_dir, run_exposed):
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
@@ -295,7 +314,7 @@ a.sendall(b"ping")
 print("socketpair", b.recv(4).decode())
 """
     try:
-        r = run_python(code, **STRICT)
+        r = run_exposed(code, **STRICT)
         time.sleep(0.3)
     finally:
         stop.set()
@@ -341,7 +360,7 @@ for path in ["/proc/self/environ", f"/proc/{{os.getppid()}}/environ", "/proc/1/e
         del os.environ["DSM_SANDBOX_TEST_SECRET"]
 
 
-def test_deleting_a_file_outside_the_sandbox(victim_dir):
+def test_deleting_a_file_outside_the_sandbox(victim_dir, run_exposed):
     target = victim_dir / "keep.txt"
     code = f"""
 import os, shutil
@@ -359,7 +378,7 @@ attempt("rmtree", lambda: shutil.rmtree({str(victim_dir)!r}))
 attempt("repo", lambda: os.remove({str(ROOT / 'pyproject.toml')!r}))
 attempt("create", lambda: open({str(victim_dir / 'new.txt')!r}, "w"))
 """
-    r = run_python(code, **STRICT)
+    r = run_exposed(code, **STRICT)
     assert r.ok, r.stderr
     assert "DONE" not in r.stdout and r.stdout.count("refused") == 7
     assert target.read_text() == "precious\n" and oct(target.stat().st_mode)[-3:] == "666"
@@ -368,7 +387,7 @@ attempt("create", lambda: open({str(victim_dir / 'new.txt')!r}, "w"))
     assert_clean(r)
 
 
-def test_spawning_a_shell(victim_dir):
+def test_spawning_a_shell(victim_dir, run_exposed):
     marker = victim_dir / "pwned"
     code = f"""
 import os, subprocess, pty
@@ -382,7 +401,7 @@ attempt("subprocess", lambda: subprocess.run(["/bin/sh", "-c", "echo PWNED"], ca
 attempt("posix_spawn", lambda: os.waitpid(os.posix_spawn("/bin/sh", ["sh", "-c", "echo PWNED"], {{}}), 0))
 attempt("execv", lambda: os.execv("/bin/sh", ["sh", "-c", "echo PWNED"]))
 """
-    r = run_python(code, **STRICT)
+    r = run_exposed(code, **STRICT)
     assert r.ok, r.stderr
     assert "PWNED" not in r.stdout and not marker.exists()
     for name in ("subprocess", "posix_spawn", "execv"):
@@ -391,7 +410,7 @@ attempt("execv", lambda: os.execv("/bin/sh", ["sh", "-c", "echo PWNED"]))
     assert_clean(r)
 
 
-def test_double_forked_process_writing_a_file_after_2s(victim_dir):
+def test_double_forked_process_writing_a_file_after_2s(victim_dir, run_exposed):
     marker = victim_dir / "daemon-was-here"
     code = f"""
 import os, time
@@ -410,7 +429,7 @@ if os.fork() == 0:
 time.sleep(0.2)
 print("parent done")
 """
-    r = run_python(code, **STRICT)
+    r = run_exposed(code, **STRICT)
     assert r.ok and r.stdout == "parent done\n"  # returned without waiting for the daemon...
     assert uid_processes(r.sandbox_uid) == []  # ...because it was already killed
     time.sleep(2.5)

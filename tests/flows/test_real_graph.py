@@ -80,8 +80,10 @@ def _params(real: Path, model: Path) -> dict[str, Any]:
                       verify_programs=False, val_problems=4)
     raw["sft"]["train"].update(steps=2, micro_batch_size=2, seq_len=1024, lr=1e-3, warmup_steps=0, eval_every=0,
                                precision="fp32", num_threads=1)
-    raw["grpo"].update(steps=2, questions_per_step=2, group_size=2, max_new_tokens=12, backend="hf", lr=1e-4,
-                       micro_batch_size=4, num_threads=1)
+    raw["grpo"].update(steps=2, questions_per_step=2)
+    raw["grpo"]["rollout"].update(group_size=2, max_new_tokens=12, backend="hf")
+    raw["grpo"]["optim"].update(lr=1e-4, micro_batch_size=4)
+    raw["grpo"]["compute"].update(num_threads=1)
     raw["grpo"]["heldout"].update(every=0, limit=N_TEST, max_new_tokens=12)
     raw["evaluate"]["common"].update(backend="hf", dtype="float32", num_threads=1, batch_size=8, max_new_tokens=12,
                                      limit=N_TEST, sample_limit=2)

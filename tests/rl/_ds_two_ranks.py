@@ -43,7 +43,7 @@ if __name__ == "__main__":
         def checksum(m):
             return float(sum(v.double().sum() for v in m.state_dict().values()))
 
-        p = tiny_params(steps=2, micro_batch_size=1, reward_source="process_rm",
+        p = tiny_params(steps=2, optim__micro_batch_size=1, reward__source="process_rm",
                         deepspeed=dict(enabled=ds, zero_stage=2, offload_optimizer=False))
         torch.manual_seed(0)
         rm = init_reward_model(paths.SFT_MODEL)
@@ -58,7 +58,7 @@ if __name__ == "__main__":
         sys.stdout.flush()
         raise SystemExit(0)
     grpo.rollout_generator = lambda *a, **k: ScriptedGenerator(tok, rows, _texts)
-    p = tiny_params(steps=2, questions_per_step=3, micro_batch_size=3, checkpoint_every=0,
+    p = tiny_params(steps=2, questions_per_step=3, optim__micro_batch_size=3, checkpoint_every=0,
                     deepspeed=dict(enabled=ds, zero_stage=2, offload_optimizer=False))
     h, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None)
     out = {"rank": int(os.environ.get("RANK", "0")), "world": info["world_size"],

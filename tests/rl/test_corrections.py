@@ -102,6 +102,7 @@ def loop_reference(
     ds = [d for d in ds if not math.isnan(d)]
     m["mismatch_log_ratio_mean"] = sum(ds) / len(ds)
     m["mismatch_k3"] = sum(math.exp(d) - d - 1 for d in ds) / len(ds)
+    m["mismatch_abs_mean"] = sum(abs(d) for d in ds) / len(ds)
     m["mismatch_abs_max"] = max(abs(d) for d in ds)
     m["n_nan_sampler"] = float(sum(math.isnan(float(trainer[i, t]) - float(sampler[i, t])) for i, t in toks))
     return torch.tensor(W, dtype=torch.float64), torch.tensor(K), m

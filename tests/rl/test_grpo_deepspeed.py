@@ -43,7 +43,7 @@ def _train(p) -> tuple[dict[str, torch.Tensor], list[dict]]:
 
 @pytest.mark.parametrize(("algorithm", "stage"), [("grpo", 2), ("online_rft", 2), ("grpo", 1), ("grpo", 0)])
 def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stage) -> None:
-    kw = dict(algorithm=algorithm, steps=2, micro_batch_size=4, checkpoint_every=0)
+    kw = dict(algorithm=algorithm, steps=2, optim__micro_batch_size=4, checkpoint_every=0)
     if algorithm == "online_rft":  # a random model is never right: scripted outputs, 3 of 4 correct
         tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
         monkeypatch.setattr(grpo, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
@@ -71,7 +71,7 @@ def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch)
 
     monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
     before = {k: v.clone() for k, v in load_model(paths.SFT_MODEL).state_dict().items()}
-    after, h = _train(tiny_params(steps=1, micro_batch_size=4, checkpoint_every=0,
+    after, h = _train(tiny_params(steps=1, optim__micro_batch_size=4, checkpoint_every=0,
                                   deepspeed=dict(enabled=True, zero_stage=2, offload_optimizer=False)))
     assert h[0]["skipped_nonfinite"] == 1 and h[0]["optimizer_steps"] == 0
     assert all(torch.equal(before[k], after[k]) for k in before)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,31 +20,44 @@ from stages.params import GrpoParams
 torch.set_num_threads(1)
 
 
-def tiny_params(**over) -> GrpoParams:
+def tiny_params(**over: Any) -> GrpoParams:
+    """A small valid grpo section (the RL tests' tiny model and prompts) with ``over`` applied: keys are fields of the
+    section, or ``group__field`` for a field of a group (``optim__lr=1e-2``); a mapping value is merged into the group
+    it names (:meth:`stages.schema.base.Section.updated`)."""
     raw = dict(
-        algorithm="grpo", advantage_estimator="grpo", policy_loss="clipped", start="sft", template="deepseekmath",
-        seed=0, prompts_file="data/corpus/problems/rl.jsonl", steps=2, questions_per_step=3, group_size=4, temperature=1.0, top_p=1.0,
-        max_new_tokens=12, backend="hf", lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, mu=1, minibatches=1,
-        micro_batch_size=5, clip_eps=0.2, clip_eps_high=None, beta=0.04, aggregation="seq-mean-token-mean",
-        scale_rewards="group", adv_eps=1e-4, mask_truncated=False, skip_zero_std_groups=True,
-        reward=dict(accuracy_weight=1.0, format_weight=0.0, custom=["tests.rl.custom_rewards:length_reward"],
-                    custom_weights=[1.0]),
-        baseline=dict(enabled=True, lr=1e-3), log_completions_every=1, checkpoint_every=1, num_threads=1,
-        reward_source="rule",
-        rm_reward=dict(normalize=False, clip=None, rule_weight=0.0, length_penalty=0.0, length_target=None),
-        iterative=dict(iterations=1, rm_replay_fraction=0.1, rm_questions=4, rm_samples_per_question=2,
-                       rm_labels="values", rm_rollouts_per_step=2, rm_train_on="process", rm_heldout_fraction=0.25,
-                       rm_epochs=1, rm_lr=1e-3, rm_batch_size=4),
-        heldout=dict(every=0, problems_file="data/generated/problems/test.jsonl", limit=4, max_new_tokens=12), offload_idle_models=True, share_prompt_prefix=True,
-        vllm_gpu_memory_utilization=0.1, vllm_enable_sleep_mode=False, precision="fp32",
-        vllm_tensor_parallel_size=1, attn_implementation="sdpa", gradient_checkpointing=False, logprob_chunk_tokens=256,
-        deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
-        launcher=dict(nproc_per_node=1, nnodes=1, kind="none", rdzv_endpoint=None, hostfile=None, retries=0, retry_delay_s=0.0),
+        algorithm="grpo", start="sft", template="deepseekmath", seed=0, prompts_file="data/corpus/problems/rl.jsonl",
+        steps=2, questions_per_step=3, log_completions_every=1, checkpoint_every=1,
+        rollout=dict(group_size=4, temperature=1.0, top_p=1.0, max_new_tokens=12, backend="hf",
+                     vllm=dict(gpu_memory_utilization=0.1, tensor_parallel_size=1, enable_sleep_mode=False),
+                     mode="cot", mixture=dict(cot=0.5, pot=0.0, tir=0.5), tir_max_rounds=2, exec_timeout_s=10.0,
+                     chunks=2, exec_workers=2),
+        reward=dict(source="rule", accuracy_weight=1.0, format_weight=0.0,
+                    custom=["tests.rl.custom_rewards:length_reward"], custom_weights=[1.0],
+                    rm_guards=dict(normalize=False, clip=None, rule_weight=0.0, length_penalty=0.0,
+                                   length_target=None)),
+        advantage=dict(estimator="grpo", scale_rewards="group", eps=1e-4, skip_zero_std_groups=True),
+        loss=dict(policy="clipped", clip_eps=0.2, clip_eps_high=None, aggregation="seq-mean-token-mean",
+                  mask_truncated=False, mask_written_outputs=True),
+        kl=dict(beta=0.04),
+        optim=dict(lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, mu=1, minibatches=1, micro_batch_size=5),
         ppo=dict(value_init="policy", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=0.2, whiten=True),
-        rollout=dict(mode="cot", mixture=dict(cot=0.5, pot=0.0, tir=0.5), tir_max_rounds=2, exec_timeout_s=10.0,
-                     chunks=2, mask_written_outputs=True, sandbox_workers=2),
+        iterative=dict(iterations=1, rm=dict(replay_fraction=0.1, questions=4, samples_per_question=2,
+                                             labels="values", rollouts_per_step=2, train_on="process",
+                                             heldout_fraction=0.25, epochs=1, lr=1e-3, batch_size=4)),
+        baseline=dict(enabled=True, lr=1e-3),
+        heldout=dict(every=0, problems_file="data/generated/problems/test.jsonl", limit=4, max_new_tokens=12),
+        compute=dict(num_threads=1, precision="fp32", attn_implementation="sdpa", share_prompt_prefix=True,
+                     offload_idle_models=True, gradient_checkpointing=False, logprob_chunk_tokens=256),
+        deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
+        launcher=dict(nproc_per_node=1, nnodes=1, kind="none", rdzv_endpoint=None, hostfile=None, retries=0,
+                      retry_delay_s=0.0),
     )
-    raw.update(over)
+    for key, value in over.items():
+        *groups, leaf = key.split("__")
+        node = raw
+        for g in groups:
+            node = node[g]
+        node[leaf] = {**node[leaf], **value} if isinstance(value, dict) and isinstance(node.get(leaf), dict) else value
     return GrpoParams.model_validate(raw)
 
 
@@ -77,7 +91,7 @@ def test_on_policy_ratio_is_one_and_kl_zero_at_start(project):
     assert rows[0]["clip_frac_low"] == 0.0 and rows[0]["clip_frac_high"] == 0.0
     # mu = 2: the second pass is off-policy (ratio != 1) and the old log-probs come from a separate pass
     rows2 = []
-    grpo.train_grpo(*_load(), tiny_params(steps=1, mu=2, minibatches=2), ckpt_dir=None, on_step=rows2.append)
+    grpo.train_grpo(*_load(), tiny_params(steps=1, optim__mu=2, optim__minibatches=2), ckpt_dir=None, on_step=rows2.append)
     assert rows2[0]["optimizer_steps"] == 4 and rows2[0]["ratio_mean"] != 1.0
 
 

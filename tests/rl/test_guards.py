@@ -135,14 +135,14 @@ def test_guarded_is_a_no_op_when_every_guard_is_off_and_needs_a_length_target():
 
 
 def test_params_refuse_guards_without_a_reward_model():
-    with pytest.raises(ValueError, match="rm_reward guards apply"):
-        tiny_params(rm_reward=dict(normalize=True, clip=None, rule_weight=0.0, length_penalty=0.0, length_target=None))
+    with pytest.raises(ValueError, match="rm_guards apply"):
+        tiny_params(reward__rm_guards=dict(normalize=True, clip=None, rule_weight=0.0, length_penalty=0.0, length_target=None))
     with pytest.raises(ValueError, match="clip"):
-        tiny_params(reward_source="outcome_rm",
-                    rm_reward=dict(normalize=False, clip=2.0, rule_weight=0.0, length_penalty=0.0, length_target=None))
-    p = tiny_params(reward_source="process_rm",
-                    rm_reward=dict(normalize=True, clip=3.0, rule_weight=0.5, length_penalty=0.1, length_target=None))
-    assert p.rm_reward.rule_weight == 0.5
+        tiny_params(reward__source="outcome_rm",
+                    reward__rm_guards=dict(normalize=False, clip=2.0, rule_weight=0.0, length_penalty=0.0, length_target=None))
+    p = tiny_params(reward__source="process_rm",
+                    reward__rm_guards=dict(normalize=True, clip=3.0, rule_weight=0.5, length_penalty=0.1, length_target=None))
+    assert p.reward.rm_guards.rule_weight == 0.5
 
 
 def test_grpo_with_every_guard_resumes_with_its_running_statistics(rm_project):  # noqa: F811
@@ -153,8 +153,8 @@ def test_grpo_with_every_guard_resumes_with_its_running_statistics(rm_project): 
     from stages.rl.iterative import run_iterations
     from tests.rl.test_grpo_stage import _load
 
-    p = tiny_params(steps=3, checkpoint_every=1, reward_source="process_rm", baseline=dict(enabled=False, lr=1e-3),
-                    rm_reward=dict(normalize=True, clip=2.0, rule_weight=0.5, length_penalty=0.2, length_target=8))
+    p = tiny_params(steps=3, checkpoint_every=1, reward__source="process_rm", baseline=dict(enabled=False, lr=1e-3),
+                    reward__rm_guards=dict(normalize=True, clip=2.0, rule_weight=0.5, length_penalty=0.2, length_target=8))
 
     def go(ckpt: Path, crash: bool):
         model, tok, rows = _load()

@@ -35,11 +35,8 @@ def rm_project(project):
 
 
 def _iter_params(source: str, iterations: int = 2, replay: float = 0.5):
-    return tiny_params(reward_source=source, steps=2, checkpoint_every=0, baseline=dict(enabled=False, lr=1e-3),
-                       iterative=dict(iterations=iterations, rm_replay_fraction=replay, rm_questions=4,
-                                      rm_samples_per_question=2, rm_labels="values", rm_rollouts_per_step=2,
-                                      rm_train_on="process", rm_heldout_fraction=0.25, rm_epochs=1, rm_lr=1e-3,
-                                      rm_batch_size=4))
+    return tiny_params(reward__source=source, steps=2, checkpoint_every=0, baseline=dict(enabled=False, lr=1e-3),
+                       iterative__iterations=iterations, iterative__rm__replay_fraction=replay)
 
 
 @pytest.mark.parametrize("source", ["process_rm", "outcome_rm"])

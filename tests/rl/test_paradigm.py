@@ -106,10 +106,10 @@ def test_weighted_nll_micro_batches_sum_to_the_batch_loss() -> None:
 
 def test_params_pair_the_algorithm_with_its_reward_and_refuse_zero3() -> None:
     with pytest.raises(Exception, match="uses the rule reward"):
-        tiny_params(algorithm="rft", reward_source="process_rm")
+        tiny_params(algorithm="rft", reward__source="process_rm")
     with pytest.raises(Exception, match="zero_stage 3"):
         tiny_params(deepspeed=dict(enabled=True, zero_stage=3, offload_optimizer=False))
-    assert tiny_params(algorithm="grpo", reward_source="process_rm").algorithm == "grpo"
+    assert tiny_params(algorithm="grpo", reward__source="process_rm").algorithm == "grpo"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 def test_online_rft_step_applies_the_sft_gradient_of_the_correct_samples(project) -> None:
     tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-    p = tiny_params(algorithm="online_rft", max_grad_norm=1e9, questions_per_step=2, group_size=4, micro_batch_size=3)
+    p = tiny_params(algorithm="online_rft", optim__max_grad_norm=1e9, questions_per_step=2, rollout__group_size=4, optim__micro_batch_size=3)
     gen = ScriptedGenerator(tok, rows, _texts)
     batch = [rows[i] for i in grpo.step_questions(len(rows), 0, 2, p.seed)]
     pairs = [(r["question"], gen.completion(t).token_ids) for r in batch for t in _texts(r)[:3]]  # the 3 correct ones
@@ -184,10 +184,10 @@ def test_online_rft_step_applies_the_sft_gradient_of_the_correct_samples(project
 
 def test_rft_pool_keeps_correct_deduplicated_samples_and_trains_on_them(project) -> None:
     tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-    p = tiny_params(algorithm="rft", max_grad_norm=1e9, questions_per_step=2, group_size=4, steps=3)
+    p = tiny_params(algorithm="rft", optim__max_grad_norm=1e9, questions_per_step=2, rollout__group_size=4, steps=3)
     gen = ScriptedGenerator(tok, rows, _texts)
     qidx = run_questions(len(rows), p.steps, p.questions_per_step, p.seed)
-    sp = SamplingParams(temperature=1.0, n=4, max_new_tokens=p.max_new_tokens)
+    sp = SamplingParams(temperature=1.0, n=4, max_new_tokens=p.rollout.max_new_tokens)
     pool = build_rft_pool(gen, rows, qidx, [chat_prompt(rows[q]["question"], "cot") for q in qidx], sp,
                           lambda row, c: grpo.accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
     # per question: 4 sampled, 3 correct, 2 kept ("So  N." only differs from "So N." by whitespace; wrong dropped)
@@ -243,15 +243,15 @@ def test_each_algorithm_runs_and_writes_the_stage_outputs(project, algorithm) ->
         assert acc is not None and 0.0 <= acc <= 1.0
     if algorithm == "rft":
         pool = saved["rft_pool"]
-        assert pool["sampled"] == pool["questions"] * p.group_size and pool["kept"] <= pool["correct"]
+        assert pool["sampled"] == pool["questions"] * p.rollout.group_size and pool["kept"] <= pool["correct"]
         assert changed == (pool["kept"] > 0)  # a random model is rarely right: no kept sample, no update
     if algorithm == "online_rft":
         assert saved["grpo"]["kl_first5"] == 0.0  # no reference model, no KL term
 
 
 def test_grpo_with_exact_step_labels_runs_and_needs_values(project) -> None:
-    """reward_source process_rule: two GRPO steps with step-label process rewards; rows without 'values' are refused."""
-    p = tiny_params(algorithm="grpo", reward_source="process_rule", steps=2, baseline=dict(enabled=False, lr=1e-3),
+    """reward.source process_rule: two GRPO steps with step-label process rewards; rows without 'values' are refused."""
+    p = tiny_params(algorithm="grpo", reward__source="process_rule", steps=2, baseline=dict(enabled=False, lr=1e-3),
                     checkpoint_every=0)
     m = grpo.run(p)
     assert m["grpo"]["steps"] == 2 and (paths.GRPO_MODEL / "model.safetensors").is_file()

@@ -190,7 +190,7 @@ def test_ppo_policy_loss_is_the_clipped_surrogate_without_kl() -> None:
     adv = torch.randn(4, 8, generator=g)
     cfg = LossConfig(clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="seq-mean-token-mean")
     algo = get_algorithm("ppo")
-    p = tiny_params(algorithm="ppo", advantage_estimator="gae")
+    p = tiny_params(algorithm="ppo", advantage__estimator="gae")
     assert algo.policy_loss(p) == "clipped" and algo.loss_config(p).beta == 0.0
     loss, m = POLICY_LOSSES["clipped"](lp, old, ref, adv, mask, cfg, LossNormalizer.from_mask(mask))
     per_seq = []
@@ -214,15 +214,15 @@ def test_registries_name_their_entries_in_one_line_errors() -> None:
     assert {"grpo", "gae"} <= set(ADVANTAGE_ESTIMATORS) and {"clipped", "nll"} <= set(POLICY_LOSSES)
     with pytest.raises(Exception, match=r"unknown algorithm 'dpo'; registered: sft, rft, online_rft, grpo, ppo"):
         tiny_params(algorithm="dpo")
-    with pytest.raises(Exception, match=r"unknown advantage_estimator 'vtrace'; registered: .*grpo.*gae"):
-        tiny_params(advantage_estimator="vtrace")
-    with pytest.raises(Exception, match=r"unknown policy_loss 'gspo'; registered: clipped, nll"):
-        tiny_params(policy_loss="gspo")
-    with pytest.raises(Exception, match="set advantage_estimator: gae"):
+    with pytest.raises(Exception, match=r"unknown advantage estimator 'vtrace'; registered: .*grpo.*gae"):
+        tiny_params(advantage__estimator="vtrace")
+    with pytest.raises(Exception, match=r"unknown policy loss 'gspo'; registered: clipped, nll"):
+        tiny_params(loss__policy="gspo")
+    with pytest.raises(Exception, match=r"algorithm ppo estimates advantages with its value model: set advantage\.estimator to one that uses it \(gae\)"):
         tiny_params(algorithm="ppo")
     with pytest.raises(Exception, match="needs a value model"):
-        tiny_params(algorithm="grpo", advantage_estimator="gae")
-    assert tiny_params(algorithm="ppo", advantage_estimator="gae", reward_source="outcome_rm").algorithm == "ppo"
+        tiny_params(algorithm="grpo", advantage__estimator="gae")
+    assert tiny_params(algorithm="ppo", advantage__estimator="gae", reward__source="outcome_rm").algorithm == "ppo"
 
 
 def test_value_model_shares_the_policy_backbone_and_aligns_with_log_probs(project) -> None:
@@ -241,7 +241,7 @@ def test_value_model_shares_the_policy_backbone_and_aligns_with_log_probs(projec
 
 
 def _ppo(**over):
-    kw = dict(algorithm="ppo", advantage_estimator="gae", steps=2, baseline=dict(enabled=False, lr=1e-3),
+    kw = dict(algorithm="ppo", advantage__estimator="gae", steps=2, baseline=dict(enabled=False, lr=1e-3),
               checkpoint_every=0)
     kw.update(over)
     return tiny_params(**kw)
@@ -273,7 +273,7 @@ def test_ppo_trains_every_valid_output_and_resumes_with_its_value_model(project)
 
     with pytest.raises(KeyboardInterrupt):
         grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
-    assert seen[0]["n_train_outputs"] == p.questions_per_step * p.group_size  # every output (none failed)
+    assert seen[0]["n_train_outputs"] == p.questions_per_step * p.rollout.group_size  # every output (none failed)
     model = load_model(paths.SFT_MODEL)
     cache: dict = {}
     hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, cache=cache)

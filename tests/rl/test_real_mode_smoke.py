@@ -62,16 +62,17 @@ def smoke_params(shared: Path) -> dict[str, Any]:
                                              "lr": 1e-3, "precision": "fp32", "num_threads": 1, "eval_every": 0,
                                              "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}},
                 "launcher": {"nproc_per_node": 1, "nnodes": 1}},
-        "grpo": {"prompts_file": "data/rl.jsonl", "steps": 2, "questions_per_step": 2, "group_size": 4,
-                 "max_new_tokens": 24, "backend": "vllm", "lr": 1e-3, "micro_batch_size": 4,
+        "grpo": {"prompts_file": "data/rl.jsonl", "steps": 2, "questions_per_step": 2,
+                 "rollout": {"group_size": 4, "max_new_tokens": 24, "backend": "vllm",
+                             "vllm": {"gpu_memory_utilization": 0.05}},
+                 "optim": {"lr": 1e-3, "micro_batch_size": 4},
                  # a dense toy reward next to the rule reward: a random model is never right, and the update
                  # (and the weight sync it must be followed by) should change something
-                 "reward": {"accuracy_weight": 1.0, "format_weight": 0.0,
+                 "reward": {"source": "rule", "accuracy_weight": 1.0, "format_weight": 0.0,
                             "custom": ["tests.rl.custom_rewards:length_reward"], "custom_weights": [1.0]},
-                 "reward_source": "rule", "iterative": {"iterations": 1},
-                 "baseline": {"enabled": True, "lr": 1e-3}, "num_threads": 1,
+                 "iterative": {"iterations": 1},
+                 "baseline": {"enabled": True, "lr": 1e-3}, "compute": {"num_threads": 1, "precision": "fp32"},
                  "heldout": {"every": 1, "problems_file": gsm_test, "limit": N_TEST, "max_new_tokens": 24},
-                 "vllm_gpu_memory_utilization": 0.05, "precision": "fp32",
                  "launcher": {"nproc_per_node": 1, "nnodes": 1},  # the runner calls run() in 1 or 2 ranks itself
                  "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": False}},
         "evaluate": {"common": {"backend": "vllm", "dtype": "float32", "num_threads": 1, "batch_size": 8,
@@ -80,7 +81,7 @@ def smoke_params(shared: Path) -> dict[str, Any]:
                      "models": {"grpo": {"path": "data/models/grpo", "prompting": "zero_shot", "greedy_modes": ["cot"],
                                          "sample_modes": ["cot"], "n_samples": 2, "limit": None}}},
         "runtime": {"sft": {"train": {"checkpoint_every": 0, "log_every": 1}},
-                    "grpo": {"checkpoint_every": 0, "vllm_enable_sleep_mode": True}},
+                    "grpo": {"checkpoint_every": 0, "rollout": {"vllm": {"enable_sleep_mode": True}}}},
     })
 
 

@@ -28,8 +28,8 @@ from .test_grpo_stage import tiny_params
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 # mu = 2 and two minibatches: the update takes several optimizer steps per GRPO step, so the AdamW moments matter
-OVER = dict(steps=STEPS, checkpoint_every=1, questions_per_step=2, group_size=3, max_new_tokens=8, mu=2,
-            minibatches=2, micro_batch_size=3, skip_zero_std_groups=False)
+OVER = dict(steps=STEPS, checkpoint_every=1, questions_per_step=2, rollout__group_size=3, rollout__max_new_tokens=8, optim__mu=2,
+            optim__minibatches=2, optim__micro_batch_size=3, advantage__skip_zero_std_groups=False)
 
 
 def _train(over: dict, ckpt: Path | None) -> tuple[dict[str, torch.Tensor], dict]:

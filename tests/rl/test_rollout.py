@@ -59,7 +59,7 @@ def test_tool_output_tokens_masked(tiny_model_dir):
 def test_injected_tokens_masked_by_provenance(tiny_model_dir):
     """The loss mask of a TIR output is 0 exactly on the tokens the tool loop injected (Sample.policy_mask), the
     policy's ```output header trains; an ```output block a CoT output wrote itself trains unless ``mask_written``
-    (grpo.rollout.mask_written_outputs, the text rule every output had before issue 21)."""
+    (grpo.loss.mask_written_outputs, the text rule every output had before issue 21)."""
     tok = load_tokenizer(tiny_model_dir)
     enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     policy, injected, after = enc("x = 3\n```python\nprint(x)\n```\n```output"), enc("\n3\n```\n"), enc("So 3.")

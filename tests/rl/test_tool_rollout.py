@@ -41,9 +41,9 @@ def tool_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool_model_dir
 
 def params(mode: str, **over):
     rollout = dict(mode=mode, mixture=dict(cot=1.0, pot=1.0, tir=1.0), tir_max_rounds=2, exec_timeout_s=10.0,
-                   chunks=2, mask_written_outputs=True, sandbox_workers=2)
+                   chunks=2, exec_workers=2)
     rollout.update(over.pop("rollout", {}))
-    base = dict(questions_per_step=2, group_size=3, max_new_tokens=48, temperature=0.7, skip_zero_std_groups=False,
+    base = dict(questions_per_step=2, rollout__group_size=3, rollout__max_new_tokens=48, rollout__temperature=0.7, advantage__skip_zero_std_groups=False,
                 reward=dict(accuracy_weight=1.0, format_weight=0.0, custom=[], custom_weights=[]), rollout=rollout,
                 baseline=dict(enabled=False, lr=1e-3), checkpoint_every=0)
     base.update(over)
@@ -53,8 +53,8 @@ def params(mode: str, **over):
 def _step(p, backend: str = "hf"):
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     gen = make_generator("hf", model, tok) if backend == "hf" else grpo.rollout_generator(
-        p, model, tok, [r["question"] for r in rows], p.max_new_tokens)
-    opt = torch.optim.AdamW(model.parameters(), lr=p.lr)
+        p, model, tok, [r["question"] for r in rows], p.rollout.max_new_tokens)
+    opt = torch.optim.AdamW(model.parameters(), lr=p.optim.lr)
     algo = get_algorithm(p.algorithm)
     try:
         m, ro, rewards = grpo.grpo_step(0, p, model, tok, grpo.frozen_copy(model), gen, opt, rows,
@@ -108,8 +108,8 @@ def test_question_modes_follow_the_shares() -> None:
 
 @pytest.mark.parametrize("algorithm", ["grpo", "online_rft", "ppo", "rft"])
 def test_every_sampling_algorithm_runs_a_mixture(tool_project, algorithm: str) -> None:
-    over = {"algorithm": algorithm, "advantage_estimator": "gae" if algorithm == "ppo" else "grpo"}
-    p = params("mixture", steps=2, questions_per_step=2, group_size=2, **over)
+    over = {"algorithm": algorithm, "advantage__estimator": "gae" if algorithm == "ppo" else "grpo"}
+    p = params("mixture", steps=2, questions_per_step=2, rollout__group_size=2, **over)
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None)
     assert len(hist) == 2 and info["rollout_modes"] == ["cot", "pot", "tir"]
@@ -124,8 +124,8 @@ def test_every_sampling_algorithm_runs_a_mixture(tool_project, algorithm: str) -
 def test_params_refuse_what_the_modes_cannot_do() -> None:
     with pytest.raises(ValueError, match="template: deepseekmath"):
         params("tir", template="r1")
-    with pytest.raises(ValueError, match="reward_source: rule"):
-        params("pot", reward_source="outcome_rm")
+    with pytest.raises(ValueError, match="reward source outcome_rm scores cot outputs only, not pot"):
+        params("pot", reward__source="outcome_rm")
     with pytest.raises(ValueError, match="format_weight"):
         params("pot", reward=dict(accuracy_weight=1.0, format_weight=1.0, custom=[], custom_weights=[]))
     with pytest.raises(ValueError, match="every share is 0"):
@@ -135,6 +135,6 @@ def test_params_refuse_what_the_modes_cannot_do() -> None:
 @pytest.mark.vllm
 def test_tir_rollouts_on_vllm(tool_project) -> None:
     pytest.importorskip("vllm", reason="vllm not installed in this environment (.venv-vllm has it)")
-    p = params("tir", backend="vllm", vllm_gpu_memory_utilization=0.05)
+    p = params("tir", rollout__backend="vllm", rollout__vllm__gpu_memory_utilization=0.05)
     tok, m, ro, rewards = _step(p, backend="vllm")
     _check_tir(tok, m, ro, rewards, 1e-3)

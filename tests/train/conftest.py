@@ -68,7 +68,7 @@ def loop_params(**kw: Any) -> TrainLoopParams:
     ds = kw.pop("deepspeed", {"enabled": False, "zero_stage": 0, "offload_optimizer": False})
     base: dict[str, Any] = dict(seed=0, steps=6, micro_batch_size=2, grad_accum=2, seq_len=64, lr=3e-3,
                                 schedule="constant", warmup_steps=2, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
-                                adam_eps=1e-8, grad_clip=1.0, precision="fp32", num_threads=1, checkpoint_every=2,
+                                adam_eps=1e-8, max_grad_norm=1.0, precision="fp32", num_threads=1, checkpoint_every=2,
                                 eval_every=0, log_every=1, attn_implementation="sdpa",
                                 gradient_checkpointing=False, logprob_chunk_tokens=256, deepspeed=ds)
     base.update(kw)

@@ -47,7 +47,7 @@ def _ds(stage: int) -> dict[str, object]:
 
 
 def test_config_is_generated_from_params() -> None:
-    cfg = deepspeed_config(loop_params(micro_batch_size=3, grad_accum=4, grad_clip=0.5, deepspeed=_ds(3)), bf16=True)
+    cfg = deepspeed_config(loop_params(micro_batch_size=3, grad_accum=4, max_grad_norm=0.5, deepspeed=_ds(3)), bf16=True)
     assert cfg["train_micro_batch_size_per_gpu"] == 3 and cfg["gradient_accumulation_steps"] == 4
     assert cfg["gradient_clipping"] == 0.5 and cfg["bf16"] == {"enabled": True}
     assert cfg["zero_optimization"]["stage"] == 3

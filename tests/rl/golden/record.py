@@ -41,13 +41,13 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 CONFIGS: dict[str, dict[str, Any]] = {
-    "sft": {"algorithm": "sft", "reward_source": "rule"},
-    "rft": {"algorithm": "rft", "reward_source": "rule"},
-    "online_rft": {"algorithm": "online_rft", "reward_source": "rule"},
-    "grpo_rule": {"algorithm": "grpo", "reward_source": "rule"},
-    "grpo_process_rule": {"algorithm": "grpo", "reward_source": "process_rule"},
-    "grpo_outcome_rm": {"algorithm": "grpo", "reward_source": "outcome_rm"},
-    "grpo_process_rm": {"algorithm": "grpo", "reward_source": "process_rm"},
+    "sft": {"algorithm": "sft", "reward": {"source": "rule"}},
+    "rft": {"algorithm": "rft", "reward": {"source": "rule"}},
+    "online_rft": {"algorithm": "online_rft", "reward": {"source": "rule"}},
+    "grpo_rule": {"algorithm": "grpo", "reward": {"source": "rule"}},
+    "grpo_process_rule": {"algorithm": "grpo", "reward": {"source": "process_rule"}},
+    "grpo_outcome_rm": {"algorithm": "grpo", "reward": {"source": "outcome_rm"}},
+    "grpo_process_rm": {"algorithm": "grpo", "reward": {"source": "process_rm"}},
 }
 NEEDS_RM = ("grpo_outcome_rm", "grpo_process_rm")
 STEP_KEYS = ("loss", "grad_norm", "kl", "reward_mean", "reward_std", "accuracy", "zero_std_frac", "entropy",
@@ -76,11 +76,20 @@ def grpo_section(steps: int, params_file: Path = ROOT / "params.yaml") -> dict[s
 
     raw = data["grpo"]
     merge(raw, (data.get("runtime") or {}).get("grpo") or {})
-    raw.update(steps=steps, num_threads=1, checkpoint_every=0, log_completions_every=0)
+    raw.update(steps=steps, checkpoint_every=0, log_completions_every=0)
+    raw["compute"]["num_threads"] = 1
     raw["baseline"]["enabled"] = False
     raw["heldout"]["every"] = 0
     raw["iterative"]["iterations"] = 1
     return raw
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` written over it, mappings merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
 
 
 def _clean(x: Any) -> Any:
@@ -173,7 +182,7 @@ def run_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
             for r in hist:
                 r["loss"] = r["sft_loss"]
         else:
-            rm_dir = paths.REWARD_MODEL if p.reward_source in ("outcome_rm", "process_rm") else None
+            rm_dir = paths.REWARD_MODEL if p.reward.source in ("outcome_rm", "process_rm") else None
             kw = "cache" if "cache" in inspect.signature(grpo.train_grpo).parameters else "rft_cache"  # renamed
             train_fn = functools.partial(grpo.train_grpo, rft_steps=p.steps, **{kw: {}})
             with tempfile.TemporaryDirectory() as out:
@@ -221,8 +230,7 @@ def record(models: Path, prompts: Path, steps: int, names: list[str] | None = No
     }
     with _project(models.resolve(), prompts.resolve()):
         for n in names:
-            cfg = json.loads(json.dumps(base))
-            cfg.update(CONFIGS[n])
+            cfg = merge(json.loads(json.dumps(base)), CONFIGS[n])
             out["configs"][n] = run_config(n, cfg)
             print(f"{n}: " + json.dumps(out["configs"][n]["steps"][0])[:300], flush=True)
     return out

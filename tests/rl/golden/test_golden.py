@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.rl.golden.record import ROOT, build_tiny_inputs, fingerprint, grpo_section, record
+from stages.schema.grpo import from_flat
+from tests.rl.golden.record import ROOT, build_tiny_inputs, fingerprint, grpo_section, merge, record
 
 HERE = Path(__file__).parent
 EXACT = ("n_train_outputs", "optimizer_steps", "rewards")
@@ -42,14 +43,9 @@ def _close_nested(got: Any, want: Any, rel: float, abs_: float) -> bool:
 
 
 def merged_params(recorded: dict[str, Any], steps: int) -> dict[str, Any]:
-    """Today's grpo section for the record (``grpo_section``) with the recorded values written over it."""
-    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-        out = dict(base)
-        for k, v in over.items():
-            out[k] = merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-        return out
-
-    return merge(grpo_section(steps), recorded)
+    """Today's grpo section for the record (``grpo_section``) with the recorded values written over it; the record
+    holds the flat layout of its day, read into today's groups with stages.schema.grpo.from_flat."""
+    return merge(grpo_section(steps), from_flat(recorded))
 
 
 def compare(want: dict[str, Any], got: dict[str, Any], rel: float = 1e-5, abs_: float = 1e-6) -> list[str]:

@@ -1,0 +1,251 @@
+"""The four RL registries, torch-free: algorithms, advantage estimators, policy losses and reward sources.
+
+Each registry maps a name (the value of a ``grpo`` params field) to a *spec*: what the entry is and what it needs
+(a reference model, a value model, a reward model, fields of the prompt rows), declared once, in plain Python.
+The params schema (stages/schema/grpo.py), the whole-file check (stages/params.py), the planner (stages/plan.py),
+the preflight checks (stages/preflight.py) and the driver (stages/rl/run.py) all ask these specs; nothing tests a
+name as a string elsewhere. Importing this module imports no torch, so validating params.yaml stays cheap.
+
+The *implementation* of an entry lives in a torch module that registers it with the registry's decorator
+(``@register_algorithm("grpo")`` in stages/rl/algorithms.py, ``@register_estimator`` in stages/rl/advantages.py,
+``@register_policy_loss`` in stages/rl/losses.py); :meth:`Registry.get` imports that module on demand. A
+decorator refuses a name that has no spec here, and tests/rl/test_registry.py checks that every spec has its
+implementation.
+
+Reward sources are discovered instead: every module of the package stages/rl/sources/ declares a tuple
+``SOURCES`` of :class:`RewardSourceSpec` and is importable without torch, so a new source is one file there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """An RL method (``grpo.algorithm``) and what it needs.
+
+    samples: it has a sampling loop (false: sft, continued SFT on the rows' gold solutions, one process).
+    rule_reward: it scores with the rule reward only (the paradigm's methods, paper section 5.2.1).
+    advantages: it trains on the advantages of ``grpo.advantage.estimator`` (else on its own gradient coefficients).
+    critic: it trains a value model (an estimator that needs one must be paired with it, and only with it).
+    kl: where ``grpo.kl.beta`` acts: in the loss (GRPO eq. 3), in the per-token reward (PPO eq. 2) or nowhere; with
+    beta > 0 and kl not none, the run keeps a frozen reference model pi_ref."""
+
+    name: str
+    summary: str
+    module: str
+    samples: bool = True
+    rule_reward: bool = False
+    advantages: bool = False
+    critic: bool = False
+    kl: Literal["none", "loss", "reward"] = "none"
+
+    def uses_reference(self, p: Any) -> bool:
+        """Whether a run with the grpo params ``p`` keeps the frozen reference model."""
+        return self.kl != "none" and p.kl.beta > 0
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """An advantage estimator (``grpo.advantage.estimator``); critic: it needs a value model's values (gae)."""
+
+    name: str
+    summary: str
+    module: str
+    critic: bool = False
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """A policy loss (``grpo.loss.policy``): a pure function of stages/rl/losses.py."""
+
+    name: str
+    summary: str
+    module: str
+
+
+@dataclass(frozen=True)
+class RewardSourceSpec:
+    """A reward source (``grpo.reward.source``): where the reward of a sampled output comes from.
+
+    reward_model: it scores with the trained reward model (data/models/reward_model: the planner counts it, preflight
+    requires it, the driver loads it, and iterative RL trains it further between iterations).
+    supervision: outcome (one reward per output) or process (a reward per reasoning step: process-supervised
+    advantages, paper 4.1.3).
+    modes: the rollout modes it scores (``grpo.rollout.mode``; a PoT output is scored by its program's answer, which
+    only the rule reward reads).
+    row_fields: fields every prompt row must have (process_rule: the known running ``values``).
+    build: ``"module:function"``: ``function(inputs)`` returns the scorer (an object with ``rewards(rollout)``;
+    ``inputs`` is stages.rl.sources.SourceInputs) -- or None with ``score``.
+    score: a per-output function ``score(*, completion, answer, row, **_) -> float`` (NaN or a raise excludes the
+    output), for a source that needs no model: the driver scores every output with it, in threads."""
+
+    name: str
+    summary: str
+    reward_model: bool = False
+    supervision: Literal["outcome", "process"] = "outcome"
+    modes: tuple[str, ...] = ("cot",)
+    row_fields: tuple[str, ...] = ()
+    build: str | None = None
+    score: Callable[..., float] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (self.score is None):
+            raise ValueError(f"reward source {self.name!r}: give exactly one of build and score")
+
+
+S = TypeVar("S", AlgorithmSpec, EstimatorSpec, PolicyLossSpec, RewardSourceSpec)
+
+
+class Registry(Generic[S]):
+    """Specs by name, and the implementations registered for them (``impls``)."""
+
+    def __init__(self, kind: str, field_path: str, specs: tuple[S, ...] = (),
+                 discover: Callable[[], Iterator[S]] | None = None) -> None:
+        self.kind = kind
+        self.field_path = field_path
+        self._specs: dict[str, S] = {}
+        self._discover = discover
+        self.impls: dict[str, Any] = {}
+        for s in specs:
+            self._add(s)
+
+    def _add(self, spec: S) -> None:
+        if spec.name in self._specs:
+            raise ValueError(f"{self.kind} {spec.name!r} is declared twice")
+        self._specs[spec.name] = spec
+
+    def _loaded(self) -> dict[str, S]:
+        if self._discover is not None:
+            found, self._discover = self._discover, None
+            for s in found():
+                self._add(s)
+        return self._specs
+
+    def names(self) -> list[str]:
+        """The registered names, in declaration order."""
+        return list(self._loaded())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded()
+
+    def spec(self, name: str) -> S:
+        """The spec of ``name``; an unknown name is a one-line ValueError listing the registered ones."""
+        specs = self._loaded()
+        if name not in specs:
+            raise ValueError(f"unknown {self.kind} {name!r}; registered: {', '.join(specs)}")
+        return specs[name]
+
+    def register(self, name: str) -> Callable[[Any], Any]:
+        """Decorator of an implementation of the declared entry ``name``."""
+
+        def deco(obj: Any) -> Any:
+            if name not in self._loaded():
+                raise ValueError(f"{self.kind} {name!r} has no spec: declare it in stages/rl/registry.py")
+            if name in self.impls and self.impls[name] is not obj:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self.impls[name] = obj
+            return obj
+
+        return deco
+
+    def get(self, name: str) -> Any:
+        """The implementation of ``name`` (its module imported on demand)."""
+        spec = self.spec(name)
+        if name not in self.impls:
+            importlib.import_module(spec.module)  # type: ignore[union-attr]
+        return self.impls[name]
+
+
+def _discover_sources() -> Iterator[RewardSourceSpec]:
+    import stages.rl.sources as pkg
+
+    for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if mod.name.startswith("_"):
+            continue
+        yield from importlib.import_module(f"{pkg.__name__}.{mod.name}").SOURCES
+
+
+ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", "grpo.algorithm", (
+    AlgorithmSpec("sft", "continued SFT on the prompt rows' gold CoT solutions (gradient coefficient 1; paper 5.2.1)",
+                  "stages.rl.algorithms", samples=False, rule_reward=True),
+    AlgorithmSpec("rft", "the SFT loss on the correct, deduplicated outputs sampled once from the SFT model",
+                  "stages.rl.algorithms", rule_reward=True),
+    AlgorithmSpec("online_rft", "each step G outputs per question from the current policy, the SFT loss on the "
+                  "correct ones (gradient coefficient I(o), paper eq. 10)", "stages.rl.algorithms", rule_reward=True),
+    AlgorithmSpec("grpo", "GRPO (paper 4.1): group-relative advantages, the clipped surrogate with the k3 KL in the "
+                  "loss (eq. 3-4)", "stages.rl.algorithms", advantages=True, kl="loss"),
+    AlgorithmSpec("ppo", "PPO (paper 4.1.1): a value model, GAE, the KL in the per-token reward (eq. 2)",
+                  "stages.rl.algorithms", advantages=True, critic=True, kl="reward"),
+))
+"""``grpo.algorithm``; implementations: stages/rl/algorithms.py."""
+
+ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator", "grpo.advantage.estimator", (
+    EstimatorSpec("grpo", "group-relative: outcome (eq. 3) or process supervision (4.1.3) by the reward source",
+                  "stages.rl.advantages"),
+    EstimatorSpec("gae", "PPO's generalised advantage estimation from the value model", "stages.rl.advantages",
+                  critic=True),
+    EstimatorSpec("rloo", "leave-one-out baseline (not in the paper)", "stages.rl.advantages"),
+))
+"""``grpo.advantage.estimator``; implementations: stages/rl/advantages.py."""
+
+POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", "grpo.loss.policy", (
+    PolicyLossSpec("clipped", "the clipped surrogate (eq. 1 / 3), with beta x k3 KL for grpo", "stages.rl.losses"),
+    PolicyLossSpec("nll", "the SFT loss weighted by gradient coefficients (eq. 5)", "stages.rl.losses"),
+))
+"""``grpo.loss.policy``; implementations: stages/rl/losses.py."""
+
+REWARD_SOURCES: Registry[RewardSourceSpec] = Registry("reward source", "grpo.reward.source",
+                                                      discover=_discover_sources)
+"""``grpo.reward.source``; one module per source in stages/rl/sources/."""
+
+
+@dataclass(frozen=True)
+class RunNeeds:
+    """What a run of the grpo params needs besides the policy (:func:`run_needs`)."""
+
+    reference: bool
+    """A frozen reference model pi_ref (the algorithm puts a KL with beta > 0 somewhere)."""
+    reward_model: bool
+    """data/models/reward_model: a reward-model source, or PPO's value model initialised from it."""
+    critic: bool
+    """A value model trained alongside the policy (PPO)."""
+    row_fields: tuple[str, ...]
+    """Fields every prompt row must have (the reward source's)."""
+
+
+def run_needs(p: Any) -> RunNeeds:
+    """What a run of the grpo params ``p`` needs, from its algorithm's and reward source's specs."""
+    algo, source = ALGORITHMS.spec(p.algorithm), REWARD_SOURCES.spec(p.reward.source)
+    return RunNeeds(reference=algo.uses_reference(p),
+                    reward_model=source.reward_model or (algo.critic and p.ppo.value_init == "reward_model"),
+                    critic=algo.critic, row_fields=source.row_fields if algo.samples else ())
+
+
+def check_run(p: Any) -> str | None:
+    """A one-line problem with how the grpo params ``p`` combine the registries' entries, or None."""
+    algo = ALGORITHMS.spec(p.algorithm)
+    source = REWARD_SOURCES.spec(p.reward.source)
+    if algo.rule_reward and p.reward.source != "rule":
+        return (f"algorithm {algo.name} uses the rule reward (paper section 5.2.1); set reward.source: rule, or "
+                "algorithm: grpo for another source")
+    if algo.advantages:
+        est = ADVANTAGE_ESTIMATORS.spec(p.advantage.estimator)
+        if est.critic and not algo.critic:
+            return (f"advantage.estimator {est.name} needs a value model: use algorithm ppo, or another estimator "
+                    f"with {algo.name}")
+        if algo.critic and not est.critic:
+            return (f"algorithm {algo.name} estimates advantages with its value model: set advantage.estimator to "
+                    f"one that uses it ({', '.join(n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.spec(n).critic)})")
+    modes = {p.rollout.mode} if p.rollout.mode != "mixture" else \
+        {m for m in ("cot", "pot", "tir") if getattr(p.rollout.mixture, m) > 0}
+    unscored = sorted(modes - set(source.modes))
+    if unscored:
+        return (f"rollout.mode {p.rollout.mode}: reward source {source.name} scores {'/'.join(source.modes)} "
+                f"outputs only, not {'/'.join(unscored)}; use rollout.mode cot or a source that scores them (rule)")
+    return None
