@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    _say(f"{'every stage' if not names else ', '.join(names)}{'' if args.only or not names else ' and its upstream stages'}"
+         f" of dvc.yaml: checking {args.params or 'params.yaml'} and the inputs")
     from stages import preflight
     from stages.core import io
     from stages.params import load_params
@@ -351,11 +353,11 @@ def main(argv: list[str] | None = None) -> int:
                 names = _dvc.resolve(args.stages, known)
         params = load_params("params.yaml")  # a bad value fails here, before DVC deletes any output
         selected = plan(names, only=args.only)
-        _say(f"{len(selected)} stage(s) of dvc.yaml: checking params.yaml and their inputs")
         produced: set[str] = set()
         for name in selected:  # every check that needs no computation, before any stage runs
             preflight.check(params, [name], produced)
             produced |= _dvc.produced_paths([name], known)
+        _say(f"{len(selected)} stage(s) to run through DVC (what is up to date is skipped): {', '.join(selected)}")
         if not args.force and up_to_date(selected):
             _say("every stage is up to date (dvc status); nothing to run")
             rows = [{"stage": n, "status": "skipped", "wall_s": 0.0} for n in selected]

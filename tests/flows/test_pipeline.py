@@ -97,8 +97,12 @@ def test_run_then_the_closing_git_hint_works(project: Path) -> None:
     assert done.returncode == 0, done.stderr
     status = run(["git", "status", "--porcelain"], project).stdout
     assert status == "", status  # everything the run changed is recorded
+    served = (project / ".prefect" / "servers" / "api.log").read_text().count("serving the Prefect API")
     again = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(), timeout=900)
     assert re.search(r"^data\s+skipped\s", again.stdout, re.M) and "to record this run" not in again.stdout
+    # nothing to do: said at once, and no server started (a no-op costs DVC's status check, not a Prefect start-up)
+    assert "pipeline: every stage is up to date (dvc status); nothing to run" in again.stdout, again.stdout[-2000:]
+    assert (project / ".prefect" / "servers" / "api.log").read_text().count("serving the Prefect API") == served
 
 
 def test_params_file_runs_with_its_values_and_leaves_params_yaml_as_it_was(project: Path, tmp_path: Path) -> None:

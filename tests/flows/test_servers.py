@@ -5,6 +5,7 @@ record (its server killed with kill -9) is replaced."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,12 @@ def test_plain_dvc_repro_shares_one_api_server_and_no_stage_server(project: Path
     assert wait_gone(project, 10.0) == [], processes_in(project)  # the API server stopped once the run was over
     assert not list((servers / "leases").glob("*.json"))
     assert not (servers / "api.json").exists()
+    # the runs stay in the project's Prefect database, which `prefect server start` with the project's PREFECT_HOME
+    # serves (README: seeing the runs in Prefect's UI); the run links point at that UI
+    with sqlite3.connect(project / ".prefect" / "prefect.db") as db:
+        flows = {r[0] for r in db.execute("SELECT flow.name FROM flow_run JOIN flow ON flow.id = flow_run.flow_id")}
+    assert {"data", "base_model"} <= flows, flows
+    assert "View at http://127.0.0.1:4200/runs/flow-run/" in text
 
 
 def test_a_stale_server_record_is_replaced(project: Path) -> None:
