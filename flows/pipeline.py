@@ -386,10 +386,32 @@ def main(argv: list[str] | None = None) -> int:
                     f"to record the run, cp {args.params} params.yaml first; " + hint)
         if hint:
             print(hint)
+    line = hardware_line()
+    if line:
+        print(line)
     from flows.report import print_headline  # last: held-out accuracy per model and the report's path
 
     print_headline()
     return 0
+
+
+def hardware_line(metrics_dir: str | Path = "data/metrics") -> str | None:
+    """One line: the precision each training stage's outputs were made in and what chose it (the ``hardware`` record
+    of data/metrics/<stage>.json, stages/core/hardware.py), e.g. ``precision: pretrain fp32, sft fp32 (auto: CPU
+    without AMX (AVX2)); grpo fp32 (params)``; None when no stage recorded one."""
+    import json
+
+    by_source: dict[str, list[str]] = {}
+    for stage in ("pretrain", "sft", "reward_model", "grpo"):
+        try:
+            hw = json.loads((Path(metrics_dir) / f"{stage}.json").read_text()).get("hardware")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(hw, dict) and hw.get("precision"):
+            by_source.setdefault(str(hw.get("precision_from")), []).append(f"{stage} {hw['precision']}")
+    if not by_source:
+        return None
+    return "precision: " + "; ".join(f"{', '.join(v)} ({k})" for k, v in by_source.items())
 
 
 def _run_flow(args: argparse.Namespace, selected: list[str], started: float) -> list[dict[str, Any]]:

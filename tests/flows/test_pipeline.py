@@ -153,3 +153,16 @@ def test_a_swapped_params_yaml_is_put_back(tmp_path: Path, monkeypatch: pytest.M
     kept.write_text("mine: 1\n")
     (tmp_path / "params.yaml").write_text("edited: 2\n")
     assert _process.restore_swapped_params().startswith("warning:") and kept.exists()
+
+
+def test_the_summary_says_which_precision_made_the_models(tmp_path: Path) -> None:
+    """The pipeline's closing lines include the training stages' recorded precision and what chose it."""
+    from flows.pipeline import hardware_line
+
+    assert hardware_line(tmp_path) is None
+    amx = {"precision": "bf16", "precision_from": "auto: CPU with AMX (AVX512)", "device": "cpu (AVX512, AMX)"}
+    for stage, hw in (("pretrain", amx), ("sft", amx), ("grpo", {**amx, "precision": "fp32",
+                                                                 "precision_from": "params"})):
+        (tmp_path / f"{stage}.json").write_text(json.dumps({"hardware": hw, "wall_s": 1.0}))
+    assert hardware_line(tmp_path) == ("precision: pretrain bf16, sft bf16 (auto: CPU with AMX (AVX512)); "
+                                       "grpo fp32 (params)")
