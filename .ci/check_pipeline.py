@@ -3,7 +3,8 @@
 1. `python -m flows.pipeline` (the README's main job) from a clean state (`--runner dvc`: plain `dvc repro`, which
    shares the project's Prefect API server the same way, flows/_servers.py; the stage server is the pipeline's);
 2. every metrics file declared in dvc.yaml exists (`dvc metrics show --json` reports none missing);
-3. no stage exceeds 1.5x its budget (each stage's own `wall_s` in its metrics JSON);
+3. no stage exceeds 1.5x its budget (each stage's own `wall_s` in data/timings/<stage>.json, which every stage writes
+   beside its outputs: no DVC output, so the metrics are the same bytes on every run);
 4. a second `dvc repro` does nothing, in under 5 s;
 5. held-out greedy CoT accuracy RL > SFT > pretrained (when the evaluate metrics are there);
 6. for the whole pipeline: total within 1.5x 15 minutes, orchestration within 1.5x its budget;
@@ -111,7 +112,7 @@ def main() -> int:
                     failures.append(f"metrics file {path} missing or unreadable")
         metrics_dir = clone / "data" / "metrics"
         walls: dict[str, float] = {}
-        for f in sorted(metrics_dir.glob("*.json")):
+        for f in sorted((clone / "data" / "timings").glob("*.json")):
             stage = f.stem.split("@")[0].split("-")[0]
             stage = next((s for s in ("evaluate", "testsets", "ingest") if stage.startswith(s)), stage)  # foreach
             walls[stage] = walls.get(stage, 0.0) + float(json.loads(f.read_text()).get("wall_s", 0.0))

@@ -173,11 +173,12 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
     if cluster:  # the scheduler process, and the largest worker process under the `dask worker` launcher
         row["scheduler_peak_mb"] = round(cs[0].driver / 2**20)
         row["worker_peak_mb"] = round(cs[1].worker / 2**20)
-    mf = proj / "data" / "details" / "corpus.json"  # everything the stage measured (data/metrics: the headline)
+    mf = proj / "data" / "details" / "corpus.json"  # every result (data/metrics: the headline)
     if not mf.is_file():
         mf = proj / "data" / "metrics" / "corpus.json"  # checkouts before the metrics / details split
+    tf = proj / "data" / "timings" / "corpus.json"  # the timings (issue 34: no DVC output)
     if rc == 0 and mf.is_file():
-        m = json.loads(mf.read_text())
+        m = {**json.loads(mf.read_text()), **(json.loads(tf.read_text()) if tf.is_file() else {})}
         row.update(stage_wall_s=m["wall_s"], timings_s=m["timings_s"], pages_in=m["pages_in"],
                    pages_per_s_per_worker=round(m["pages_in"] / m["wall_s"] / workers, 1), math_pages=m["math_pages"],
                    final=m.get("final"), duplicates_removed=m["duplicates_removed"])

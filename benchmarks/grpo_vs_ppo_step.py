@@ -26,14 +26,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stages import grpo  # noqa: E402
 from stages.core import paths  # noqa: E402
 from stages.core.generation import make_generator  # noqa: E402
 from stages.core.modeling import load_model, load_tokenizer  # noqa: E402
-from stages.rl.algorithms import get_algorithm  # noqa: E402
 from stages.rl.data import load_prompts  # noqa: E402
-from stages.rl.step import StepContext, run_step  # noqa: E402
-from stages.rl.update import rl_updater  # noqa: E402
+from stages.rl.run import begin_iteration, setup  # noqa: E402
+from stages.rl.step import run_step  # noqa: E402
+from stages.rl.types import StepContext  # noqa: E402
 from stages.schema.grpo import GrpoParams  # noqa: E402
 
 PARTS = ("t_generation", "t_scoring", "t_logprobs", "t_update", "step_s", "cpu_step_s")
@@ -53,15 +52,14 @@ def tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     return out
 
 
-def setup(algo: str, p: GrpoParams, model_dir: str, rows: list[dict[str, Any]]) -> StepContext:
+def setup_algo(algo: str, p: GrpoParams, model_dir: str, rows: list[dict[str, Any]]) -> StepContext:
+    """The driver's context of ``algo`` (stages.rl.run.setup, begin_iteration: reference, value model) on a fresh copy
+    of the model."""
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
-    a = get_algorithm(algo)
     pa = p.updated({"algorithm": algo, "advantage.estimator": "gae" if algo == "ppo" else "grpo"})
-    ref = grpo.frozen_copy(model) if a.uses_reference(pa) else None
-    ctx = StepContext(p=pa, model=model, tokenizer=tok, generator=make_generator("hf", model, tok),
-                      updater=rl_updater(model, pa), rows=rows, reward_set=a.reward_functions(pa), ref_model=ref)
+    ctx = setup(pa, model, tok, rows=rows, generator=make_generator("hf", model, tok))
     torch.manual_seed(p.seed)
-    ctx.critic = a.make_critic(ctx, {})
+    begin_iteration(ctx, 1, None)
     return ctx
 
 
@@ -88,7 +86,7 @@ def main() -> int:
     p = GrpoParams.from_file(args.params).model_copy(update={"steps": args.steps})
     rows = load_prompts(args.prompts)
     load_before = os.getloadavg()
-    ctxs = {a: setup(a, p, args.model, rows) for a in ("grpo", "ppo")}
+    ctxs = {a: setup_algo(a, p, args.model, rows) for a in ("grpo", "ppo")}
     hist: dict[str, list[dict[str, Any]]] = {a: [] for a in ctxs}
     for step in range(args.steps):
         for a, ctx in ctxs.items():

@@ -38,7 +38,6 @@ environment, .venv-bench; when ``trl`` cannot be imported, the script re-runs it
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.util
 import json
 import os
@@ -100,18 +99,17 @@ def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from benchmarks._tiny import RssPeak
-    from stages import grpo
     from stages.core.generation import make_generator
     from stages.core.modeling import load_model, load_tokenizer
     from stages.params import load_params
+    from stages.rl.run import begin_iteration, setup
+    from stages.rl.step import run_step
+    from stages.rl.update import as_updater
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(SEED)
     t_setup = time.perf_counter()
     model, tok = load_model(args.model_dir), load_tokenizer(args.model_dir)
-    ref = copy.deepcopy(model).eval()
-    for prm in ref.parameters():
-        prm.requires_grad_(False)
     q, g = args.questions, args.group
     p = load_params(ROOT / "params.yaml").grpo.updated({
         "questions_per_step": q, "seed": SEED,
@@ -126,13 +124,15 @@ def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     gen = make_generator("hf", model, tok, batch_size=q * g, **({"dtype": args.gen_dtype} if args.gen_dtype else {}))
     rows, _ = step_rows(args.steps + 1, q)
-    rs = reward_set()
+    ctx = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
+    ctx.reward_set = reward_set()  # the reward both sides score with (the rule source is the reward set)
+    begin_iteration(ctx, 1, None)  # pi_ref: a frozen copy of the start model
     setup_s = time.perf_counter() - t_setup
     steps = []
     with RssPeak() as mem:
         for s in range(args.steps + 1):
             t0, c0 = time.perf_counter(), time.process_time()
-            m, ro, _ = grpo.grpo_step(s, p, model, tok, ref, gen, opt, rows, rs)
+            m, ro, _ = run_step(s, ctx)
             steps.append({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                           "tokens": int(ro.completion_mask.sum()), "reward_mean": m["reward_mean"],
                           **{k: m[k] for k in ("t_generation", "t_scoring", "t_logprobs", "t_update")}})

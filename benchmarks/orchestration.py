@@ -7,7 +7,7 @@ repository in a temporary directory), so /work/main/data, .prefect and .dvc/cach
 1. The whole pipeline from scratch (``--runner``: ``pipeline`` = ``python -m flows.pipeline``, the main
    command: one Prefect server and one stage server for the run; ``pipeline-no-stage-server``: the same with
    every stage process importing its libraries itself; ``dvc`` = plain ``dvc repro``): its wall time minus the
-   sum of the stages' own ``wall_s`` (each stage's data/metrics/*.json) is the orchestration overhead
+   sum of the stages' own ``wall_s`` (each stage's data/timings/*.json) is the orchestration overhead
    (interpreter and import start-up, Prefect flow engine and API server start, DVC hashing and caching; plain
    ``dvc repro`` shares one API server across its stages like the pipeline, flows/_servers.py; the stage server is the pipeline's alone). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
    ``--full``: params.yaml as it is (the full default; about 15 min on a quiet 2-core CPU).
@@ -115,9 +115,10 @@ def sh(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | None = N
 
 
 def stage_walls(clone: Path) -> dict[str, float]:
-    """{metrics file stem: its wall_s} over data/metrics/*.json."""
+    """{timings file stem: its wall_s} over data/timings/*.json (data/metrics/*.json in checkouts before issue 34)."""
     out = {}
-    for f in sorted((clone / "data" / "metrics").glob("*.json")):
+    where = clone / "data" / "timings"
+    for f in sorted((where if where.is_dir() else clone / "data" / "metrics").glob("*.json")):
         try:
             w = json.loads(f.read_text()).get("wall_s")
         except (OSError, json.JSONDecodeError):

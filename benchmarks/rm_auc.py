@@ -6,7 +6,7 @@ trained on (its examples.jsonl), so that no RM is scored on its own training que
     python benchmarks/rm_auc.py --rm main=/work/wt/baserun/data/models/reward_model \
         --rm rm=/tmp/rmp/proj/data/models/reward_model --heldout /tmp/rmp/proj/data/models/reward_model/heldout.jsonl
 
-Scores with stages.rl.reward_model.evaluate_reward_model (the reward_model stage's own metrics); writes
+Scores with stages.rl.rm.evaluate_reward_model (the reward_model stage's own metrics); writes
 benchmarks/results/reward_model_auc.json.
 """
 
@@ -22,7 +22,8 @@ import torch
 
 from stages.core.io import read_jsonl
 from stages.core.modeling import load_tokenizer
-from stages.rl.reward_model import evaluate_reward_model, load_examples, load_reward_model
+from stages.rl.rm.metrics import evaluate_reward_model
+from stages.rl.rm.model import load_examples, load_reward_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """Paired A/B throughput of two versions of the code sandbox (this checkout's and another's), in one process.
 
     git worktree add /tmp/sandbox-main main      # the version to compare against (any checkout)
-    python benchmarks/sandbox_ab.py --baseline /tmp/sandbox-main [--rounds 20] [--batch 40]
+    python benchmarks/sandbox_ab.py --baseline /tmp/sandbox-main [--rounds 20] [--batch 40] [--bwrap]
 
 Both versions' executors (each with its own zygote) stay alive side by side; every round runs one batch of
 each workload through each of them, in random order, so that the other jobs of a shared machine slow both
@@ -11,7 +11,9 @@ Reports per workload the median programs per second of each version, their ratio
 per-round ratios, and the cost of each version's seccomp filter in a forked child: installing it, and 1000
 calls of an unconditionally allowed syscall (``getppid``) and of an argument-checked one (``fcntl(F_GETFL)``);
 writes benchmarks/results/sandbox_ab.json. Not part of benchmarks/run_all.py (it needs a
-second checkout).
+second checkout). ``--bwrap``: bubblewrap as a third version, set up as benchmarks/sandbox_attacks.py's
+``BwrapRunner`` (the same allow-list and seccomp filter; a fresh interpreter per program, which imports what the
+program imports), in the same rounds.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -84,16 +87,39 @@ def filter_cost(zygotes: dict[str, ModuleType], reps: int = 200) -> dict[str, di
                 "fcntl_getfl_ns": round(statistics.median(x[2] for x in v) / 1000, 1)} for k, v in got.items()}
 
 
+class BwrapVersion:
+    """bubblewrap behind the executor's ``run(code, call=...) -> (result, value)`` interface."""
+
+    def __init__(self) -> None:
+        from benchmarks.sandbox_attacks import BwrapRunner
+
+        self.runner = BwrapRunner()
+
+    def run(self, code: str, call: str | None = None) -> tuple[Any, str | None]:
+        out = self.runner.run(code + (f"\nprint({call}())" if call else ""))
+        ok = out.status == "ok"
+        return SimpleNamespace(ok=ok), (out.stdout.strip().splitlines() or [None])[-1] if ok and call else None
+
+    def report(self) -> dict:
+        return {"active": ["bwrap " + " ".join(self.runner.args[:12]) + " ..."]}
+
+    def close(self) -> None:
+        pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, required=True, help="root of the checkout to compare against")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--batch", type=int, default=40, help="programs per batch (sympy: a quarter)")
+    ap.add_argument("--bwrap", action="store_true", help="bubblewrap as a third version")
     args = ap.parse_args()
     n = args.batch
     versions = {"baseline": load_sandbox(args.baseline.resolve(), "sandbox_baseline"),
                 "this": load_sandbox(ROOT, "sandbox_this")}
-    ex = {k: m.SandboxExecutor() for k, m in versions.items()}
+    ex: dict[str, Any] = {k: m.SandboxExecutor() for k, m in versions.items()}
+    if args.bwrap:
+        ex["bwrap"] = BwrapVersion()
     active = {k: e.report()["active"] for k, e in ex.items()}
     pal, src = pot_programs(n * args.rounds)
 
@@ -113,7 +139,7 @@ def main() -> None:
     }
     for e in ex.values():
         serial(e, ["print(1)"] * 5)  # warm
-    rates: dict[str, dict[str, list[float]]] = {k: {"baseline": [], "this": []} for k in loads}
+    rates: dict[str, dict[str, list[float]]] = {k: {v: [] for v in ex} for k in loads}
     load_start = os.getloadavg()
     for i in range(args.rounds):
         for name, fn in loads.items():
@@ -139,7 +165,12 @@ def main() -> None:
         per_round = statistics.median(y / x for x, y in zip(d["baseline"], d["this"], strict=True))
         results[name] = {"baseline_programs_per_s": round(b, 1), "this_programs_per_s": round(t, 1),
                          "ratio_of_medians": round(t / b, 3), "median_of_round_ratios": round(per_round, 3)}
-        print(f"{name:34} baseline {b:6.1f}/s  this {t:6.1f}/s  ratio {t / b:.3f}  per-round median {per_round:.3f}")
+        line = f"{name:34} baseline {b:6.1f}/s  this {t:6.1f}/s  ratio {t / b:.3f}  per-round median {per_round:.3f}"
+        if "bwrap" in d:
+            w = statistics.median(d["bwrap"])
+            results[name].update(bwrap_programs_per_s=round(w, 1), bwrap_over_this=round(w / t, 3))
+            line += f"  bwrap {w:6.1f}/s ({w / t:.2f}x this)"
+        print(line)
     out = {"baseline": str(args.baseline), "rounds": args.rounds, "batch": n,
            "load_average_start": [round(x, 2) for x in load_start], "load_average_end": [round(x, 2) for x in load_end],
            "active_mechanisms": active, "results": results, "seccomp_filter_cost": cost}

@@ -6,7 +6,7 @@ The models are counted exactly (instantiated on the meta device, no weights): De
 model params/deepseekmath-7b.yaml starts from, as a Llama-architecture config (hidden 4096, intermediate 11008, 30
 layers, 32 heads, vocabulary 102400, untied embeddings: the published config of DeepSeek-LLM / Coder 7B; not
 downloadable here, so written out below). The policy is the causal LM; the value model and the reward model are the
-same backbone with a scalar head and no LM head (stages/rl/value.py, stages/rl/reward_model.py).
+same backbone with a scalar head and no LM head (stages/rl/value.py, stages/rl/rm/model.py).
 
 Bytes per parameter as a bf16 mixed-precision run with Adam holds them (the ZeRO paper's accounting; DeepSpeed's bf16
 mode): a trained model keeps bf16 weights (2) and gradients (2) plus fp32 master weights and both Adam moments

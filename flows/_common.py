@@ -163,7 +163,7 @@ def restore_hint(stage: str) -> str:
                 f"`python -m flows.{stage.split('@')[0]}` runs it again")
     if _dvc.locked(dvc_stage):
         small = _dvc.git_outputs(dvc_stage)
-        git = f" and `git checkout -- {' '.join(small)}` its metrics, details and plots" if small else ""
+        git = f" and `git checkout -- {' '.join(small)}` its metrics and plots" if small else ""
         return (f"DVC removed {dvc_stage}'s outputs before running it: `dvc checkout {dvc_stage}` restores the last "
                 f"recorded ones{git}; `dvc repro {dvc_stage}` runs it again (training resumes from its last checkpoint)")
     return f"{dvc_stage} has no recorded outputs yet; `dvc repro {dvc_stage}` runs it again"

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from stages.core.errors import PipelineError
+from stages.schema.base import load_yaml
 
 _VAR = re.compile(r"\$\{([^}]+)\}")
 
@@ -69,10 +70,10 @@ def _paths(entries: Any, ctx: dict[str, Any]) -> tuple[str, ...]:
 def stages(root: str | Path = ".", params_file: str = "params.yaml") -> list[StageInfo]:
     """Every stage of ``root/dvc.yaml`` in file order."""
     root = Path(root)
-    doc = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}
+    doc = load_yaml(root / "dvc.yaml", what="dvc.yaml") or {}  # no anchors / aliases (stages/schema/base.py)
     try:
-        params = yaml.safe_load((root / params_file).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        params = load_yaml(root / params_file, what="params file") or {}
+    except PipelineError:
         params = {}
     out: list[StageInfo] = []
     for group, st in (doc.get("stages") or {}).items():
@@ -125,8 +126,8 @@ def resolve(names: list[str], known: list[StageInfo]) -> list[str]:
 def locked(name: str, root: str | Path = ".") -> bool:
     """True when dvc.lock records stage ``name`` (so ``dvc checkout <name>`` restores its outputs)."""
     try:
-        doc = yaml.safe_load((Path(root) / "dvc.lock").read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        doc = load_yaml(Path(root) / "dvc.lock", what="dvc.lock") or {}
+    except PipelineError:
         return False
     return name in (doc.get("stages") or {})
 

@@ -263,8 +263,8 @@ class ParamsSwap:
 
 def git_hint(known: list[_dvc.StageInfo]) -> str | None:
     """``git add ... && git commit`` for the files a run changed that git should record (dvc.lock, the metrics and
-    details DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
-    tracked = sorted({o for s in known for o in s.uncached})  # metrics, details, plots, reports: git records them
+    plots DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
+    tracked = sorted({o for s in known for o in s.uncached})
     candidates = ["dvc.lock", *tracked, ":(glob)**/.gitignore"]
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *candidates],

@@ -5,7 +5,11 @@ text, with every digit a token of its own (digit-level numbers help arithmetic),
 small Llama-style causal LM from params; both are saved as one Hugging Face directory.
 
 Real mode (``checkpoint`` set): write ``model_ref.json`` pointing at the checkpoint (a local HF
-directory or a hub id such as ``deepseek-ai/deepseek-coder-7b-base-v1.5``); its own tokenizer is used.
+directory or a hub id such as ``deepseek-ai/deepseek-coder-7b-base-v1.5``); its own tokenizer is used. A local
+checkpoint is checked first, so that no later stage is the one to find it broken: its files (config, tokenizer
+files, every weight file's header against its size: stages/core/model_files.py) and its tensors against its config
+(:func:`weights_match_config`: every parameter the architecture needs is present with its shape, found by building
+the model's skeleton on the meta device, no memory used).
 
 Either way the model records ``prompt_format`` (stages/core/prompts.py): in its tokenizer config (tiny mode) or
 in ``model_ref.json``; every later stage builds its prompts in that format.
@@ -82,6 +86,63 @@ def init_model(p: BaseModelParams, tokenizer: PreTrainedTokenizerFast) -> LlamaF
     return LlamaForCausalLM(config)
 
 
+def weights_match_config(path: str | Path) -> str | None:
+    """Why the tensors of local checkpoint ``path`` are not those its config.json needs (a missing parameter, a
+    shape that differs), or None. The architecture's parameters come from ``AutoModelForCausalLM.from_config`` on
+    the meta device; tied weights (``tie_word_embeddings``) may be absent; a name may carry or lack the base model
+    prefix (``model.``), as transformers accepts. The tensors come from the weight files' headers only."""
+    import json as _json
+
+    from transformers import AutoModelForCausalLM
+
+    from stages.core.model_files import safetensors_header
+
+    p = Path(path)
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(_json.loads(index.read_text())["weight_map"].values()))
+    elif (p / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        return None  # pytorch_model.bin: transformers reads it (and reports) when a stage loads it
+    found: dict[str, list[int]] = {}
+    for f in files:
+        found.update({k: list(v["shape"]) for k, v in safetensors_header(p / f).items()})
+    config = AutoConfig.from_pretrained(p)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    tied = {k for k in model.state_dict() if getattr(config, "tie_word_embeddings", False) and k.startswith("lm_head.")}
+    missing, wrong = [], []
+    for name, tensor in model.state_dict().items():
+        alts = [name, name.removeprefix(prefix + "."), f"{prefix}.{name}"]
+        hit = next((a for a in alts if a in found), None)
+        if hit is None:
+            if name not in tied:
+                missing.append(name)
+        elif found[hit] != list(tensor.shape):
+            wrong.append(f"{hit} is {found[hit]}, the config needs {list(tensor.shape)}")
+    if missing:
+        return f"lacks {len(missing)} tensor(s) its config needs ({', '.join(missing[:2])}{', ...' if len(missing) > 2 else ''})"
+    if wrong:
+        return f"has tensors of the wrong shape: {wrong[0]}" + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else "")
+    return None
+
+
+def check_checkpoint(path: str) -> None:
+    """Raise a one-line PipelineError naming ``base_model.checkpoint`` unless the local checkpoint's files and
+    tensors are usable (module docstring); a hub id is left to transformers."""
+    from stages.core.model_files import model_dir_problem
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        return
+    problem = model_dir_problem(p) or weights_match_config(p)
+    if problem is not None:
+        raise PipelineError(f"base_model.checkpoint: {path} {problem}; point it at a complete, intact "
+                            "save_pretrained() directory")
+
+
 def corpus_texts(generated: Path, limit: int) -> Iterator[str]:
     """Texts the tokenizer learns from: SFT problems with their solutions, then crawl and seed pages."""
     def problems() -> Iterator[str]:
@@ -105,6 +166,7 @@ def run(p: BaseModelParams) -> dict[str, Any]:
     t0 = time.perf_counter()
     metrics: dict[str, Any]
     if p.checkpoint is not None:
+        check_checkpoint(p.checkpoint)
         try:
             config = AutoConfig.from_pretrained(p.checkpoint)
         except (OSError, ValueError) as e:
@@ -127,6 +189,9 @@ def run(p: BaseModelParams) -> dict[str, Any]:
         model = init_model(p, tokenizer)
         n_params = sum(t.numel() for t in model.parameters())
         save_model(model, tokenizer, paths.BASE_MODEL, extra={"stage": "base_model", "params": p.tracked_dump()})
+        problem = weights_match_config(paths.BASE_MODEL)  # what was written is what the next stage will read
+        if problem is not None:
+            raise PipelineError(f"{paths.BASE_MODEL}: the model just saved {problem}; check the disk")
         sample = "Tom has 17 apples. 17 + 25 = 42."
         metrics = {
             "mode": "tiny",

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.rl.registry import run_needs
+from stages.rl.needs import run_needs
 from stages.schema.base import RUNTIME, Section, format_error, merge_runtime, read_params_file
 from stages.schema.base_model import BaseModelParams
 from stages.schema.corpus import (

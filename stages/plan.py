@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stages.rl.registry import REWARD_SOURCES, run_needs
+from stages.rl.needs import run_needs
 
 GIB = 2**30
 DS_BUCKET = 500_000_000
@@ -92,7 +92,7 @@ class ModelShape:
         return emb + head + self.layers * self.layer_params() + self.hidden
 
     def reward_model(self) -> ModelShape:
-        """The reward model built on this backbone (stages/rl/reward_model.py: ``AutoModelForTokenClassification``
+        """The reward model built on this backbone (stages/rl/rm/model.py: ``AutoModelForTokenClassification``
         with one label): the same embedding table, which its training trains, and a one-output score head."""
         return ModelShape(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab,
                           tied=False, qkv_bias=self.qkv_bias, out_features=1)
@@ -419,7 +419,7 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
     if g.kl.beta > 0 and not g.compute.offload_idle_models:
         aux += P * wb
         notes.append("reference model resident")
-    model_reward = REWARD_SOURCES.spec(g.reward.source).reward_model  # scores the rollouts (the registry says)
+    model_reward = run_needs(g).scoring_model  # the reward source scores with the RM (its spec says)
     if model_reward and not g.compute.offload_idle_models:
         aux += m.reward_model().n_params() * wb
         notes.append("reward model resident")

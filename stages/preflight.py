@@ -34,6 +34,7 @@ from stages.core import problems
 from stages.core.errors import PipelineError
 from stages.core.model_files import context_length, model_dir_problem
 from stages.params import Params
+from stages.rl.needs import run_needs
 
 
 def _norm(path: str | os.PathLike[str]) -> str:
@@ -62,16 +63,19 @@ def _need_file(key: str, path: str | None, produced: Collection[str], hint: str 
         raise PipelineError(f"{key}: {path} is a directory; give a file")
 
 
-def _rows(path: str | None, produced: Collection[str], what: str, *, sft: bool = False) -> None:
+def _rows(path: str | None, produced: Collection[str], what: str, *, sft: bool = False,
+          fields: Iterable[str] = (), key: str = "") -> None:
     """The rows of a problem file (or directory of them) that exists now (not one an earlier stage of this run
     writes): checked here, with the stages' own reader (stages/core/problems.py), so a bad row stops the run before
-    any work."""
+    any work; every row must also have ``fields`` (what ``key`` needs)."""
     if path is None or _remote(path) or _is_produced(path, produced) or not Path(path).exists():
         return
-    if sft:
-        problems.load_sft_rows(path)
-    else:
-        problems.load_rows(path, what)
+    rows = problems.load_sft_rows(path) if sft else problems.load_rows(path, what)
+    for name in fields:
+        missing = sum(1 for r in rows if name not in r)
+        if missing:
+            raise PipelineError(f"{key} needs a {name!r} field in every row of {path}; {missing} of {len(rows)} rows "
+                                "have none (use a source that does not, or rows that have it)")
 
 
 def _need_input(key: str, path: str, produced: Collection[str], hint: str) -> None:
@@ -196,16 +200,17 @@ def _grpo(p: Params, produced: Collection[str]) -> None:
     from stages.rl.algorithms import get_algorithm  # the stage's own call: imports every custom reward function
 
     get_algorithm(g.algorithm).reward_functions(g)
+    needs = run_needs(g)  # what the algorithm and the reward source declare they need (stages/rl/needs.py)
     hint = "run the stage that writes it (dvc repro) or fix the path"
     _need_input("grpo.prompts_file", g.prompts_file, produced, hint)
     _need_input("grpo.heldout.problems_file", g.heldout.problems_file, produced, hint)
-    _rows(g.prompts_file, produced, "RL prompt")
+    _rows(g.prompts_file, produced, "RL prompt", fields=needs.row_fields, key=f"grpo.reward.source {g.reward.source}")
     _check_launcher("grpo", g.launcher)
     start = g.start  # the SFT model, or the pretrained one (R1-Zero style)
     _need_model(f"grpo.start ({start}: data/models/{start})", f"data/models/{start}", produced, writer=start)
-    if g.reward.source in ("outcome_rm", "process_rm") or g.iterative.iterations > 1:
-        _need_model("grpo.reward.source (data/models/reward_model)", "data/models/reward_model", produced,
-                    tokenizer=False, writer="reward_model")
+    if needs.reward_model:  # the reward source's spec, or PPO's value model initialised from the RM
+        _need_model(f"grpo.reward.source {g.reward.source} / algorithm {g.algorithm} (data/models/reward_model)",
+                    "data/models/reward_model", produced, tokenizer=False, writer="reward_model")
 
 
 def _evaluate(p: Params, model: str, produced: Collection[str]) -> None:

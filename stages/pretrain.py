@@ -82,7 +82,7 @@ def run(p: PretrainParams) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
         write_metrics("pretrain", metrics, ["enabled", "steps", "world_size", "train_loss_last", "eval_loss_*",
-                                             "perplexity_after", "tokens_per_s", "hardware"])
+                                             "perplexity_after", "hardware"])
     return metrics
 
 

@@ -47,15 +47,10 @@ from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, wri
 from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer
 from stages.rl.checkpoint import load_latest, load_updaters, run_dir, save_checkpoint
 from stages.rl.data import load_prompts
-from stages.rl.reward_model import (
-    SampleConfig,
-    collect_examples,
-    evaluate_reward_model,
-    init_reward_model,
-    save_reward_model,
-    split_by_question,
-    train_reward_model,
-)
+from stages.rl.rm.labels import SampleConfig, collect_examples
+from stages.rl.rm.metrics import evaluate_reward_model
+from stages.rl.rm.model import init_reward_model, save_reward_model
+from stages.rl.rm.train import split_by_question, train_reward_model
 from stages.rl.update import release_memory
 from stages.schema.reward_model import RewardModelParams
 from stages.train.ds_config import build_deepspeed_config
@@ -99,16 +94,30 @@ def labelled_examples(p: RewardModelParams, rows: list[dict[str, Any]], ckpt: Pa
     return examples, {**counts, "resumed": False}
 
 
+def _disabled(t_start: float) -> dict[str, Any]:
+    """``enabled: false``: data/models/reward_model holds only a note."""
+    with atomic_path(paths.REWARD_MODEL) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / "DISABLED").write_text("reward_model.enabled: false; no reward model was trained\n")
+    off = {"enabled": False, "wall_s": round(time.perf_counter() - t_start, 2)}
+    write_metrics("reward_model", off, ["enabled"])
+    return off
+
+
+def _updater(rm: Any, p: RewardModelParams, ds: bool, bf16: bool) -> Updater:
+    """The RM's update path: AdamW at ``p.lr``, clipping at 1, DeepSpeed (ZeRO 0-2, a rank's share of each batch)."""
+    return Updater(rm, max_grad_norm=1.0, optimizer=torch.optim.AdamW(rm.parameters(), lr=p.lr, weight_decay=0.0),
+                   deepspeed=build_deepspeed_config(
+                       zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
+                       micro_batch_size=max(1, -(-p.batch_size // world_size())), grad_accum=1, max_grad_norm=1.0,
+                       bf16=bf16) if ds else None)
+
+
 def run(p: RewardModelParams) -> dict[str, Any]:
     """Sample, label, train and evaluate the reward model; write it and its metrics."""
     t_start = time.perf_counter()
     if not p.enabled:
-        with atomic_path(paths.REWARD_MODEL) as tmp:
-            tmp.mkdir(parents=True)
-            (tmp / "DISABLED").write_text("reward_model.enabled: false; no reward model was trained\n")
-        off = {"enabled": False, "wall_s": round(time.perf_counter() - t_start, 2)}
-        write_metrics("reward_model", off, ["enabled"])
-        return off
+        return _disabled(t_start)
     if p.num_threads:
         torch.set_num_threads(p.num_threads)
     prompts_path = p.prompts_file
@@ -135,11 +144,7 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     rm = init_reward_model(init, dtype=dtype, device=dev, attn_implementation=p.attn_implementation)
     check_compatible(rm, tokenizer, str(init))
     enable_checkpointing(rm, p.gradient_checkpointing)
-    upd = Updater(rm, max_grad_norm=1.0, optimizer=torch.optim.AdamW(rm.parameters(), lr=p.lr, weight_decay=0.0),
-                  deepspeed=build_deepspeed_config(
-                      zero_stage=p.deepspeed.zero_stage, offload_optimizer=p.deepspeed.offload_optimizer,
-                      micro_batch_size=max(1, -(-p.batch_size // world_size())), grad_accum=1, max_grad_norm=1.0,
-                      bf16=bf16) if ds else None)
+    upd = _updater(rm, p, ds, bf16)
     state = load_latest(ckpt)
     if state is not None:
         load_updaters(state, {UPDATER: upd})  # weights, optimizer (a DeepSpeed engine's own checkpoint)

@@ -82,7 +82,7 @@ def _tir_ok(solution: str, gold: str) -> bool:
     if not ends or len(outs) != len(ends):
         return False
     for end, written in zip(ends, outs, strict=True):
-        if sandbox.run_tir_code(sandbox.extract_tir_code(solution[:end])).strip() != written.strip():
+        if sandbox.run_tir_code(sandbox.extract_tir_code(solution[:end]), **sandbox.cpu_limit(10.0)).strip() != written.strip():
             return False
     return is_equivalent(extract_answer(solution), gold) and is_equivalent(outs[-1].strip(), gold)
 
@@ -92,7 +92,8 @@ def verify_programs(rows: list[dict[str, Any]], modes: list[str], workers: int |
     (TIR: and every ```output block written in the solution). CoT rows are always kept."""
     keep = [True] * len(rows)
     pot = [i for i, m in enumerate(modes) if m == "pot"]
-    for i, (_, value) in zip(pot, sandbox.run_many_pot([rows[i]["pot"] for i in pot], workers=workers), strict=True):
+    pot_runs = sandbox.run_many_pot([rows[i]["pot"] for i in pot], workers=workers, **sandbox.cpu_limit(10.0))
+    for i, (_, value) in zip(pot, pot_runs, strict=True):
         keep[i] = value is not None and is_equivalent(value, rows[i]["answer"])
     tir = [i for i, m in enumerate(modes) if m == "tir"]
     if tir:
@@ -202,7 +203,7 @@ def run(p: SftParams) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
         write_metrics("sft", metrics, ["enabled", "steps", "world_size", "train_loss_last", "val_loss_before",
-                                        "val_loss_best", "best_step", "train_examples", "tokens_per_s", "hardware"])
+                                        "val_loss_best", "best_step", "train_examples", "hardware"])
     return metrics
 
 

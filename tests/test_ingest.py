@@ -14,6 +14,7 @@ from stages import ingest, testsets
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.ingestion import convert
+from stages.core.io import untimed
 from stages.schema.datasets import DatasetSpec
 from stages.schema.ingest import IngestParams
 from stages.schema.testsets import TestsetsParams
@@ -65,7 +66,8 @@ def test_testsets_stage_writes_rows_report_and_metrics(project: Path) -> None:
     assert len(rows) == 1 and rows[0]["answer"] == "72" and rows[0]["source"] == "gsm8k"
     report = json.loads(paths.report_file("testsets", "gsm8k").read_text())
     assert report["rows_in"] == report["rows_out"] == 1 and report["round_trip"]["rate"] == 1.0
-    assert m == json.loads(paths.metrics_file("testsets_gsm8k").read_text())
+    assert untimed(m) == json.loads(paths.metrics_file("testsets_gsm8k").read_text())
+    assert json.loads(paths.timings_file("testsets_gsm8k").read_text())["wall_s"] == m["wall_s"] and "wall_s" not in report
     assert m["rows_out"] == 1 and "skip_samples" not in m and m["gsm8k_calculator"]["rate"] == 1.0
     with pytest.raises(PipelineError, match="unknown test set 'nope'"):
         testsets.run(_testsets({"gsm8k": _ds("raw/test.jsonl", "gsm8k")}), "nope")

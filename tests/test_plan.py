@@ -87,7 +87,7 @@ def _sections(path: Path = PARAMS_7B, **edits: dict) -> SimpleNamespace:
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2_gqa_tied"])
 def test_reward_model_shape_counts_the_reward_models_parameters(kind) -> None:
-    """The RM the stage builds (stages/rl/reward_model.py: AutoModelForTokenClassification, one label) keeps the
+    """The RM the stage builds (stages/rl/rm/model.py: AutoModelForTokenClassification, one label) keeps the
     embedding table and replaces the LM head by a one-output score head with a bias."""
     from transformers import LlamaForTokenClassification, Qwen2ForTokenClassification
 

@@ -128,6 +128,10 @@ CASES: list[tuple[str, str, str, Edit, str]] = [
     ("prompt row without question", "grpo", "rows",
      lambda r, p: set_key(r, "grpo.prompts_file", _rows_file(p, "prompts.jsonl", [_GOOD_ROW, "", '{"answer": "4"}'])),
      "prompts.jsonl: row 2 has no non-empty string 'question'"),
+    ("prompt rows without the reward source's field", "grpo", "rows",
+     lambda r, p: set_key(r, "grpo.prompts_file", _rows_file(p, "novalues.jsonl", [_GOOD_ROW]))
+     and set_key(r, "grpo.reward.source", "process_rule"),
+     "grpo.reward.source process_rule needs a 'values' field in every row of bad/novalues.jsonl; 1 of 1 rows"),
     ("malformed JSON line", "sft", "rows",
      lambda r, p: set_key(r, "sft.problems", _rows_file(p, "sft.jsonl", [_SFT_ROW, '{"question": "x", "answer": '])),
      "sft.jsonl:2: malformed JSONL line"),

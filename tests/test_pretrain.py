@@ -46,7 +46,7 @@ def test_pretrain_lowers_heldout_perplexity_and_exports(tiny_world, tmp_path) ->
 
 
 def test_run_writes_metrics_with_wall_time(tiny_world, tmp_path, monkeypatch) -> None:
-    """``run()`` reads the project's artifact paths and writes data/metrics/pretrain.json with wall_s."""
+    """``run()`` reads the project's artifact paths and writes data/metrics/pretrain.json (its timings, wall_s, in data/timings/pretrain.json)."""
     shutil.copytree(tiny_world["model"], tmp_path / paths.BASE_MODEL)
     (tmp_path / "data" / "corpus").mkdir(parents=True)
     shutil.copy(tiny_world["math"], tmp_path / "data" / "corpus" / "math_corpus.jsonl")
@@ -56,7 +56,9 @@ def test_run_writes_metrics_with_wall_time(tiny_world, tmp_path, monkeypatch) ->
     monkeypatch.chdir(tmp_path)
     m = stage.run(p)
     saved = json.loads((tmp_path / paths.metrics_file("pretrain")).read_text())
-    assert saved["wall_s"] == m["wall_s"] > 0 and saved["steps"] == 2
+    assert saved["steps"] == 2 and "wall_s" not in saved  # timings: data/timings (no DVC output)
+    assert json.loads((tmp_path / paths.timings_file("pretrain")).read_text())["wall_s"] == m["wall_s"] > 0
+    assert (tmp_path / paths.TIMINGS / "pretrain" / "steps.tsv").read_text().startswith("step\ttokens_per_s\n")
     assert (tmp_path / paths.PRETRAIN_MODEL / "config.json").is_file()
     assert (tmp_path / paths.plots_dir("pretrain") / "train.tsv").is_file()
     assert len(list((tmp_path / paths.CHECKPOINTS / "pretrain").iterdir())) == 1

@@ -10,8 +10,9 @@ program.
 Process tree of one sandbox (``Z`` = this zygote, root, host namespaces)::
 
     Z --fork--> I  PID 1 of a new PID namespace (Z unshares CLONE_NEWPID for that one fork, then setns back):
-                   joins the sandbox's cgroups, unshares mount/net/ipc/uts/cgroup namespaces, builds the
-                   file-system view, mounts /proc; then monitors: when U ends, or when the client writes to or
+                   joins the sandbox's cgroups, unshares mount/net/ipc/uts/cgroup namespaces, pivot_roots into the
+                   allow-list root Z built at start (Zygote._build_template), mounts its private /tmp and /proc;
+                   then monitors: when U ends, or when the client writes to or
                    closes the "life" pipe (timeout, client gone), it SIGKILLs every other process of the
                    namespace (double-forked daemons included), reaps them all and reports ``D``.
       I --fork--> U  waits (pre-forked) for the request on a pipe, applies limits, drops to a fresh
@@ -87,7 +88,7 @@ MECHANISMS = (
 # What a mechanism needs: disabling the key disables the values.
 DEPENDS = {
     "mountns": ("allowlist_fs", "ro_root", "private_tmp", "shared_quota", "minimal_dev", "proc"),
-    "allowlist_fs": ("minimal_dev",),
+    "allowlist_fs": ("minimal_dev", "nodev"),
     "ro_root": ("nodev",),
     "private_tmp": ("shared_quota", "inode_cap"),
     "pidns": ("proc",),
@@ -730,6 +731,11 @@ class Zygote:
                 os.mkdir(parent)
                 self.cg_parents[mech] = parent
                 if mech == "cpu_limit":
+                    # the sandboxes together weigh as much as one busy process per CPU (the default pool's size):
+                    # under contention a batch gets what its programs as plain processes would, however many
+                    # threads they start, and each program at most its quota
+                    with open(os.path.join(parent, "cpu.shares"), "w") as f:
+                        f.write(str(1024 * len(self.cpus)))
                     self.cpu_method = "cgroup"
             except OSError as e:
                 if mech == "cpu_limit":

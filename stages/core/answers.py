@@ -11,7 +11,8 @@ Public API (other stages code against these names):
 - :func:`strip_string`: the DeepSeekMath normalisation (see :mod:`stages.core._answers_norm`).
 - :func:`is_equivalent` ``(pred, gold, *, timeout_s=5.0) -> bool``: the DeepSeekMath rules plus
   math-verify. Safe from any thread: the symbolic part runs in a persistent worker process that is
-  killed (and replaced) when a check runs past ``timeout_s``; a timeout counts as "not equivalent".
+  killed (and replaced) when a check runs past ``timeout_s`` seconds of the worker's CPU time (not wall time:
+  the verdict does not depend on the machine's load); a timeout counts as "not equivalent".
   Plain numbers, exact matches and structures whose parts all match are decided in-process without
   the worker (the fast path GRPO rewards rely on).
 - :func:`are_equivalent`: the same for many pairs, symbolic checks spread over a few workers.
@@ -226,6 +227,12 @@ def max_workers() -> int:
     return int(os.environ.get("ANSWERS_MAX_WORKERS", str(max(2, min(8, os.cpu_count() or 2)))))
 
 
+WALL_CAP = 20.0
+"""A symbolic check's time limit is CPU time of its worker; a worker that gets no CPU for ``WALL_CAP`` x the limit (a
+stopped or starved process) is given up on all the same."""
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 class _Worker:
     """One ``stages.core._answers_worker`` process and its line-buffered stdout."""
 
@@ -273,19 +280,49 @@ class _Worker:
             )
         self._ready = True
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds the worker process has used (Linux /proc; None elsewhere)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _reply(self, timeout_s: float) -> bytes | None:
+        """The worker's next line, or None once it has spent ``timeout_s`` seconds of CPU time on the check (its own
+        CPU time, so the verdict does not depend on what else loads the machine: a check that takes 1 s alone
+        is not a timeout beside busy processes), or ``WALL_CAP`` x ``timeout_s`` of wall time (a worker that makes
+        no progress), or when it died. Without /proc, ``timeout_s`` of wall time."""
+        cpu0 = self.cpu_s()
+        now = time.monotonic()
+        if cpu0 is None:
+            return self._readline(now + timeout_s)
+        cap = now + WALL_CAP * timeout_s
+        while True:
+            used = (self.cpu_s() or cpu0) - cpu0
+            left = timeout_s - used
+            if left <= 0 or now >= cap:
+                return None
+            # the worker is one thread: it cannot use more than `left` CPU seconds in `left` wall seconds
+            line = self._readline(min(now + max(left, 0.05), cap))
+            if line is not None or not self.alive():
+                return line
+            now = time.monotonic()
+
     def check(self, pred: str, gold: str, percent_variants: bool, timeout_s: float) -> bool | None:
-        """The worker's verdict, or None when it ran past ``timeout_s`` or died (then it is dead)."""
+        """The worker's verdict, or None when it ran past ``timeout_s`` of CPU time (:meth:`_reply`) or died (then
+        it is dead)."""
         self.ensure_ready()
         self._next_id += 1
         req = {"id": self._next_id, "pred": pred, "gold": gold, "pv": percent_variants}
-        deadline = time.monotonic() + timeout_s
         try:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self.kill()
             return None
-        line = self._readline(deadline)
+        line = self._reply(timeout_s)
         if line is None:
             self.kill()
             return None
@@ -459,8 +496,8 @@ def is_equivalent(pred: str | None, gold: str, *, timeout_s: float = 5.0, percen
     compare as case-insensitive text.
 
     Decided in-process when possible (plain numbers, exact or structurally exact matches); the rest
-    runs in a worker process with a deadline of ``timeout_s`` seconds, after which the worker is
-    killed and replaced and the answer is False. Safe to call from any thread. The first symbolic
+    runs in a worker process with a budget of ``timeout_s`` seconds of its CPU time (whatever else loads the
+    machine), after which the worker is killed and replaced and the answer is False. Safe to call from any thread. The first symbolic
     check of a process also waits for a worker to start (about a second; not counted in
     ``timeout_s``; :func:`warm_up` does it ahead). Verdicts of the worker are cached per (pred, gold).
     ``pred=None`` (no answer extracted) is never equivalent.

@@ -15,3 +15,10 @@ class PipelineError(Exception):
     def __init__(self, message: str) -> None:
         # Keep the message on one line whatever the caller passed.
         super().__init__(" ".join(str(message).split()))
+
+
+def cause(e: BaseException) -> str:
+    """``Type: first line of the message`` (at most 160 characters) of a library's exception, for the one-line
+    errors that wrap it (a corrupt file's reader: pyarrow, datasets, safetensors)."""
+    msg = (str(e).strip().splitlines() or [""])[0][:160]
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__

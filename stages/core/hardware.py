@@ -78,3 +78,11 @@ def generation_record(dtype: str, resolved_dtype: str, backend: str) -> dict[str
     source = "params" if dtype != "auto" else f"auto: {fast_bf16(device)[1]}"
     return {"dtype": resolved_dtype, "dtype_from": source, "generation_backend": backend,
             "device": describe_device(device)}
+
+
+def rl_record(precision: str, deepspeed: bool, device: torch.device | str, backend: str) -> dict[str, Any]:
+    """:func:`record` of GRPO's update (stages/rl/update.py: DeepSpeed's bf16 mode where ``precision`` resolves to
+    bf16; plain PyTorch runs bf16 autocast only for an explicit ``bf16``), with the generation ``backend`` the rollouts
+    used (``auto`` resolved)."""
+    bf16 = resolve_precision(precision, device) == "bf16" if deepspeed else precision == "bf16"
+    return {**record(device, precision, bf16), "generation_backend": backend}

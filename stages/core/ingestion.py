@@ -25,7 +25,7 @@ from typing import Any
 
 from stages.core import paths
 from stages.core.errors import PipelineError
-from stages.core.io import write_json
+from stages.core.io import split_timings, write_json, write_timings
 from stages.core.problems import ADAPTERS, read_source
 from stages.schema.datasets import DatasetSpec
 
@@ -127,7 +127,8 @@ def convert(spec: DatasetSpec, name: str, *, role: str | None, timeout_s: float,
     # the pipeline's own rows were checked where they were made (the data stage writes programs that compute their
     # answers; SFT runs them again with sft.verify_programs): only other data sets' programs run here
     prog = [k for k, r in enumerate(rows) if r.get("pot") and spec.adapter != "pipeline"]
-    results = sandbox.run_many_pot([rows[k]["pot"] for k in prog], workers=workers, timeout_s=timeout_s) if prog else []
+    results = sandbox.run_many_pot([rows[k]["pot"] for k in prog], workers=workers, **sandbox.cpu_limit(timeout_s)) \
+        if prog else []
     runs = dict(zip(prog, results, strict=True))
     values = {k: v for k, (_, v) in runs.items()}
     for k in prog:
@@ -216,9 +217,11 @@ def metrics_of(report: Mapping[str, Any]) -> dict[str, Any]:
 
 def write_report(stage: str, name: str, report: dict[str, Any]) -> dict[str, Any]:
     """Write data set ``name``'s report of ``stage`` (testsets / ingest) and its metrics; return the metrics. The
-    report is a cached output (the same bytes for the same inputs), so its ``wall_s`` goes to the metrics only."""
-    wall_s = report.pop("wall_s", None)
+    report and the metrics are the same bytes for the same inputs (the report is a DVC-cached output); the timings
+    (``wall_s``) go to ``data/timings/<stage>_<name>.json`` (stages.core.io.write_timings)."""
+    report, timings = split_timings(report)
     write_json(paths.report_file(stage, name), report)
-    metrics = {**metrics_of(report), "wall_s": wall_s}
+    metrics = metrics_of(report)
     write_json(paths.metrics_file(f"{stage}_{name}"), metrics)
-    return metrics
+    write_timings(f"{stage}_{name}", timings)
+    return {**metrics, **(timings or {})}

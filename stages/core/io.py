@@ -214,13 +214,70 @@ def headline(metrics: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def write_metrics(stage: str, metrics: dict[str, Any], keys: Iterable[str]) -> None:
-    """Write a stage's metrics: every value to ``data/details/<stage>.json`` and the headline values (``keys``, see
-    :func:`headline`; ``wall_s`` always) to ``data/metrics/<stage>.json``, the small file DVC shows as metrics."""
+MEASURED_KEYS = frozenset({"memory", "resumed_from_step", "resumed_from_iteration", "resumed_problems",
+                           "tool_wait_share_of_step", "tool_wait_frac"})
+"""Keys that :func:`is_timing_key` counts as measurements of the run besides the time-named ones: peak memory,
+whether (and where) a run resumed, a share of time."""
+
+
+def is_timing_key(key: Any) -> bool:
+    """Whether a metric named ``key`` is a measurement of the run rather than a result: a duration or throughput
+    (``wall_s``, ``tokens_per_s``, ``step_s_mean``, ``tool_wait_s_total``: ends in ``_s`` or holds ``_s_``), a time
+    total (``t_*``, ``cpu_*``), a peak (``peak_*``) or one of :data:`MEASURED_KEYS`. The same inputs give the same
+    results on any run; these differ with the machine and its load."""
+    k = str(key)
+    return k.endswith("_s") or "_s_" in k or k.startswith(("t_", "cpu_", "peak_")) or k in MEASURED_KEYS
+
+
+def split_timings(x: Any) -> tuple[Any, Any]:
+    """(results, timings) of a metrics value (nested dicts / lists): the timings are the entries whose key
+    :func:`is_timing_key` names, at the same place in the nesting (a list keeps its length on both sides, with ``{}``
+    where an element has none), the results everything else. ``timings`` is None when there are none."""
+    if isinstance(x, dict):
+        res: dict[str, Any] = {}
+        tim: dict[str, Any] = {}
+        for k, v in x.items():
+            if is_timing_key(k):
+                tim[k] = v
+                continue
+            r, t = split_timings(v)
+            res[k] = r
+            if t is not None:
+                tim[k] = t
+        return res, (tim or None)
+    if isinstance(x, list):
+        pairs = [split_timings(v) for v in x]
+        tims = [t for _, t in pairs]
+        return [r for r, _ in pairs], ([{} if t is None else t for t in tims] if any(t is not None for t in tims)
+                                        else None)
+    return x, None
+
+
+def untimed(x: Any) -> Any:
+    """``x`` without its timings (:func:`split_timings`): what a DVC-cached output may hold."""
+    return split_timings(x)[0]
+
+
+def write_timings(name: str, timings: dict[str, Any] | None) -> None:
+    """Write ``data/timings/<name>.json`` (no DVC output, git-ignored): ``timings`` and the load average when it
+    was written (timings without the load beside them say little on a shared machine)."""
     from stages.core import paths
 
-    write_json(paths.details_file(stage), metrics)
-    write_json(paths.metrics_file(stage), headline(metrics, [*keys, "wall_s"]))
+    write_json(paths.timings_file(name), {**(timings or {}), "loadavg": [round(v, 2) for v in os.getloadavg()]})
+
+
+def write_metrics(stage: str, metrics: dict[str, Any], keys: Iterable[str]) -> None:
+    """Write a stage's metrics, split by :func:`split_timings`: every result to ``data/details/<stage>.json`` (a
+    DVC-cached output), the headline results (``keys``, see :func:`headline`) to ``data/metrics/<stage>.json`` (the
+    small file DVC shows as metrics) and the timings to ``data/timings/<stage>.json`` (:func:`write_timings`). The
+    first two are the same bytes for the same inputs, so a rerun changes nothing that DVC tracks and the run-cache
+    can restore them."""
+    from stages.core import paths
+
+    results, timings = split_timings(metrics)
+    write_json(paths.details_file(stage), results)
+    write_json(paths.metrics_file(stage), headline(results, keys))
+    write_timings(stage, timings)
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -9,9 +9,12 @@ transformers loads (or downloads) it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import json
 import os
+import resource
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from stages.core.errors import PipelineError
+from stages.core.errors import PipelineError, cause
 from stages.core.io import atomic_path
 from stages.core.model_files import MODEL_REF, model_dir_problem
 
@@ -69,8 +72,14 @@ def check_model_dir(path: str | os.PathLike[str], *, tokenizer: bool = False) ->
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
-    """Load the tokenizer of a model directory (left padding, pad token set)."""
-    tok = AutoTokenizer.from_pretrained(resolve_model(path, tokenizer=True))
+    """Load the tokenizer of a model directory (left padding, pad token set); files that do not load are a
+    one-line error naming the directory."""
+    where = resolve_model(path, tokenizer=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(where)
+    except Exception as e:  # noqa: BLE001 - tokenizers / sentencepiece raise many types for corrupt files
+        raise PipelineError(f"{where}: cannot load the tokenizer ({cause(e)}); point to a complete "
+                            "save_pretrained() directory") from None
     style = model_ref_info(path).get("prompt_format")
     if style is not None:  # a checkpoint used in place: its prompt format is recorded in model_ref.json
         tok.init_kwargs["pipeline_prompt_format"] = style
@@ -169,3 +178,37 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
         tokenizer.save_pretrained(tmp)
         if extra is not None:
             (tmp / "pipeline.json").write_text(json.dumps(extra, indent=2) + "\n")
+
+
+def frozen_copy(model: Any, device: str | torch.device | None = None) -> Any:
+    """A copy of ``model`` with no gradients, in eval mode (RL's reference model pi_ref), on ``device`` (None: the
+    model's). The copy is made tensor by tensor on ``device``, so a policy on a GPU is not duplicated there."""
+    if device is None:
+        ref = copy.deepcopy(model)
+    else:
+        with torch.device("meta"):
+            ref = type(model)(model.config)
+        ref.load_state_dict({k: v.detach().to(device, copy=True) for k, v in model.state_dict().items()},
+                            assign=True, strict=False)
+        for name, buf in model.named_buffers():  # non-persistent buffers too (rotary frequencies)
+            owner, _, leaf = name.rpartition(".")
+            ref.get_submodule(owner)._buffers[leaf] = buf.detach().to(device, copy=True)
+        ref.tie_weights()
+    ref.eval()
+    for prm in ref.parameters():
+        prm.requires_grad_(False)
+    return ref
+
+
+def n_trainable(model: Any) -> int:
+    """Parameters of ``model`` that train (``requires_grad``)."""
+    return sum(q.numel() for q in model.parameters() if q.requires_grad)
+
+
+def peak_memory() -> dict[str, float]:
+    """This process's peak resident memory (MiB, ``ru_maxrss``) and, on a GPU, torch's peak allocated memory."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
+    out = {"peak_rss_mib": round(rss, 1)}
+    if torch.cuda.is_available():
+        out["peak_cuda_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out

@@ -39,10 +39,13 @@ REWARD_MODEL = MODELS / "reward_model"  # reward_model stage: outcome / process 
 GRPO_ITERS = MODELS / "grpo_iters"  # grpo stage, iterative RL (Algorithm 1): iter<k>/ policy, rm_iter<k>/ reward model
 RL_PROMPTS = DATA / "corpus" / "problems" / "rl.jsonl"  # corpus stage: the RL questions
 
-# small, git-committable reports
+# small reports: the headline metrics and plots (git-tracked dvc metrics / plots), every result metric (DVC-cached)
 METRICS = DATA / "metrics"  # headline metrics per stage (dvc metrics)
-DETAILS = DATA / "details"  # every metric per stage (the full dict the stage returns)
+DETAILS = DATA / "details"  # every result metric per stage (the dict the stage returns, timings excepted)
 PLOTS = DATA / "plots"
+# what a run measured about itself (wall / CPU times, throughputs, peak memory): no DVC output, git-ignored; the
+# same inputs give the same bytes everywhere else, and these files say how long that took this time
+TIMINGS = DATA / "timings"
 
 # resumable training state, outside DVC outputs (DVC deletes outputs before re-running a stage)
 CHECKPOINTS = Path("checkpoints")
@@ -89,9 +92,15 @@ def metrics_file(stage: str) -> Path:
 
 
 def details_file(stage: str) -> Path:
-    """The JSON file of every metric a stage computed (a dvc ``cache: false`` output, git-tracked; timings included,
-    which is why it is not cached)."""
+    """The JSON file of every result metric a stage computed (a DVC-cached output: the same bytes for the same inputs,
+    so it has no timings; those are in :func:`timings_file`)."""
     return DETAILS / f"{stage}.json"
+
+
+def timings_file(stage: str) -> Path:
+    """The JSON file of what a stage's run measured about itself (wall and CPU times, throughputs, peak memory): no
+    DVC output and git-ignored, so a rerun of the same inputs changes nothing that DVC or git tracks."""
+    return TIMINGS / f"{stage}.json"
 
 
 def plots_dir(stage: str) -> Path:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from stages.core.answers import extract_answer, gsm8k_gold  # answers imports nothing of this module
-from stages.core.errors import PipelineError
+from stages.core.errors import PipelineError, cause
 from stages.core.io import iter_jsonl, iter_jsonl_lines
 from stages.core.text import strip_calculator
 
@@ -534,7 +534,12 @@ def _local_rows(p: Path) -> Iterator[dict[str, Any]]:
             splits = sorted(d.name for d in p.iterdir() if d.is_dir())
             raise PipelineError(f"{p}: a save_to_disk DatasetDict (splits {splits}); give the split's directory, "
                                 f"e.g. {p / splits[0]}" if splits else f"{p}: an empty DatasetDict")
-        yield from datasets.load_from_disk(str(p))
+        try:
+            ds = datasets.load_from_disk(str(p))
+        except Exception as e:  # noqa: BLE001 - corrupt state.json / arrow files: one line naming the directory
+            raise PipelineError(f"{p}: not a readable datasets directory ({cause(e)}); save it again or fix the "
+                                "path") from None
+        yield from _guarded(p, (ds[i:i + 1024] for i in range(0, len(ds), 1024)), "datasets directory", columns=True)
         return
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in (".jsonl", ".json", ".parquet"))
@@ -552,11 +557,35 @@ def _local_rows(p: Path) -> Iterator[dict[str, Any]]:
             try:
                 pf = pq.ParquetFile(f)
             except Exception as e:  # noqa: BLE001
-                raise PipelineError(f"{f}: not a readable Parquet file ({type(e).__name__}); fix or remove it") from None
-            for batch in pf.iter_batches(batch_size=1024):
-                yield from batch.to_pylist()
+                raise PipelineError(f"{f}: not a readable Parquet file ({cause(e)}); fix or remove it") from None
+            start = 0
+            for g in range(pf.num_row_groups):  # row group by row group: an error names its first row
+                batches = (b.to_pylist() for b in pf.iter_batches(batch_size=1024, row_groups=[g]))
+                yield from _guarded(f, batches, "Parquet", start=start, group=g)
+                start += pf.metadata.row_group(g).num_rows
         else:
             yield from iter_jsonl(f)
+
+
+def _guarded(path: Path, batches: Iterator[Any], what: str, columns: bool = False, start: int = 0,
+             group: int | None = None) -> Iterator[dict[str, Any]]:
+    """The rows of ``batches`` (lists of rows, or column dicts with ``columns``); a read that fails part way (a
+    corrupt data page, a truncated arrow file) is a one-line PipelineError naming the file and the first row of the
+    batch that could not be read (``start``: the first row's number; ``group``: the Parquet row group)."""
+    row = start
+    while True:
+        try:
+            batch = next(batches)
+            rows = ([{k: batch[k][j] for k in batch} for j in range(len(next(iter(batch.values()), [])))]
+                    if columns else batch)
+        except StopIteration:
+            return
+        except Exception as e:  # noqa: BLE001 - pyarrow / datasets raise many types for corrupt data
+            where = f"rows from {row}" + (f" (row group {group})" if group is not None else "")
+            raise PipelineError(f"{path}: {where}: corrupt {what} data ({cause(e)}); re-create or re-download the "
+                                "file") from None
+        yield from rows
+        row += len(rows)
 
 
 def read_rows(path: str | os.PathLike[str], *, required: tuple[str, ...] = ("question", "answer"),

@@ -25,15 +25,18 @@ that could not be set up is logged as a warning when the zygote starts, never sk
 - namespaces: ``pidns`` (the program sees only its own processes; when it exits, or on timeout, the kernel
   kills every process it started, double-forked ones included, before :func:`run_python` returns),
   ``netns`` (no network interface but a down loopback), ``mountns``, ``ipcns``, ``utsns``, ``cgroupns``;
-- file system: the host is mounted read-only and ``nodev`` (``ro_root``, ``nodev``: a device node outside
-  the minimal ``/dev`` cannot be opened); ``/root``, ``/home``, ``/run``, ``/var/tmp``,
-  ``/sys/fs/cgroup`` and any directory an unprivileged user cannot enter on the way to the Python
-  installation are replaced by empty read-only directories, except the
-  Python installation, which is re-exposed read-only (``hide_paths``); ``/dev`` holds only null, zero, full,
-  random and urandom (``minimal_dev``); ``/proc`` shows the sandbox's processes only; the working directory
-  ``/tmp`` (fresh and empty) and ``/dev/shm`` share one size-limited tmpfs (``disk_mb``) that vanishes with
-  the sandbox;
-- limits: wall clock (``timeout_s``), CPU seconds (``RLIMIT_CPU``), memory (``RLIMIT_AS`` = the interpreter's
+- file system, by allow-list (``allowlist_fs``): the sandbox's root is a read-only tmpfs that holds ``/usr`` and the
+  ``/lib*`` trees (or their merged-/usr symlinks), the interpreter's standard library, lib-dynload and
+  site-packages, six /etc entries and a written passwd / group / hosts, each bound read-only, ``nosuid`` and
+  ``nodev`` at its host path, and nothing else: not the checkout, data directories, ``../shared``, HOME, ``/run``,
+  ``/sys``, nor a directory a ``.pth`` file names; every absolute path a params file names is hidden even inside the
+  allow-list (:func:`protect`); ``expose`` / ``hide`` add to it. ``/dev`` holds only null, zero, full, random and
+  urandom (``minimal_dev``); ``/proc`` shows the program's own processes only, not the sandbox's PID 1, and no
+  ``/proc/sys`` (``proc_hidepid``: ``hidepid=invisible,subset=pid``); the working directory ``/tmp`` (fresh and
+  empty) and ``/dev/shm`` share one tmpfs limited in size (``disk_mb``) and in files (``inode_cap``) that vanishes
+  with the sandbox;
+- limits: wall clock (``timeout_s``), CPU seconds (``RLIMIT_CPU``), CPUs at once (``cpu_limit``: a cgroup CPU
+  quota of ``cpus`` for the whole tree, or pinning), memory (``RLIMIT_AS`` = the interpreter's
   own address space + ``memory_mb``, and a memory cgroup for the whole tree), processes and threads
   (``RLIMIT_NPROC`` and a pids cgroup), file size, 256 open files, no core dumps; the program is the
   out-of-memory killer's first choice (``oom_score_adj`` 1000). Threads share one malloc arena and get
@@ -45,14 +48,15 @@ that could not be set up is logged as a warning when the zygote starts, never sk
   to their first and last ``max_output_bytes / 2`` bytes when longer (the middle is replaced by a marker),
   so a huge or binary output never breaks the caller.
 
-Not guaranteed: the program can read world-readable host files outside the hidden directories (read-only);
-it can use up to its limits of CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the
-surface, it does not remove it; the kernel lets ``uretprobe``/``uprobe``, 335/336, bypass every filter,
-and they kill a caller outside a probe trampoline); timing side channels (CPU caches, the page cache by
-timing) are not closed; without root (or on another architecture, or with cgroup v2) the
-corresponding mechanisms are missing and reported as such (there is no user-namespace mode for non-root
-callers: they get rlimits, no_new_privs, seccomp, an empty environment, a fresh host working directory
-and a process-group kill).
+Not guaranteed: the program learns the paths of the Python installation it runs (``sys.path``; a ``.venv`` inside
+the checkout names the checkout's directory, whose other content is not mounted); it can use up to its limits of
+CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the surface, it does not remove it; the kernel
+lets ``uretprobe``/``uprobe``, 335/336, bypass every filter, and they kill a caller outside a probe trampoline);
+timing side channels (CPU caches, the page cache by timing) are not closed; without root (or on another
+architecture, or with cgroup v2) the corresponding mechanisms are missing and reported as such (there is no
+user-namespace mode for non-root callers: they get rlimits, no_new_privs, seccomp, an empty environment, a fresh
+host working directory, CPU pinning and a process-group kill, and see the host's files as the caller does).
+docs/sandbox.md has the threat model and the red-team table.
 
 Fast path: the zygote pre-forks sandboxes (namespaces and mounts ready, program not yet known), so a
 program costs a few forks, not an interpreter start-up. State cannot leak between programs: each runs in
@@ -496,13 +500,47 @@ _default: SandboxExecutor | None = None
 _default_lock = threading.Lock()
 
 
+_protected: set[str] = set()
+
+
+def protect(paths: Sequence[str]) -> None:
+    """Never show these host paths to programs of the process-wide executor, even inside the allow-list (they are
+    covered by empty read-only mounts: ``hide``). Every absolute path a params file names is protected the same way
+    (``stages.schema.base.named_paths``), so that a data set or model kept under ``/usr`` or in a site-packages
+    directory stays out of view. A running executor that does not hide them yet is replaced on its next use."""
+    _protected.update(p for p in paths if p)
+
+
+def _within_allow_list(path: str) -> bool:
+    """Whether ``path`` may lie in a tree the sandbox shows (system trees, /etc, the Python installation): only
+    those need hiding (a superset: the zygote's plan keeps the ones inside a bind)."""
+    roots = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/etc", sys.prefix, sys.base_prefix, sys.exec_prefix,
+             sys.base_exec_prefix)
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in {os.path.realpath(r) for r in roots})
+
+
+def protected() -> list[str]:
+    """The existing paths the process-wide executor hides: :func:`protect`-ed and named by params files, those that
+    may lie inside the allow-list (the rest are never shown anyway)."""
+    from stages.schema.base import named_paths  # (the params files this process read)
+
+    found = {os.path.realpath(os.path.expanduser(p)) for p in _protected | named_paths()}
+    return sorted(p for p in found if _within_allow_list(p) and os.path.exists(p))
+
+
 def get_executor() -> SandboxExecutor:
-    """The process-wide executor (started on first use)."""
+    """The process-wide executor (started on first use; it hides the :func:`protected` paths)."""
     global _default
+    hide = protected()
     with _default_lock:
+        old = None
+        if _default is not None and _default._cfg["hide"] != hide and not _default._closed:
+            old, _default = _default, None
         if _default is None:
-            _default = SandboxExecutor()
-        return _default
+            _default = SandboxExecutor(hide=hide)
+    if old is not None:
+        old.close()
+    return _default
 
 
 def configure(**kwargs: Any) -> SandboxExecutor:
@@ -535,6 +573,20 @@ def isolation_report() -> dict[str, Any]:
     "allowed_syscalls", "argument_checked"} or None, "threads": {"malloc_arena_max", "thread_stack_bytes"},
     ...}``."""
     return get_executor().report()
+
+
+WALL_PER_CPU = 3.0
+"""Under :func:`cpu_limit`, the wall-clock cap of a program as a multiple of its CPU-time limit."""
+
+
+def cpu_limit(timeout_s: float) -> dict[str, float]:
+    """Limits under which a program's outcome does not depend on the machine's load (issue 29), as keyword arguments
+    of :func:`run_python` / :func:`run_pot`: ``timeout_s`` seconds of CPU time per process (``RLIMIT_CPU``, which ends
+    it as a "timeout" at the same point of its computation however busy the machine is) and a wall-clock cap of
+    :data:`WALL_PER_CPU` x ``timeout_s`` for a program that waits without computing (sleep, a blocking call). The
+    pipeline's stages run model-written and dataset programs with these; only a program starved below
+    1 / ``WALL_PER_CPU`` of a core for its whole run can end differently on a loaded machine."""
+    return {"cpu_s": timeout_s, "timeout_s": WALL_PER_CPU * timeout_s}
 
 
 def run_python(

@@ -26,6 +26,13 @@ What the next TIR round continues from (``carry``):
   ``Stream.policy_mask`` is 0 on the injected tokens, which the loss and the KL leave out. Re-tokenising the text
   (the reference's way) would put the policy's tokens in a context other than the one they were sampled in.
 
+Tool output is text, never control tokens: a program that prints its tokenizer's EOS (``</s>``, ``<|im_end|>``,
+...) or any other special token's text must not end the response or open a chat turn. With ``"tokens"`` the output
+block is tokenised with special-token strings split into ordinary tokens (:func:`tool_output_ids`, the text kept as
+printed); with ``"text"``, where the generator re-tokenises the whole context, a zero-width space is put after the
+first character of each special-token string in the output (:func:`plain_text`). SFT targets are tokenised the same
+way (``stages.train.data.make_example``: the response with split special tokens, EOS appended by id).
+
 Concurrency: programs run on ``pool`` (threads, each driving one sandbox process) while the generator works. The
 prompts are split into ``chunks`` fixed, contiguous groups, processed in a fixed order (round 1 of chunk 1, round 1
 of chunk 2, ..., round 2 of chunk 1, ...): a chunk's programs run while the next chunk generates, and a chunk waits
@@ -45,7 +52,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from stages.core.generation import Completion, SamplingParams, tokenize_prompts
-from stages.core.sandbox import ExecResult, extract_tir_code, run_pot, run_python, tir_output, tir_output_block
+from stages.core.sandbox import (
+    ExecResult,
+    cpu_limit,
+    extract_tir_code,
+    run_pot,
+    run_python,
+    tir_output,
+    tir_output_block,
+)
 
 TIR_STOP = "```output"
 """Where tool-integrated generation pauses for the code to run (DeepSeekMath's stop word)."""
@@ -54,6 +69,46 @@ Carry = Literal["text", "tokens"]
 
 _OUTPUT_HEAD = "\n" + TIR_STOP  # tir_output_block(out) == _OUTPUT_HEAD + "\n" + out + "\n```\n"
 _PY_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+ZERO_WIDTH_SPACE = "\u200b"
+
+
+def special_strings(tokenizer: Any) -> list[str]:
+    """The text of every special token of ``tokenizer`` (BOS, EOS, PAD, UNK, chat markers and other added special
+    tokens), longest first; [] without a tokenizer."""
+    if tokenizer is None:
+        return []
+    out = {str(t) for t in getattr(tokenizer, "all_special_tokens", None) or []}
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            out.add(str(added))
+    return sorted((t for t in out if len(t) > 1), key=lambda t: (-len(t), t))
+
+
+def plain_text(text: str, tokenizer: Any) -> str:
+    """``text`` with a zero-width space after the first character of every special-token string of ``tokenizer``
+    in it, so that tokenising the result never yields a special token (for contexts that are re-tokenised as a
+    whole: ``carry="text"``). Text without such strings is returned unchanged."""
+    specials = special_strings(tokenizer)
+    while any(sp in text for sp in specials):
+        for sp in specials:
+            text = text.replace(sp, sp[0] + ZERO_WIDTH_SPACE + sp[1:])
+    return text
+
+
+def tool_output_ids(tokenizer: Any, text: str) -> tuple[str, list[int]]:
+    """(text, ids) of tool output injected into a token context: ``text`` tokenised as text, its special-token
+    strings split into ordinary tokens (``split_special_tokens``), so no id is a special token's; a tokenizer that
+    cannot split gets :func:`plain_text` instead (and that text is returned)."""
+    ids = list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    special = set(getattr(tokenizer, "all_special_ids", None) or []) - {getattr(tokenizer, "unk_token_id", None)}
+    special |= {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+                if getattr(t, "special", False)}
+    if special.intersection(ids):
+        text = plain_text(text, tokenizer)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return text, ids
 
 
 def pot_program(text: str) -> str:
@@ -168,6 +223,8 @@ class _Loop:
         self.generator, self.prompts, self.mode, self.pool = generator, list(prompts), mode, pool
         self.max_rounds, self.timeout, self.carry, self.tok, self.stats = max_rounds, exec_timeout_s, carry, tokenizer, stats
         self.tokens = carry == "tokens"
+        if self.tok is None:  # text carry: the generator's tokenizer tells which strings are special
+            self.tok = getattr(generator, "tokenizer", None)
         self.prompt_ids = tokenize_prompts(tokenizer, self.prompts) if self.tokens and mode == "tir" else None
         self.streams: list[list[Stream]] = [[] for _ in self.prompts]
         self.stops: tuple[str, ...] = ()
@@ -213,7 +270,7 @@ class _Loop:
         for st in done:
             if self.mode == "pot":
                 code = pot_program(strip_stops(st.text, self.stops))
-                jobs.append(_Job(st, self.pool.submit(run_pot, code, timeout_s=self.timeout)))
+                jobs.append(_Job(st, self.pool.submit(run_pot, code, **cpu_limit(self.timeout))))
                 continue
             if not (st.finish_reason == "stop" and st.text.endswith(TIR_STOP)):
                 continue
@@ -225,7 +282,8 @@ class _Loop:
             else:
                 st.text = stripped
             st.finish_reason = "tool"  # paused for the tool; set again by the next generation
-            jobs.append(_Job(st, self.pool.submit(run_python, code, timeout_s=self.timeout) if code else None, extra))
+            job = self.pool.submit(run_python, code, **cpu_limit(self.timeout)) if code else None
+            jobs.append(_Job(st, job, extra))
         return jobs
 
     def collect(self, jobs: list[_Job]) -> None:
@@ -249,11 +307,11 @@ class _Loop:
             block = tir_output_block(tir_output(res))
             st.executions += 1
             if not self.tokens:
-                st.inject(block, [])
+                st.inject(plain_text(block, self.tok), [])  # re-tokenised with the context: no special string
                 continue
             rest = block[len(_OUTPUT_HEAD):]  # the policy wrote the stop word itself: "\n{out}\n```\n" follows
             add = rest[len(job.extra):] if rest.startswith(job.extra) else rest
-            st.inject(add, self.tok(add, add_special_tokens=False)["input_ids"])
+            st.inject(*tool_output_ids(self.tok, add))  # as text: special-token strings split, never special ids
 
 
 def run_loop(generator: Any, prompts: Sequence[str], mode: str, sampling: Callable[[int, int], SamplingParams],

@@ -48,7 +48,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from stages.core.errors import PipelineError
-from stages.core.generation import (
+from stages.core.sampling import (
     Completion,
     SamplingParams,
     eos_token_ids,

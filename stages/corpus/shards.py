@@ -37,7 +37,7 @@ from typing import Any
 
 import fsspec
 
-from stages.core.errors import PipelineError
+from stages.core.errors import PipelineError, cause
 
 CARRIED = ("label", "kind", "near_dup_of", "contaminated_by")
 
@@ -112,14 +112,20 @@ def plan_shards(path: str | os.PathLike[str], n: int) -> list[Shard]:
         elif fmt == "parquet":
             import pyarrow.parquet as pq
 
-            with _open(f) as fh:
-                groups = pq.ParquetFile(fh).num_row_groups
+            try:
+                with _open(f) as fh:
+                    groups = pq.ParquetFile(fh).num_row_groups
+            except Exception as e:  # noqa: BLE001 - a corrupt footer: one line naming the file
+                raise PipelineError(f"{f}: not a readable Parquet file ({cause(e)}); fix or remove it") from None
             k = max(1, min(per_file, groups))
             bounds = [groups * i // k for i in range(k + 1)]
         else:
             import datasets
 
-            rows = len(datasets.load_from_disk(str(f)))
+            try:
+                rows = len(datasets.load_from_disk(str(f)))
+            except Exception as e:  # noqa: BLE001
+                raise PipelineError(f"{f}: not a readable datasets directory ({cause(e)}); save it again") from None
             k = max(1, min(per_file, rows))
             bounds = [rows * i // k for i in range(k + 1)]
         for a, b in zip(bounds, bounds[1:], strict=False):
@@ -154,7 +160,12 @@ def _raw_rows(shard: Shard) -> Iterator[tuple[str, Any]]:
             pf = pq.ParquetFile(fh)
             row = sum(pf.metadata.row_group(g).num_rows for g in range(shard.start))
             for g in range(shard.start, shard.stop):
-                for rec in pf.read_row_group(g).to_pylist():
+                try:
+                    recs = pf.read_row_group(g).to_pylist()
+                except Exception as e:  # noqa: BLE001 - a corrupt data page: one line naming file and rows
+                    raise PipelineError(f"{shard.path}: rows from {row} (row group {g}): corrupt Parquet data "
+                                        f"({cause(e)}); re-create or re-download the file") from None
+                for rec in recs:
                     yield f"{name}@{row}", rec
                     row += 1
     elif shard.fmt == "warc":
@@ -164,7 +175,11 @@ def _raw_rows(shard: Shard) -> Iterator[tuple[str, Any]]:
 
         ds = datasets.load_from_disk(shard.path)
         for i in range(shard.start, shard.stop, 1000):
-            batch = ds[i:min(i + 1000, shard.stop)]
+            try:
+                batch = ds[i:min(i + 1000, shard.stop)]
+            except Exception as e:  # noqa: BLE001 - a truncated / corrupt arrow file
+                raise PipelineError(f"{shard.path}: rows from {i}: corrupt datasets data ({cause(e)}); save it "
+                                    "again") from None
             keys = list(batch)
             for j in range(len(batch[keys[0]]) if keys else 0):
                 yield f"{name}@{i + j}", {k: batch[k][j] for k in keys}

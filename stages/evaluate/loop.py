@@ -99,10 +99,11 @@ def completion_record(st: Stream, mode: str) -> dict[str, Any]:
 
 def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s: LoopSettings, prompting: str,
                    exemplars: list[tuple[str, str]] | None, batch_index: int,
-                   pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
-    """Generate, execute, extract and judge one batch; returns one record per problem."""
+                   pool: ThreadPoolExecutor, fmt: PromptFormat | None = None) -> list[dict[str, Any]]:
+    """Generate, execute, extract and judge one batch; returns one record per problem. ``fmt``: the zero-shot prompt
+    format (default: the generator's model's; GRPO's held-out curve passes its RL template's)."""
     stops = stop_strings(spec.family, spec.mode, prompting)
-    fmt = generator_format(generator)
+    fmt = fmt or generator_format(generator)
     prompts = [build_prompt(p, spec.mode, prompting, exemplars, fmt) for p in problems]
     streams = run_loop(generator, prompts, spec.mode,
                        lambda r, _c: sampling_params(spec, s, stops, batch_index, n=None if r == 0 else 1, round_=r),

@@ -31,6 +31,7 @@ from stages.core.errors import PipelineError
 from stages.core.hardware import fast_bf16, generation_record
 from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import resolve_model
+from stages.core.plots import write_table
 from stages.core.problems import Problem, load_problem_file
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
 from stages.evaluate.loop import LoopSettings, RunSpec, generator_format, run_one
@@ -106,10 +107,12 @@ def fingerprint(model: str, m: EvalModelParams, c: EvalCommonParams, data_files:
     return h.hexdigest()[:16]
 
 
-def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams) -> dict[str, Any]:
-    """Metrics of one run: greedy accuracy, or pass@k / maj@k; overall and per difficulty."""
+def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams | None) -> dict[str, Any]:
+    """Metrics of one run: greedy accuracy, or pass@k / maj@k (``c``: the sampling settings; a greedy run needs
+    none, GRPO's held-out curve passes None); overall and per difficulty."""
     if spec.decoding == "greedy":
         return _greedy_summary(records, spec)
+    assert c is not None
     ks = default_ks(spec.n)
     per_problem = []
     for i, r in enumerate(records):
@@ -260,14 +263,13 @@ def write_plots(model: str, metrics: dict[str, Any]) -> None:
                     continue
                 if "sample" in decs:
                     s = decs["sample"]
-                    rows = ["k\tpass_at_k\tmaj_at_k"]
-                    rows += [f"{k}\t{s[f'pass@{k}']}\t{s[f'maj@{k}']}" for k in default_ks(s["n_samples"])]
-                    (tmp / f"{bench}_{mode}_at_k.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+                    write_table(tmp / f"{bench}_{mode}_at_k.tsv", ({"k": k, "pass_at_k": s[f"pass@{k}"],
+                                "maj_at_k": s[f"maj@{k}"]} for k in default_ks(s["n_samples"])),
+                                ["k", "pass_at_k", "maj_at_k"])
                 if "greedy" in decs:
-                    g = decs["greedy"]["by_difficulty"]
-                    rows = ["difficulty\tacc\tn"] + [f"{d}\t{v['acc']}\t{v['n']}" for d, v in g.items()]
-                    (tmp / f"{bench}_{mode}_greedy_by_difficulty.tsv").write_text("\n".join(rows) + "\n",
-                                                                                 encoding="utf-8")
+                    write_table(tmp / f"{bench}_{mode}_greedy_by_difficulty.tsv",
+                                ({"difficulty": d, **v} for d, v in decs["greedy"]["by_difficulty"].items()),
+                                ["difficulty", "acc", "n"])
 
 
 def _progress(label: str) -> Any:

@@ -19,6 +19,9 @@ from stages.report.inputs import STAGES, Inputs, get, mapping, num, seq
 
 NOT_RUN = "not run"
 DASH = "—"
+TIMINGS_NOTE = ("Wall times, throughputs and peak memory of the run are not on this page, which is the same bytes for "
+                "the same inputs (DVC caches it): they are in data/timings/<stage>.json, written by each stage's run "
+                "(docs/pipeline.md#what-a-run-writes-and-what-the-run-cache-restores).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +359,7 @@ KEYS: dict[str, tuple[Key, ...]] = {
                K("contaminated pages removed", "contaminated_removed"),
                K("problems removed (decontamination): sft / rl", "problems_removed.sft", "problems_removed.rl")),
     "base_model": (K("mode", "mode"), K("parameters", "n_params"), K("vocabulary", "vocab_size")),
-    "pretrain": (K("steps", "steps_run"), K("tokens", "tokens_this_run"), K("tokens / s", "tokens_per_s"),
+    "pretrain": (K("steps", "steps_run"), K("tokens", "tokens_this_run"),
                  K("train loss: first → last", "train_loss_first", "train_loss_last", sep=ARROW),
                  K("held-out loss: before → after", "eval_loss_before", "eval_loss_after", sep=ARROW),
                  K("held-out perplexity: before → after", "perplexity_before", "perplexity_after", sep=ARROW),
@@ -364,14 +367,13 @@ KEYS: dict[str, tuple[Key, ...]] = {
     "sft": (K("steps", "steps_run"), K("training examples", "train_examples"), K("kept per format", "kept"),
             K("dropped (answer not verified)", "dropped_unverified"),
             K("train loss: first → last", "train_loss_first", "train_loss_last", sep=ARROW),
-            K("validation loss: before → best", "val_loss_before", "val_loss_best", sep=ARROW),
-            K("tokens / s", "tokens_per_s")),
+            K("validation loss: before → best", "val_loss_before", "val_loss_best", sep=ARROW)),
     "reward_model": (K("init", "init"), K("training / held-out examples", "n_train_examples", "n_heldout_examples"),
                      K("held-out AUC: outcome / outcome within a question / step / step vs exact labels",
                        "outcome_auc", "heldout.outcome_auc_within", "step_auc", "step_auc_values"),
                      K("best-of-n on held-out questions: n / RM pick / random pick / majority / pass@n", "best_of_n.n",
                        "best_of_n.rm_last", "best_of_n.random", "best_of_n.majority", "best_of_n.oracle"),
-                     K("loss per epoch", "loss_per_epoch"), K("sampling / training s", "sampling_s", "training_s")),
+                     K("loss per epoch", "loss_per_epoch")),
     "grpo": (K("algorithm", "algorithm"), K("steps", "grpo.steps"),
              K("reward: first 5 → last 5 steps", "grpo.reward_mean_first5", "grpo.reward_mean_last5", sep=ARROW),
              K("sampled accuracy: first 5 → last 5", "grpo.accuracy_first5", "grpo.accuracy_last5", sep=ARROW),
@@ -381,7 +383,6 @@ KEYS: dict[str, tuple[Key, ...]] = {
              K("groups with zero reward spread: first 5 → last 5", "grpo.zero_std_frac_first5",
                "grpo.zero_std_frac_last5", sep=ARROW),
              K("held-out accuracy: first → last", "heldout.first", "heldout.last", sep=ARROW),
-             K("s per step", "grpo.step_s_mean"),
              K("continued-SFT baseline loss: first → last", "baseline.sft_loss_first", "baseline.sft_loss_last",
                sep=ARROW)),
 }
@@ -435,21 +436,16 @@ def stage_summary(stage: str, m: dict[str, Any] | None) -> str:
     return g() if g else ""
 
 
-def _wall(m: dict[str, Any] | None) -> str:
-    w = num(get(m, "wall_s"))
-    return "" if w is None else f"{w:.1f}"
-
-
 def overview_rows(inputs: Inputs) -> list[list[str]]:
-    """Stage | status | wall time | main result, for every stage and evaluated model."""
+    """Stage | status | main result, for every stage and evaluated model (no wall time: the page is the same bytes
+    for the same inputs; the run's timings are in data/timings/, :data:`TIMINGS_NOTE`)."""
     rows = []
     for s in STAGES:
         m = inputs.metrics.get(s)
-        rows.append([s, "ran" if m is not None else NOT_RUN, _wall(m),
-                     stage_summary(s, m)])
+        rows.append([s, "ran" if m is not None else NOT_RUN, stage_summary(s, m)])
     for model, m in inputs.evaluate.items():
         cot = num(get(m, "generated.cot.greedy.acc"))
-        rows.append([f"evaluate@{model}", "ran" if m is not None else NOT_RUN, _wall(m),
+        rows.append([f"evaluate@{model}", "ran" if m is not None else NOT_RUN,
                      "" if m is None else f"CoT greedy {acc(cot)}" if cot is not None else ""])
     return rows
 
@@ -486,7 +482,8 @@ def markdown_summary(title: str, inputs: Inputs, report_path: str) -> str:
         _md_table(("finding", "paper", "source", "ours", "our measurement"),
                   [(r.what, r.paper, r.source, r.ours or NOT_RUN, r.note) for r in paper_rows(inputs)]),
         "## Stages",
-        _md_table(("stage", "status", "wall s", "result"), overview_rows(inputs)),
+        _md_table(("stage", "status", "result"), overview_rows(inputs)),
+        TIMINGS_NOTE,
     ]).replace("\n\n\n\n", "\n\n") + "\n"
 
 
@@ -571,12 +568,11 @@ def img(uri: str | None, alt: str) -> str:
     return f'<img src="{uri}" alt="{esc(alt)}">'
 
 
-def badge(ran: bool, wall: Any = None) -> str:
+def badge(ran: bool) -> str:
     """The status badge next to a section title."""
     if not ran:
         return f'<span class="badge na">{NOT_RUN}</span>'
-    w = num(wall)
-    return f'<span class="badge ok">ran{f" in {w:.1f} s" if w is not None else ""}</span>'
+    return '<span class="badge ok">ran</span>'
 
 
 def all_metrics(m: dict[str, Any] | None, label: str) -> str:
@@ -593,29 +589,28 @@ def _not_run(stage: str, path: str) -> str:
             "(or <code>python -m flows.pipeline</code>) produces it.</p>")
 
 
-def _section(sid: str, title: str, ran: bool, wall: Any, body: str) -> str:
-    return f'<section id="{sid}"><h2>{esc(title)}{badge(ran, wall)}</h2>\n{body}\n</section>'
+def _section(sid: str, title: str, ran: bool, body: str) -> str:
+    return f'<section id="{sid}"><h2>{esc(title)}{badge(ran)}</h2>\n{body}\n</section>'
 
 
 def stage_section(stage: str, inputs: Inputs, extra: Callable[[], str] | None = None) -> str:
     """One stage's section: key metrics, its figures (``extra``), every metric collapsed."""
     m = inputs.metrics.get(stage)
     if m is None:
-        return _section(stage, TITLES[stage], False, None, _not_run(stage, f"data/details/{stage}.json"))
+        return _section(stage, TITLES[stage], False, _not_run(stage, f"data/details/{stage}.json"))
     body = html_table(("key metric", "value"), key_rows(stage, m), numeric=(1,))
     if extra is not None:
         body += extra()
     body += all_metrics(m, f"data/details/{stage}.json")
-    return _section(stage, TITLES[stage], True, get(m, "wall_s"), body)
+    return _section(stage, TITLES[stage], True, body)
 
 
 def _evaluate_section(inputs: Inputs) -> str:
     ev = {k: v for k, v in inputs.evaluate.items() if v is not None}
     ran = bool(ev)
     if not ran:
-        return _section("evaluate", TITLES["evaluate"], False, None,
+        return _section("evaluate", TITLES["evaluate"], False,
                         _not_run("evaluate", "data/details/evaluate_<model>.json"))
-    wall = sum(num(get(v, "wall_s")) or 0.0 for v in ev.values())
     body = []
     benches = sorted({b for v in ev.values() for b in benchmarks_of(v)},
                      key=lambda b: BENCHMARK_ORDER.index(b) if b in BENCHMARK_ORDER else 99)
@@ -625,8 +620,8 @@ def _evaluate_section(inputs: Inputs) -> str:
     body.append(img(figures.pass_maj(ev), "pass@k and maj@k"))
     body.append("<h3>Every run</h3>")
     body.append(html_table(("model", "benchmark", "mode", "decoding", "problems", "acc. / pass@1", "pass@k",
-                            "maj@k", "k", "no answer", "truncated", "tokens", "wall s"), run_rows(ev),
-                           numeric=range(4, 13), cls="small"))
+                            "maj@k", "k", "no answer", "truncated", "tokens"), run_rows(ev),
+                           numeric=range(4, 12), cls="small"))
     missing = [k for k, v in inputs.evaluate.items() if v is None]
     if missing:
         body.append(f'<p class="na">{NOT_RUN}: ' + ", ".join(f"evaluate@{esc(k)}" for k in missing) + "</p>")
@@ -642,7 +637,7 @@ def _evaluate_section(inputs: Inputs) -> str:
                                    numeric=range(1, len(diffs) + 1)))
     for k, v in ev.items():
         body.append(all_metrics(v, f"data/details/evaluate_{k}.json"))
-    return _section("evaluate", TITLES["evaluate"], True, wall, "\n".join(body))
+    return _section("evaluate", TITLES["evaluate"], True, "\n".join(body))
 
 
 def _one(v: Any) -> str:
@@ -666,13 +661,13 @@ def run_rows(ev: dict[str, dict[str, Any]]) -> list[list[str]]:
                     out.append([model, b, mode, dec, fmt(r.get("n")), acc(first),
                                 acc(r.get(f"pass@{k}")) if k else DASH, acc(r.get(f"maj@{k}")) if k else DASH,
                                 fmt(k), acc(r.get("no_answer")), acc(r.get("truncated")),
-                                _one(r.get("mean_tokens")), _one(r.get("wall_s"))])
+                                _one(r.get("mean_tokens"))])
     return out
 
 
 def _comparisons_section(inputs: Inputs, enabled: bool) -> str:
     if not enabled:
-        return _section("comparisons", TITLES["comparisons"], False, None,
+        return _section("comparisons", TITLES["comparisons"], False,
                         f'<p class="na">{NOT_RUN}: report.benchmark_results is false (the committed comparisons '
                         "describe the tiny default).</p>")
     body = ["<h3>Unified paradigm: held-out accuracy during training (paper Figure 5)</h3>"]
@@ -692,8 +687,7 @@ def _comparisons_section(inputs: Inputs, enabled: bool) -> str:
     else:
         body.append(f'<p class="na">{NOT_RUN}: benchmarks/results/iterative_rl.json absent or in another format '
                     "(<code>python benchmarks/iterative_rl.py</code>).</p>")
-    return _section("comparisons", TITLES["comparisons"], inputs.paradigm is not None or bool(it), None,
-                    "\n".join(body))
+    return _section("comparisons", TITLES["comparisons"], inputs.paradigm is not None or bool(it), "\n".join(body))
 
 
 def _paradigm_block(body: list[str], d: dict[str, Any] | None, name: str) -> bool:
@@ -756,7 +750,8 @@ def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at:
                    numeric=()),
         "</section>",
         '<section id="stages"><h2>Stages</h2>',
-        html_table(("stage", "status", "wall s", "result"), overview_rows(inputs), numeric=(2,)),
+        html_table(("stage", "status", "result"), overview_rows(inputs), numeric=()),
+        f'<p class="note">{esc(TIMINGS_NOTE)}</p>',
         "</section>",
         stage_section("data", inputs),
         stage_section("corpus", inputs, lambda: img(figures.corpus_rounds(get(inputs.metrics["corpus"], "rounds")),

@@ -43,6 +43,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from stages.rl import registry
 from stages.rl.rewards import Rewards
 
 ScaleRewards = Literal["group", "batch", "none"]
@@ -179,19 +180,6 @@ def process_advantages(step_rewards: Tensor, step_ends: Tensor, length: int, *, 
     return adv.to(torch.float32)
 
 
-def step_end_indices(token_texts: list[str], *, step_sep: str = "\n") -> list[int]:
-    """Completion-token indices where a reasoning step ends (paper 4.1.3: ``index(j)``).
-
-    A step ends at the token whose decoded text contains ``step_sep`` (a newline, as the generated CoT
-    writes one step per line) and at the last token of the completion (the final step, which usually
-    ends with EOS instead of a newline). ``token_texts`` is the decoded text of each completion token.
-    """
-    ends = [t for t, s in enumerate(token_texts) if step_sep in s]
-    if token_texts and (not ends or ends[-1] != len(token_texts) - 1):
-        ends.append(len(token_texts) - 1)
-    return ends
-
-
 # ---------------------------------------------------------------------------------------------
 # PPO: the per-token reward of eq. 2 and generalised advantage estimation
 
@@ -318,26 +306,19 @@ class AdvantageInput:
 
 
 Estimator = Callable[[AdvantageInput, AdvantageConfig], Advantages]
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = registry.ADVANTAGE_ESTIMATORS.impls
+"""The registered estimators by name (stages/rl/registry.py holds their specs)."""
 
 
 def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator: register ``fn(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages`` under ``name``."""
-
-    def deco(fn: Estimator) -> Estimator:
-        if name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return deco
+    """Decorator: register ``fn(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages`` under ``name`` (declared
+    in stages/rl/registry.py ADVANTAGE_ESTIMATORS)."""
+    return registry.ADVANTAGE_ESTIMATORS.register(name)
 
 
 def estimate_advantages(name: str, inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
-    """Run the registered estimator ``name``."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; registered: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
-    return ADVANTAGE_ESTIMATORS[name](inp, cfg)
+    """Run the registered estimator ``name`` (an unknown name: a one-line error listing the registered ones)."""
+    return registry.ADVANTAGE_ESTIMATORS.get(name)(inp, cfg)
 
 
 @register_estimator("grpo")

@@ -1,5 +1,5 @@
-"""The RL algorithms as small strategy objects in one registry (``grpo.algorithm``; its allowed values are the names
-registered here). The paper's unified paradigm (section 5.2.1, stages/rl/paradigm.py has the table) plus PPO
+"""The RL algorithms as small strategy objects, the implementations of the algorithm registry (``grpo.algorithm``;
+stages/rl/registry.py ALGORITHMS declares each name and what it needs). The paper's unified paradigm (section 5.2.1, stages/rl/paradigm.py has the table) plus PPO
 (section 4.1.1), the method GRPO is argued against.
 
 An algorithm says what differs between methods; the step (stages/rl/step.py) does the rest the same way for all:
@@ -11,70 +11,33 @@ An algorithm says what differs between methods; the step (stages/rl/step.py) doe
 - ``policy_loss`` / ``loss_config``: the registered loss (stages/rl/losses.py) and its settings;
 - ``uses_reference`` / ``needs_old_logprobs`` / ``make_critic``: the models the step needs.
 
-sft has no sampling loop (``samples = False``): the stage runs the continued SFT of stages/rl/baseline.py for it.
+sft has no sampling loop (its spec's ``samples`` is false): the driver runs stages/rl/baseline.py's continued SFT.
 
-Adding an algorithm: subclass :class:`Algorithm`, decorate it with ``@register_algorithm("name")``, and give the
-params validator (stages/params.py, ``GrpoParams``) any pairing rule it needs.
+Adding an algorithm: declare its :class:`stages.rl.registry.AlgorithmSpec` in stages/rl/registry.py (what it needs:
+a KL and where, a value model, the rule reward only; the params check pairs it with estimators and reward sources
+from there), then subclass :class:`Algorithm` here and decorate it with ``@register_algorithm("name")``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import replace
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from stages.core.dist import rank, world_size
+from stages.rl import registry
 from stages.rl.advantages import AdvantageConfig, AdvantageInput, Advantages, estimate_advantages, outcome_advantages
 from stages.rl.losses import LossConfig
-from stages.rl.paradigm import rft_coefficients
-from stages.rl.rewards import Rewards, RewardSet
-
-if TYPE_CHECKING:
-    from stages.rl.rollout import Rollout
-    from stages.rl.step import Batch, LogProbs, StepContext
-
-
-@dataclass(frozen=True)
-class RewardStats:
-    """This rank's sums behind the reward metrics of a step (summed over ranks by the step)."""
-
-    acc_sum: float
-    acc_n: float
-    rew_sum: float
-    rew_n: float
-    n_zero: float
-    n_groups: float
-    std_sum: float
-    n_fail: float
-
-    def as_list(self) -> list[float]:
-        return [self.acc_sum, self.acc_n, self.rew_sum, self.rew_n, self.n_zero, self.n_groups, self.std_sum,
-                self.n_fail]
-
-
-@dataclass(frozen=True)
-class Targets:
-    """What the update trains towards (phase 3 of the step; N outputs, T completion tokens).
-
-    loss_mask: (N, T) tokens in the loss (0 for excluded outputs). weights: per output (N,) or per token (N, T), the
-    advantages (policy-gradient losses) or gradient coefficients (the nll loss); None until ``finish_targets``
-    (PPO). returns: (N, T) the value model's targets (PPO), else None. stats: the reward metrics' sums.
-    metrics: extra per-step metrics of the algorithm. rewards: the (Q, G) per-output rewards the step reports."""
-
-    loss_mask: Tensor
-    weights: Tensor | None
-    stats: RewardStats
-    rewards: Tensor
-    returns: Tensor | None = None
-    metrics: dict[str, float] | None = None
-
-    @property
-    def train_rows(self) -> Tensor:
-        """Indices of the outputs with at least one loss token."""
-        return torch.nonzero(self.loss_mask.sum(-1) > 0).view(-1)
+from stages.rl.paradigm import rft_coefficients, rft_pool_from_samples, run_questions
+from stages.rl.rewards import Rewards, RewardSet, accuracy_reward
+from stages.rl.rollout import Rollout, build_rollout, question_modes, rollout_prompt, sample_outputs
+from stages.rl.types import Batch, LogProbs, RewardStats, StepContext, Targets
+from stages.rl.update import on_device
+from stages.rl.value import Critic, make_critic
 
 
 def group_stats(rewards: Rewards, adv: Advantages, n_fail: int) -> RewardStats:
@@ -97,42 +60,43 @@ def exclude_invalid(mask: Tensor, adv: Advantages) -> int:
 
 class Algorithm:
     """Base strategy: sample G outputs per question from the current policy, score them with the run's reward
-    source; subclasses give the targets and the loss."""
+    source; subclasses give the targets and the loss. What an algorithm needs (a reference model, a value model,
+    the rule reward only, a sampling loop) is declared in its spec (stages/rl/registry.py ALGORITHMS)."""
 
     name: ClassVar[str] = ""
-    samples: ClassVar[bool] = True
     loss_metrics: ClassVar[tuple[str, ...]] = ()
 
-    def check(self, p: Any) -> str | None:
-        """A one-line problem with the params for this algorithm, or None (GrpoParams' validator calls it).
-        Default: the rule reward only (the paradigm's sft / rft / online_rft, paper section 5.2.1)."""
-        if p.reward.source != "rule":
-            return (f"algorithm {self.name} uses the rule reward (paper section 5.2.1); set reward_source: rule, or "
-                    "algorithm: grpo for a reward model")
-        return None
+    @property
+    def spec(self) -> registry.AlgorithmSpec:
+        return registry.ALGORITHMS.spec(self.name)
+
+    @property
+    def samples(self) -> bool:
+        return self.spec.samples
 
     def reward_functions(self, p: Any) -> RewardSet:
-        """The rule / custom reward functions of the run (the rewards of ``reward_source: rule``, and the accuracy
+        """The rule / custom reward functions of the run (the rewards of ``reward.source: rule``, and the accuracy
         metric with every source)."""
         return RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom,
                                      p.reward.custom_weights, template=p.template)
 
     def uses_reference(self, p: Any) -> bool:
-        """Whether the step needs the frozen reference model pi_ref."""
-        return False
+        """Whether the step needs the frozen reference model pi_ref (the spec: a KL with beta > 0)."""
+        return self.spec.uses_reference(p)
 
     def needs_old_logprobs(self, p: Any) -> bool:
         """Whether pi_old needs its own pass before the update (else the update's first forward is pi_old)."""
         return False
 
     def policy_loss(self, p: Any) -> str:
-        """The registered policy loss (stages.rl.losses.POLICY_LOSSES) of the update."""
+        """The registered policy loss (stages/rl/registry.py POLICY_LOSSES) of the update."""
         return "nll"
 
     def loss_config(self, p: Any) -> LossConfig:
-        return LossConfig(clip_eps=p.loss.clip_eps, clip_eps_high=p.loss.clip_eps_high, beta=0.0, aggregation=p.loss.aggregation)
+        return LossConfig(clip_eps=p.loss.clip_eps, clip_eps_high=p.loss.clip_eps_high, beta=0.0,
+                          aggregation=p.loss.aggregation)
 
-    def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Any:
+    def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Critic | None:
         """A value model with its updater (PPO), or None."""
         return None
 
@@ -141,13 +105,9 @@ class Algorithm:
         return None
 
     def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
-        from stages.rl.step import sample_rollout
-
         return sample_rollout(ctx, step, questions)
 
     def score(self, ctx: StepContext, batch: Batch) -> Rewards:
-        from stages.rl.step import score_rollout
-
         assert batch.rollout is not None
         return score_rollout(ctx, batch.rollout)
 
@@ -158,17 +118,45 @@ class Algorithm:
         return tg
 
 
-ALGORITHMS: dict[str, Algorithm] = {}
+def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout:
+    """G outputs per question from the current policy, each question in its rollout mode (``grpo.rollout``; the tool
+    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step."""
+    p = ctx.p
+    batch = [ctx.rows[i] for i in questions]
+    modes = question_modes(p.rollout, p.seed, step, questions)
+    ctx.model.eval()
+    samples, metrics = sample_outputs(ctx.generator, ctx.tokenizer, [r["question"] for r in batch], modes, p,
+                                      seed=p.seed * 1_000_003 + step, pool=ctx.sandbox_pool)
+    sleep = getattr(ctx.generator, "sleep", None)
+    if callable(sleep):
+        sleep()  # vllm sleep mode: the engine's memory goes to the update
+    prompts = [rollout_prompt(r["question"], m, p.template, ctx.tokenizer) for r, m in zip(batch, modes, strict=True)]
+    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.loss.mask_truncated,
+                       mask_written=p.loss.mask_written_outputs)
+    ro.metrics.update(metrics)
+    return ro
+
+
+def score_rollout(ctx: StepContext, ro: Rollout) -> Rewards:
+    """The rule / custom functions' rewards, or the run's reward source's (a reward model, the step labels, a
+    function source) with the functions' values kept as ``parts`` (the accuracy metric)."""
+    rule = ctx.reward_set.rewards(ro)
+    if ctx.source is None or ctx.source is ctx.reward_set:
+        return rule
+    with on_device(getattr(ctx.source, "rm", None), ctx.device, ctx.offload):
+        return ctx.source.rewards(ro).with_parts(rule.parts)
+
+
+ALGORITHMS: dict[str, Algorithm] = registry.ALGORITHMS.impls
+"""The registered strategies by name (stages/rl/registry.py holds their specs)."""
 
 
 def register_algorithm(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
-    """Class decorator: register one instance of the strategy under ``name``."""
+    """Class decorator: register one instance of the strategy under ``name`` (declared in stages/rl/registry.py)."""
 
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
-        if name in ALGORITHMS:
-            raise ValueError(f"algorithm {name!r} is registered twice")
         cls.name = name
-        ALGORITHMS[name] = cls()
+        registry.ALGORITHMS.register(name)(cls())
         return cls
 
     return deco
@@ -176,9 +164,7 @@ def register_algorithm(name: str) -> Callable[[type[Algorithm]], type[Algorithm]
 
 def get_algorithm(name: str) -> Algorithm:
     """The registered algorithm ``name``; an unknown name is a one-line error listing the registered ones."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[name]
+    return registry.ALGORITHMS.get(name)
 
 
 def advantage_config(p: Any) -> AdvantageConfig:
@@ -190,9 +176,8 @@ def advantage_config(p: Any) -> AdvantageConfig:
 
 @register_algorithm("sft")
 class Sft(Algorithm):
-    """Continued SFT on the prompt rows' gold CoT solutions (gradient coefficient 1): no sampling loop here."""
-
-    samples = False
+    """Continued SFT on the prompt rows' gold CoT solutions (gradient coefficient 1): no sampling loop here (the
+    driver runs stages.rl.baseline.continued_sft for it)."""
 
 
 def rule_reward_set() -> RewardSet:
@@ -210,26 +195,20 @@ class Rft(Algorithm):
         return rule_reward_set()
 
     def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
-        from stages.rl.rollout import build_rollout, rollout_prompt
-
         if ctx.pool is None:
-            raise ValueError("grpo_step: algorithm rft needs the RFT pool")
+            raise ValueError("algorithm rft needs the RFT pool (stages.rl.run.setup draws it)")
         kept = ctx.pool.step_samples(questions)
         rows = [ctx.rows[q] for q, _ in kept]
         prompts = [rollout_prompt(r["question"], getattr(c, "mode", "cot"), ctx.p.template, ctx.tokenizer)
                    for r, (_, c) in zip(rows, kept, strict=True)]
-        return build_rollout(rows, prompts, [[c] for _, c in kept], ctx.tokenizer, mask_truncated=ctx.p.loss.mask_truncated,
+        return build_rollout(rows, prompts, [[c] for _, c in kept], ctx.tokenizer,
+                             mask_truncated=ctx.p.loss.mask_truncated,
                              mask_written=ctx.p.loss.mask_written_outputs) if kept else None
 
     def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
         """``group_size`` outputs of ``model`` (the SFT model) for every question of steps 0 .. total_steps - 1 (this
         rank's share), each question in its rollout mode (``grpo.rollout``, drawn as for step -1), the correct ones
         kept once each (stages.rl.paradigm.rft_pool_from_samples)."""
-        from stages.core.dist import rank, world_size
-        from stages.rl.paradigm import rft_pool_from_samples, run_questions
-        from stages.rl.rewards import accuracy_reward
-        from stages.rl.rollout import question_modes, sample_outputs
-
         qidx = run_questions(len(rows), total_steps, p.questions_per_step, p.seed, rank=rank(), world=world_size())
         model.eval()
         outs, _ = sample_outputs(generator, getattr(generator, "tokenizer", None), [rows[q]["question"] for q in qidx],
@@ -281,14 +260,6 @@ class Grpo(Algorithm):
 
     loss_metrics = ("ratio_mean",)
 
-    def check(self, p: Any) -> str | None:
-        if p.advantage.estimator == "gae":
-            return "advantage_estimator gae needs a value model: use algorithm ppo, or another estimator with grpo"
-        return None
-
-    def uses_reference(self, p: Any) -> bool:
-        return p.kl.beta > 0
-
     def needs_old_logprobs(self, p: Any) -> bool:
         return not (p.optim.mu == 1 and p.optim.minibatches == 1)
 
@@ -324,24 +295,14 @@ class Ppo(Algorithm):
 
     loss_metrics = ("ratio_mean",)
 
-    def check(self, p: Any) -> str | None:
-        if p.advantage.estimator != "gae":
-            return "algorithm ppo estimates advantages with its value model: set advantage_estimator: gae"
-        return None
-
-    def uses_reference(self, p: Any) -> bool:
-        return p.kl.beta > 0
-
     def needs_old_logprobs(self, p: Any) -> bool:
-        return p.kl.beta > 0 or not (p.optim.mu == 1 and p.optim.minibatches == 1)  # eq. 2 reads pi_old before the update
+        return p.kl.beta > 0 or not (p.optim.mu == 1 and p.optim.minibatches == 1)  # eq. 2 reads pi_old first
 
     def policy_loss(self, p: Any) -> str:
         return p.loss.policy
 
-    def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Any:
-        from stages.rl.step import make_critic
-
-        return make_critic(ctx, cache)
+    def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Critic | None:
+        return make_critic(ctx.model, ctx.p, cache)
 
     def targets(self, ctx: StepContext, batch: Batch, rewards: Rewards) -> Targets:
         ro = batch.rollout

@@ -106,18 +106,10 @@ def _check_bounds(name: str, low: float | None, high: float | None) -> None:
         raise ValueError(f"{name}: low ({low}) must not exceed high ({high})")
 
 
-def rollout_correction(
-    trainer_logprobs: Tensor,
-    sampler_logprobs: Tensor,
-    mask: Tensor,
-    *,
-    weight_level: ISLevel | None = "token",
-    truncate_low: float | None = None,
-    truncate_high: float | None = None,
-    reject_level: ISLevel | None = None,
-    reject_low: float | None = None,
-    reject_high: float | None = None,
-) -> ISCorrection:
+def rollout_correction(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *,
+                       weight_level: ISLevel | None = "token", truncate_low: float | None = None,
+                       truncate_high: float | None = None, reject_level: ISLevel | None = None,
+                       reject_low: float | None = None, reject_high: float | None = None) -> ISCorrection:
     """Importance weights pi_old / pi_sampler, truncated and / or with rejection (formulas in the module docstring).
 
     Args:
@@ -157,42 +149,37 @@ def rollout_correction(
     _check_bounds("reject", reject_low, reject_high)
     m = mask.to(torch.bool)
     dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
-
-    if weight_level is None:
+    raw = None if weight_level is None else \
+        torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, weight_level)).expand(mask.shape)
+    if raw is None:
         w = torch.ones(mask.shape, dtype=dtype, device=mask.device)
-        raw = None
+    elif truncate_low is not None or truncate_high is not None:
+        w = torch.clamp(raw, min=truncate_low, max=truncate_high)
     else:
-        raw = torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, weight_level)).expand(mask.shape)
         w = raw
-        if truncate_low is not None or truncate_high is not None:
-            w = torch.clamp(raw, min=truncate_low, max=truncate_high)
-
-    keep = m.clone()
-    rej_ratio = None
-    if reject_level is not None:
-        rej_ratio = torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, reject_level)).expand(mask.shape)
-        inside = torch.ones_like(keep)
-        if reject_low is not None:
-            inside &= rej_ratio >= reject_low
-        if reject_high is not None:
-            inside &= rej_ratio <= reject_high
-        keep &= inside
+    keep, rej_ratio = _reject(trainer_logprobs, sampler_logprobs, mask, reject_level, reject_low, reject_high)
     weights = torch.where(keep, w, torch.zeros_like(w)).detach()
-
     with torch.no_grad():
-        metrics = _metrics(
-            trainer_logprobs,
-            sampler_logprobs,
-            m,
-            keep,
-            weights,
-            raw if raw is not None else rej_ratio,
-            weight_level or reject_level or "token",
-            raw,
-            truncate_low,
-            truncate_high,
-        )
+        metrics = _metrics(trainer_logprobs, sampler_logprobs, m, keep, weights,
+                           raw if raw is not None else rej_ratio, weight_level or reject_level or "token", raw,
+                           truncate_low, truncate_high)
     return ISCorrection(weights=weights, keep=keep, metrics=metrics)
+
+
+def _reject(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, level: ISLevel | None,
+            low: float | None, high: float | None) -> tuple[Tensor, Tensor | None]:
+    """(keep: the loss tokens whose unit's ratio at ``level`` is within [low, high], the ratio at ``level`` or None
+    without rejection)."""
+    keep = mask.to(torch.bool).clone()
+    if level is None:
+        return keep, None
+    ratio = torch.exp(log_ratio(trainer_logprobs, sampler_logprobs, mask, level)).expand(mask.shape)
+    inside = torch.ones_like(keep)
+    if low is not None:
+        inside &= ratio >= low
+    if high is not None:
+        inside &= ratio <= high
+    return keep & inside, ratio
 
 
 def _units(x: Tensor, m: Tensor, level: str) -> Tensor:

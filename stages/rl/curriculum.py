@@ -96,7 +96,7 @@ def update_pass_rates(rates: Tensor, prompt_idx: Tensor, group_acc: Tensor, *, e
 def pools(rates: Tensor, cfg: CurriculumConfig) -> Tensor:
     """(N,) long pool of each prompt: 0 unseen, 1 hard, 2 normal, 3 easy (:data:`POOLS`)."""
     r = rates.to(torch.float64)
-    out = torch.full(r.shape, 2, dtype=torch.long)
+    out = torch.full(r.shape, 2, dtype=torch.long, device=r.device)
     out = torch.where(r >= cfg.high, torch.full_like(out, 3), out)
     out = torch.where(r <= cfg.low, torch.full_like(out, 1), out)
     return torch.where(torch.isnan(r), torch.zeros_like(out), out)
@@ -104,8 +104,8 @@ def pools(rates: Tensor, cfg: CurriculumConfig) -> Tensor:
 
 def pass_rate_weights(rates: Tensor, cfg: CurriculumConfig) -> Tensor:
     """(N,) float64 sampling weight of each prompt: its pool's weight."""
-    w = torch.tensor([cfg.unseen_weight, cfg.hard_weight, cfg.normal_weight, cfg.easy_weight], dtype=torch.float64)
-    return w[pools(rates, cfg)]
+    w = [cfg.unseen_weight, cfg.hard_weight, cfg.normal_weight, cfg.easy_weight]
+    return torch.tensor(w, dtype=torch.float64, device=rates.device)[pools(rates, cfg)]
 
 
 def weighted_sample(weights: Sequence[float], n: int, key: int) -> list[int]:
@@ -140,13 +140,13 @@ def curriculum_sample(
         raise ValueError(f"curriculum_sample needs 0 < n <= {N} prompts, got n={n}")
     w = pass_rate_weights(rates, cfg).tolist()
     chosen = weighted_sample(w, n, seed * 1_000_003 + step)
-    pool = pools(rates, cfg)
+    pool = pools(rates, cfg).cpu()
     metrics: dict[str, float] = {}
     for k, name in enumerate(POOLS):
         metrics[f"pool_{name}"] = float((pool == k).sum())
         metrics[f"sampled_{name}"] = float((pool[chosen] == k).sum())
     metrics["n_filled"] = float(sum(1 for i in chosen if w[i] <= 0))
-    seen = rates.to(torch.float64)[chosen]
+    seen = rates.to(torch.float64).cpu()[chosen]
     seen = seen[~torch.isnan(seen)]
     metrics["sampled_pass_rate_mean"] = float(seen.mean()) if seen.numel() else math.nan
     return chosen, metrics

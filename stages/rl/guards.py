@@ -19,7 +19,7 @@ param and each off at its neutral value:
   RM-hacked policies towards longer or shorter outputs than the SFT model's.
 
 The order is normalise (and clip), then add the rule, then subtract the length term. :class:`GuardedSource` wraps a
-:class:`stages.rl.reward_model.RewardModelSource` and keeps the running statistics (``state_dict`` /
+:class:`stages.rl.rm.RewardModelSource` and keeps the running statistics (``state_dict`` /
 ``load_state_dict``: the grpo stage checkpoints them).
 """
 

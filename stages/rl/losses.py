@@ -50,6 +50,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from stages.rl import registry
+
 Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 AGGREGATIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 
@@ -100,20 +102,10 @@ def aggregate(per_token: Tensor, mask: Tensor, aggregation: Aggregation, normali
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
 
 
-def grpo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    ref_logprobs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_eps: float,
-    clip_eps_high: float | None = None,
-    beta: float,
-    aggregation: Aggregation = "seq-mean-token-mean",
-    normalizer: LossNormalizer | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, mask: Tensor,
+              *, clip_eps: float, clip_eps_high: float | None = None, beta: float,
+              aggregation: Aggregation = "seq-mean-token-mean", normalizer: LossNormalizer | None = None,
+              is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """GRPO surrogate loss to minimise (the negated objective of paper eq. 3), with metrics.
 
     Args:
@@ -158,21 +150,9 @@ def grpo_loss(
         if beta != 0.0:
             per_token = pg + beta * kl
     loss = aggregate(per_token, mask, aggregation, norm)
-
     with torch.no_grad():
-        m = mask.to(torch.bool)
-        n_tok = int(m.sum())
-        denom = max(n_tok, 1)
-        low = ((ratio < 1.0 - clip_eps) & (adv < 0) & m).sum().item() / denom
-        high = ((ratio > 1.0 + eps_high) & (adv > 0) & m).sum().item() / denom
-        metrics = {
-            "pg_loss": float(aggregate(pg, mask, aggregation, norm)),
-            "kl": float((kl * m).sum().item() / denom) if kl is not None else 0.0,
-            "clip_frac_low": low,
-            "clip_frac_high": high,
-            "ratio_mean": float((ratio * m).sum().item() / denom),
-            "n_tokens": n_tok,
-        }
+        metrics = _loss_metrics(pg, kl, mask, aggregation, norm, {"clip_frac_low": (ratio < 1.0 - clip_eps) & (adv < 0),
+                                "clip_frac_high": (ratio > 1.0 + eps_high) & (adv > 0)}, ratio)
     return loss, metrics
 
 
@@ -297,20 +277,26 @@ def _weighted(pg: Tensor, is_weights: Tensor | None) -> Tensor:
     return pg if is_weights is None else pg * is_weights.detach().to(pg.dtype)
 
 
-def gspo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    ref_logprobs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_eps: float,
-    clip_eps_high: float | None = None,
-    beta: float,
-    aggregation: Aggregation = "seq-mean-token-mean",
-    normalizer: LossNormalizer | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def _loss_metrics(pg: Tensor, kl: Tensor | None, mask: Tensor, aggregation: Aggregation, norm: LossNormalizer,
+                  fractions: dict[str, Tensor], ratio: Tensor, **values: float) -> dict[str, float]:
+    """The metrics of a policy loss (no gradient): ``pg_loss`` (the policy term, the loss's aggregation), ``kl``
+    (mean k3 over the loss tokens; 0 without a reference), the share of loss tokens where each (B, T) boolean of
+    ``fractions`` holds, ``values`` as given, ``ratio_mean`` (mean ratio over loss tokens) and ``n_tokens``."""
+    m = mask.to(torch.bool)
+    n_tok = int(m.sum())
+    denom = max(n_tok, 1)
+    out = {"pg_loss": float(aggregate(pg.detach(), mask, aggregation, norm)),
+           "kl": float((kl.detach() * m).sum()) / denom if kl is not None else 0.0}
+    out.update({key: float((v & m).sum()) / denom for key, v in fractions.items()})
+    out.update(values)
+    out.update(ratio_mean=float((ratio.detach() * m).sum()) / denom, n_tokens=n_tok)
+    return out
+
+
+def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, mask: Tensor,
+              *, clip_eps: float, clip_eps_high: float | None = None, beta: float,
+              aggregation: Aggregation = "seq-mean-token-mean", normalizer: LossNormalizer | None = None,
+              is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """GSPO: the clipped surrogate with the length-normalised sequence importance ratio (Zheng et al. 2025,
     "Group Sequence Policy Optimization", arXiv:2507.18071: the objective of eq. 5 with s_i of eq. 7, in its
     token-level form GSPO-token).
@@ -349,53 +335,30 @@ def gspo_loss(
     Returns:
         (loss, metrics): ``pg_loss`` (the policy term, same aggregation), ``kl`` (mean k3 over loss tokens),
         ``clip_frac_low`` / ``clip_frac_high`` (share of loss tokens whose s was clipped with A < 0 / A > 0: zero
-        gradient), ``seq_ratio_mean`` (mean s_i over outputs with loss tokens), ``ratio_mean`` (mean s_{i,t} over loss
-        tokens), ``n_tokens``.
+        gradient), ``seq_ratio_mean`` (mean s_i over outputs with loss tokens), ``ratio_mean`` (mean s_{i,t}), ``n_tokens``.
     """
     adv = _prepare(logprobs, old_logprobs, ref_logprobs, advantages, mask, beta)
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     norm = normalizer if normalizer is not None else LossNormalizer.from_mask(mask)
     m = mask.to(logprobs.dtype)
-    log_s = ((logprobs.detach() - old_logprobs.detach()) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(
-        min=1.0
-    )
+    log_s = ((logprobs.detach() - old_logprobs.detach()) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(1.0)
     ratio = torch.exp(log_s + logprobs - logprobs.detach())  # value s_i, gradient s_i * grad logp
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
     pg = _weighted(-torch.minimum(ratio * adv, clipped * adv), is_weights)
     per_token, kl = _add_kl(pg, logprobs, ref_logprobs, beta)
     loss = aggregate(per_token, mask, aggregation, norm)
     with torch.no_grad():
-        mb = mask.to(torch.bool)
-        n_tok = int(mb.sum())
-        denom = max(n_tok, 1)
-        r = ratio.detach()
-        has = mb.any(-1)
-        metrics = {
-            "pg_loss": float(aggregate(pg.detach(), mask, aggregation, norm)),
-            "kl": float((kl.detach() * mb).sum()) / denom if kl is not None else 0.0,
-            "clip_frac_low": float(((r < 1.0 - clip_eps) & (adv < 0) & mb).sum()) / denom,
-            "clip_frac_high": float(((r > 1.0 + eps_high) & (adv > 0) & mb).sum()) / denom,
-            "seq_ratio_mean": float(torch.exp(log_s[:, 0])[has].mean()) if bool(has.any()) else 1.0,
-            "ratio_mean": float((r * mb).sum()) / denom,
-            "n_tokens": n_tok,
-        }
+        r, has = ratio.detach(), mask.to(torch.bool).any(-1)
+        metrics = _loss_metrics(pg, kl, mask, aggregation, norm, {"clip_frac_low": (r < 1.0 - clip_eps) & (adv < 0),
+                                "clip_frac_high": (r > 1.0 + eps_high) & (adv > 0)}, r,
+                                seq_ratio_mean=float(torch.exp(log_s[:, 0])[has].mean()) if bool(has.any()) else 1.0)
     return loss, metrics
 
 
-def cispo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    ref_logprobs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    max_ratio: float,
-    min_ratio: float | None = None,
-    beta: float,
-    aggregation: Aggregation = "token-mean",
-    normalizer: LossNormalizer | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, mask: Tensor,
+               *, max_ratio: float, min_ratio: float | None = None, beta: float, aggregation: Aggregation = "token-mean",
+               normalizer: LossNormalizer | None = None, is_weights: Tensor | None = None
+               ) -> tuple[Tensor, dict[str, float]]:
     """CISPO: REINFORCE with clipped, stop-gradient importance-sampling weights (MiniMax-M1, MiniMax 2025,
     arXiv:2506.13585, section 3.1: the CISPO objective and its clipped weight r-hat).
 
@@ -440,20 +403,10 @@ def cispo_loss(
     per_token, kl = _add_kl(pg, logprobs, ref_logprobs, beta)
     loss = aggregate(per_token, mask, aggregation, norm)
     with torch.no_grad():
-        mb = mask.to(torch.bool)
-        n_tok = int(mb.sum())
-        denom = max(n_tok, 1)
-        high = (ratio > max_ratio) & mb
-        low = ((ratio < min_ratio) & mb) if min_ratio is not None else torch.zeros_like(mb)
-        metrics = {
-            "pg_loss": float(aggregate(pg.detach(), mask, aggregation, norm)),
-            "kl": float((kl.detach() * mb).sum()) / denom if kl is not None else 0.0,
-            "clip_frac_low": float(low.sum()) / denom,
-            "clip_frac_high": float(high.sum()) / denom,
-            "clip_frac_high_pos": float((high & (adv > 0)).sum()) / denom,
-            "ratio_mean": float((ratio * mb).sum()) / denom,
-            "n_tokens": n_tok,
-        }
+        high = ratio > max_ratio
+        low = (ratio < min_ratio) if min_ratio is not None else torch.zeros_like(high)
+        metrics = _loss_metrics(pg, kl, mask, aggregation, norm, {"clip_frac_low": low, "clip_frac_high": high,
+                                "clip_frac_high_pos": high & (adv > 0)}, ratio)
     return loss, metrics
 
 
@@ -511,19 +464,14 @@ class LossConfig:
 
 PolicyLoss = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, LossConfig, LossNormalizer],
                       tuple[Tensor, dict[str, float]]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+POLICY_LOSSES: dict[str, PolicyLoss] = registry.POLICY_LOSSES.impls
+"""The registered policy losses by name (stages/rl/registry.py holds their specs)."""
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator: register ``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg, normalizer)`` as ``name``."""
-
-    def deco(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is registered twice")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return deco
+    """Decorator: register ``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg, normalizer)`` as ``name``
+    (declared in stages/rl/registry.py POLICY_LOSSES)."""
+    return registry.POLICY_LOSSES.register(name)
 
 
 @register_policy_loss("clipped")

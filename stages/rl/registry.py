@@ -3,7 +3,8 @@
 Each registry maps a name (the value of a ``grpo`` params field) to a *spec*: what the entry is and what it needs
 (a reference model, a value model, a reward model, fields of the prompt rows), declared once, in plain Python.
 The params schema (stages/schema/grpo.py), the whole-file check (stages/params.py), the planner (stages/plan.py),
-the preflight checks (stages/preflight.py) and the driver (stages/rl/run.py) all ask these specs; nothing tests a
+the preflight checks (stages/preflight.py) and the driver (stages/rl/run.py) all ask these specs (through
+stages/rl/needs.py for what a run needs); nothing tests a
 name as a string elsewhere. Importing this module imports no torch, so validating params.yaml stays cheap.
 
 The *implementation* of an entry lives in a torch module that registers it with the registry's decorator
@@ -13,13 +14,14 @@ decorator refuses a name that has no spec here, and tests/rl/test_registry.py ch
 implementation.
 
 Reward sources are discovered instead: every module of the package stages/rl/sources/ declares a tuple
-``SOURCES`` of :class:`RewardSourceSpec` and is importable without torch, so a new source is one file there.
+``SOURCES`` of :class:`RewardSourceSpec` and is importable without torch, so a new source is one file there; that
+package holds their registry (``stages.rl.sources.REWARD_SOURCES``), and stages/rl/needs.py what a run of the four
+registries' entries needs.
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -162,15 +164,6 @@ class Registry(Generic[S]):
         return self.impls[name]
 
 
-def _discover_sources() -> Iterator[RewardSourceSpec]:
-    import stages.rl.sources as pkg
-
-    for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if mod.name.startswith("_"):
-            continue
-        yield from importlib.import_module(f"{pkg.__name__}.{mod.name}").SOURCES
-
-
 ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", "grpo.algorithm", (
     AlgorithmSpec("sft", "continued SFT on the prompt rows' gold CoT solutions (gradient coefficient 1; paper 5.2.1)",
                   "stages.rl.algorithms", samples=False, rule_reward=True),
@@ -199,53 +192,3 @@ POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", "grpo.loss.pol
     PolicyLossSpec("nll", "the SFT loss weighted by gradient coefficients (eq. 5)", "stages.rl.losses"),
 ))
 """``grpo.loss.policy``; implementations: stages/rl/losses.py."""
-
-REWARD_SOURCES: Registry[RewardSourceSpec] = Registry("reward source", "grpo.reward.source",
-                                                      discover=_discover_sources)
-"""``grpo.reward.source``; one module per source in stages/rl/sources/."""
-
-
-@dataclass(frozen=True)
-class RunNeeds:
-    """What a run of the grpo params needs besides the policy (:func:`run_needs`)."""
-
-    reference: bool
-    """A frozen reference model pi_ref (the algorithm puts a KL with beta > 0 somewhere)."""
-    reward_model: bool
-    """data/models/reward_model: a reward-model source, or PPO's value model initialised from it."""
-    critic: bool
-    """A value model trained alongside the policy (PPO)."""
-    row_fields: tuple[str, ...]
-    """Fields every prompt row must have (the reward source's)."""
-
-
-def run_needs(p: Any) -> RunNeeds:
-    """What a run of the grpo params ``p`` needs, from its algorithm's and reward source's specs."""
-    algo, source = ALGORITHMS.spec(p.algorithm), REWARD_SOURCES.spec(p.reward.source)
-    return RunNeeds(reference=algo.uses_reference(p),
-                    reward_model=source.reward_model or (algo.critic and p.ppo.value_init == "reward_model"),
-                    critic=algo.critic, row_fields=source.row_fields if algo.samples else ())
-
-
-def check_run(p: Any) -> str | None:
-    """A one-line problem with how the grpo params ``p`` combine the registries' entries, or None."""
-    algo = ALGORITHMS.spec(p.algorithm)
-    source = REWARD_SOURCES.spec(p.reward.source)
-    if algo.rule_reward and p.reward.source != "rule":
-        return (f"algorithm {algo.name} uses the rule reward (paper section 5.2.1); set reward.source: rule, or "
-                "algorithm: grpo for another source")
-    if algo.advantages:
-        est = ADVANTAGE_ESTIMATORS.spec(p.advantage.estimator)
-        if est.critic and not algo.critic:
-            return (f"advantage.estimator {est.name} needs a value model: use algorithm ppo, or another estimator "
-                    f"with {algo.name}")
-        if algo.critic and not est.critic:
-            return (f"algorithm {algo.name} estimates advantages with its value model: set advantage.estimator to "
-                    f"one that uses it ({', '.join(n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.spec(n).critic)})")
-    modes = {p.rollout.mode} if p.rollout.mode != "mixture" else \
-        {m for m in ("cot", "pot", "tir") if getattr(p.rollout.mixture, m) > 0}
-    unscored = sorted(modes - set(source.modes))
-    if unscored:
-        return (f"rollout.mode {p.rollout.mode}: reward source {source.name} scores {'/'.join(source.modes)} "
-                f"outputs only, not {'/'.join(unscored)}; use rollout.mode cot or a source that scores them (rule)")
-    return None

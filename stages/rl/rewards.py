@@ -1,7 +1,7 @@
 """Rewards of RL rollouts: the one reward interface, and the rule / custom reward functions.
 
 Every reward source (these rule and custom functions; the outcome and process reward models and the exact step
-labels of stages/rl/reward_model.py) implements :class:`RewardSource`: ``rewards(rollout) -> Rewards``, the rewards
+labels of stages/rl/rm/source.py) implements :class:`RewardSource`: ``rewards(rollout) -> Rewards``, the rewards
 per output and, where the source has them, per reasoning step with the steps' end tokens. Sources return rewards,
 never advantages: the advantage estimator (stages/rl/advantages.py) turns them into advantages.
 
@@ -187,3 +187,10 @@ class RewardSet:
             parts[name] = v
             total += w * v
         return total, parts
+
+
+
+def rule_source(inputs: Any) -> RewardSet:
+    """The ``rule`` reward source's scorer (stages/rl/sources/rule.py): the run's rule reward functions themselves,
+    ``inputs.reward_set`` (``inputs``: stages.rl.sources.SourceInputs)."""
+    return inputs.reward_set

@@ -17,6 +17,7 @@ Tensor layout of a rollout batch of N = Q * G outputs (row n = q * G + g)::
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -26,10 +27,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stages.core.generation import SamplingParams, sample_seed
+from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend, sample_seed
 from stages.core.logprobs import IGNORE, lm_logprobs
 from stages.core.prompts import chat_prompt, prompt_format, rl_prompt
 from stages.core.tool_loop import MODES, LoopStats, Stream, run_loop
+
+log = logging.getLogger(__name__)
 
 _OUTPUT_BLOCK = re.compile(r"```output\n.*?(?:```|$)", re.DOTALL)
 
@@ -322,3 +325,56 @@ def mismatch_metrics(sampler_logprobs: Tensor, train_logprobs: Tensor, mask: Ten
         "mismatch_abs_max": float(d.abs().max()),
         "mismatch_kl": float((d.exp() - d - 1).mean()),
     }
+
+# ---------------------------------------------------------------------------------------------
+# the rollout generator
+
+
+TIR_INJECT_TOKENS = 128
+"""Context reserved per TIR round for the injected output block (the output is cut to 103 characters)."""
+
+
+def max_model_len(tokenizer: Any, model: Any, questions: list[str], max_new_tokens: int,
+                  template: str = "deepseekmath", modes: tuple[str, ...] = ("cot",), tir_rounds: int = 1) -> int:
+    """Longest prompt (``questions`` in the RL ``template``, or the PoT / TIR prompt of ``modes``) plus what the
+    completion may take (``max_new_tokens``; tir: per round, plus :data:`TIR_INJECT_TOKENS` per injected output),
+    capped by the model's context: the vLLM engine's ``max_model_len`` (its KV-cache reservation follows it)."""
+    prompts = [rollout_prompt(q, m, template, tokenizer) for q in questions for m in modes]
+    longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=1) if prompts else 1
+    gen = max_new_tokens if "tir" not in modes else tir_rounds * (max_new_tokens + TIR_INJECT_TOKENS)
+    cap = model_max_length(model.config) or (longest + gen)
+    return int(min(cap, longest + gen))
+
+
+def rollout_modes(p: Any) -> tuple[str, ...]:
+    """The rollout modes a run may sample (``grpo.rollout``)."""
+    r = p.rollout
+    if r.mode != "mixture":
+        return (r.mode,)
+    return tuple(m for m in ("cot", "pot", "tir") if getattr(r.mixture, m) > 0)
+
+
+def rollout_generator(p: Any, model: Any, tokenizer: Any, questions: list[str], max_new_tokens: int,
+                      bf16: bool = False) -> Any:
+    """The rollout generator of ``p.rollout.backend``: hf (decodes with the policy object itself) or a vLLM engine sized by
+    ``vllm_gpu_memory_utilization`` and ``max_model_len`` (see :func:`max_model_len`), with sleep mode on a GPU
+    when ``vllm_enable_sleep_mode``; bfloat16 when the update trains in bf16. Built after the update path, so
+    under a multi-rank launch the engine joins its process group (stages.core.vllm_backend: external launcher,
+    this rank's device, ``vllm_tensor_parallel_size`` ranks per engine) and starts from the policy in memory."""
+    if resolve_backend(p.rollout.backend) == "hf":  # bf16: a bf16 copy of an fp32 policy (refreshed by sync_weights)
+        return make_generator("hf", model, tokenizer, batch_size=p.questions_per_step * p.rollout.group_size,
+                              dtype="bfloat16" if bf16 else None)
+    modes = tuple(dict.fromkeys(("cot", *rollout_modes(p))))  # cot: the held-out curve's prompts
+    kw: dict[str, Any] = {"gpu_memory_utilization": p.rollout.vllm.gpu_memory_utilization, "seed": p.seed,
+                          "max_model_len": max_model_len(tokenizer, model, questions, max_new_tokens, p.template,
+                                                         modes, p.rollout.tir_max_rounds)}
+    if p.rollout.vllm.enable_sleep_mode:
+        if torch.cuda.is_available():
+            kw["enable_sleep_mode"] = True
+        else:
+            log.info("grpo.rollout.vllm.enable_sleep_mode: ignored on CPU (vLLM sleeps on CUDA only)")
+    if bf16:
+        kw["dtype"] = "bfloat16"
+    if p.rollout.vllm.tensor_parallel_size > 1:
+        kw["tensor_parallel_size"] = p.rollout.vllm.tensor_parallel_size
+    return make_generator("vllm", model, tokenizer, **kw)

@@ -27,7 +27,6 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,78 +34,17 @@ import torch
 from torch import Tensor
 
 from stages.core.dist import all_reduce
-from stages.rl.algorithms import Algorithm, RewardStats, Targets, get_algorithm
+from stages.rl import registry
 from stages.rl.data import step_questions
-from stages.rl.losses import POLICY_LOSSES, LossNormalizer, value_loss
-from stages.rl.paradigm import RftPool
-from stages.rl.rewards import Rewards, RewardSet, RewardSource
-from stages.rl.rollout import (
-    Rollout,
-    build_rollout,
-    mismatch_metrics,
-    question_modes,
-    rollout_prompt,
-    sample_outputs,
-    token_logprobs,
-)
-from stages.rl.update import on_device, rl_updater
-from stages.rl.value import Critic, init_value_model
+from stages.rl.losses import LossNormalizer, value_loss
+from stages.rl.rewards import Rewards
+from stages.rl.rollout import Rollout, mismatch_metrics, token_logprobs
+from stages.rl.types import Batch, LogProbs, RewardStats, StepContext, Targets
+from stages.rl.update import on_device
 from stages.train.update import Updater, micro_slices
 
 LOSS_METRICS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "nll")
 LOSS_METRIC_DEFAULTS = {"ratio_mean": 0.0, "nll": math.nan}
-
-
-@dataclass
-class StepContext:
-    """What every step of a run works with (built once by stages.grpo.train_grpo, or per call by grpo_step).
-
-    p: the grpo params; updater: the policy's update path; reward_set: the rule / custom functions (the rewards of
-    ``reward_source: rule`` and the accuracy metric); source: a reward model or the exact step labels, else None;
-    ref_model: pi_ref or None; critic: PPO's value model, else None; pool: rft's offline samples; offload: keep the
-    reference / reward model in CPU memory while idle (GPU); sandbox_pool: the threads that run pot / tir programs
-    (None: each step makes its own)."""
-
-    p: Any
-    model: Any
-    tokenizer: Any
-    generator: Any
-    updater: Updater
-    rows: list[dict[str, Any]]
-    reward_set: RewardSet
-    source: RewardSource | None = None
-    ref_model: Any = None
-    critic: Critic | None = None
-    pool: RftPool | None = None
-    offload: bool = False
-    sandbox_pool: Executor | None = None
-
-    @property
-    def algorithm(self) -> Algorithm:
-        return get_algorithm(self.p.algorithm)
-
-    @property
-    def device(self) -> torch.device:
-        return self.updater.device
-
-
-@dataclass
-class Batch:
-    """Phase 1: the step, this rank's question indices and their outputs (None when rft kept nothing for the step)."""
-
-    step: int
-    questions: list[int]
-    rollout: Rollout | None
-
-
-@dataclass
-class LogProbs:
-    """Phase 4, (N, T) each: pi_old (None: the update's first forward is pi_old), pi_ref (None: no reference) and the
-    value model's V(s_t) at sampling time (None: no value model)."""
-
-    old: Tensor | None
-    ref: Tensor | None
-    values: Tensor | None
 
 
 class PhaseTimer:
@@ -166,41 +104,8 @@ def collect(ctx: StepContext, step: int) -> Batch:
     return Batch(step, qs, ctx.algorithm.collect(ctx, step, qs))
 
 
-def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout:
-    """G outputs per question from the current policy, each question in its rollout mode (``grpo.rollout``; the tool
-    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step."""
-    p = ctx.p
-    batch = [ctx.rows[i] for i in questions]
-    modes = question_modes(p.rollout, p.seed, step, questions)
-    ctx.model.eval()
-    samples, metrics = sample_outputs(ctx.generator, ctx.tokenizer, [r["question"] for r in batch], modes, p,
-                                      seed=p.seed * 1_000_003 + step, pool=ctx.sandbox_pool)
-    _call(ctx.generator, "sleep")  # vllm sleep mode: the engine's memory goes to the update
-    prompts = [rollout_prompt(r["question"], m, p.template, ctx.tokenizer) for r, m in zip(batch, modes, strict=True)]
-    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.loss.mask_truncated,
-                       mask_written=p.loss.mask_written_outputs)
-    ro.metrics.update(metrics)
-    return ro
-
-
-def _call(obj: Any, name: str) -> None:
-    fn = getattr(obj, name, None)
-    if callable(fn):
-        fn()
-
-
 # ---------------------------------------------------------------------------------------------
 # 2. score
-
-
-def score_rollout(ctx: StepContext, ro: Rollout) -> Rewards:
-    """The rule / custom functions' rewards, or the run's reward source's (a reward model, the step labels) with the
-    functions' values kept as ``parts`` (the accuracy metric)."""
-    rule = ctx.reward_set.rewards(ro)
-    if ctx.source is None:
-        return rule
-    with on_device(getattr(ctx.source, "rm", None), ctx.device, ctx.offload):
-        return ctx.source.rewards(ro).with_parts(rule.parts)
 
 
 def reward_metrics(stats: RewardStats, ro: Rollout | None) -> dict[str, float]:
@@ -327,7 +232,7 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
         mismatch_lp[sl, :t] = old.cpu()
     w = tg.weights[sl] if tg.weights.dim() == 1 else tg.weights[sl, :t]
     ref = None if lp.ref is None else lp.ref[sl, :t].to(dev)
-    loss, lm = POLICY_LOSSES[algo.policy_loss(p)](lp_new, old, ref, w.to(dev), msk, algo.loss_config(p), norm)
+    loss, lm = registry.POLICY_LOSSES.get(algo.policy_loss(p))(lp_new, old, ref, w.to(dev), msk, algo.loss_config(p), norm)
     out, vm = [loss], None
     if critic is not None:
         assert lp.values is not None and tg.returns is not None
@@ -421,7 +326,9 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
             else:
                 skipped += 1
     ctx.model.eval()
-    _call(ctx.generator, "wake_up")
+    wake = getattr(ctx.generator, "wake_up", None)
+    if callable(wake):
+        wake()
     ctx.generator.sync_weights(ctx.model)
     m: dict[str, Any] = s.metrics(algo.loss_metrics, critic is not None)
     m["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else math.nan
@@ -436,27 +343,3 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
         trained[rows] = (tg.loss_mask[rows] > 0).float()  # the policy's own tokens (no injected tool output)
         m.update(mismatch_metrics(ro.sampler_logprobs, mismatch_lp, trained))
     return m
-
-
-# ---------------------------------------------------------------------------------------------
-# PPO's value model
-
-
-def make_critic(ctx: StepContext, cache: dict[str, Any]) -> Critic:
-    """PPO's value model (stages.rl.value; ``grpo.ppo.value_init``) and its updater (AdamW at ``grpo.ppo.value_lr``),
-    kept in ``cache["critic"]`` so that later iterations (Algorithm 1) continue with it."""
-    if cache.get("critic") is not None:
-        return cache["critic"]
-    from stages.core import paths
-    from stages.core.modeling import enable_checkpointing
-    from stages.rl.checkpoint import load_updaters
-
-    ppo = ctx.p.ppo
-    vm = init_value_model(ctx.model, ppo.value_init, paths.REWARD_MODEL)
-    enable_checkpointing(vm, ctx.p.compute.gradient_checkpointing)
-    critic = Critic(vm, rl_updater(vm, ctx.p, lr=ppo.value_lr), ppo.value_clip)
-    cache["critic"] = critic
-    resume = cache.pop("critic_resume", None)  # a run resumed after an iteration (stages.rl.iterative)
-    if resume is not None:
-        load_updaters(resume, {"critic": critic.updater})
-    return critic

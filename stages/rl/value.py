@@ -1,7 +1,7 @@
 """PPO's value model (DeepSeekMath paper section 4.1.1, Figure 4): the policy architecture with a scalar head per
 token, trained alongside the policy; GRPO's point is to do without it.
 
-The model is the reward model's class (``AutoModelForTokenClassification`` with one label, stages/rl/reward_model.py),
+The model is the reward model's class (``AutoModelForTokenClassification`` with one label, stages/rl/rm/model.py),
 initialised from the model RL starts from (``grpo.ppo.value_init: policy``: its backbone, a new head) or from the
 trained reward model (``reward_model``: backbone and head; the paper's PPO initialises it from the RM, as
 InstructGPT does). V(s_t), the value of the state before completion token t (prompt + o_<t), is the head's output at
@@ -16,7 +16,11 @@ from typing import Any
 
 from torch import Tensor
 
-from stages.rl.reward_model import load_reward_model
+from stages.core import paths
+from stages.core.modeling import enable_checkpointing
+from stages.rl.checkpoint import load_updaters
+from stages.rl.rm.model import load_reward_model
+from stages.rl.update import rl_updater
 from stages.train.update import Updater
 
 
@@ -68,3 +72,21 @@ class Critic:
         fwd = self.updater.forward_model if train else self.model
         dev = self.updater.device
         return token_values(fwd, input_ids.to(dev), attention_mask.to(dev), prompt_len)
+
+
+def make_critic(policy: Any, p: Any, cache: dict[str, Any]) -> Critic:
+    """PPO's value model (``grpo.ppo.value_init``, from ``policy`` or data/models/reward_model) and its updater (AdamW
+    at ``grpo.ppo.value_lr``, the policy's update path), kept in ``cache["critic"]`` so that later iterations
+    (Algorithm 1) continue with it; a run resumed after an iteration loads its optimizer from
+    ``cache["critic_resume"]`` (stages.rl.iterative)."""
+    if cache.get("critic") is not None:
+        return cache["critic"]
+    ppo = p.ppo
+    vm = init_value_model(policy, ppo.value_init, paths.REWARD_MODEL)
+    enable_checkpointing(vm, p.compute.gradient_checkpointing)
+    critic = Critic(vm, rl_updater(vm, p, lr=ppo.value_lr), ppo.value_clip)
+    cache["critic"] = critic
+    resume = cache.pop("critic_resume", None)
+    if resume is not None:
+        load_updaters(resume, {"critic": critic.updater})
+    return critic

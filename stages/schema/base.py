@@ -5,7 +5,11 @@ Rules (tests/test_params.py checks them):
 - extra keys are forbidden and every field is required, so the committed params.yaml spells out every value
   (DVC tracks params.yaml values, not schema defaults);
 - every field has a docstring (pydantic's ``use_attribute_docstrings``);
-- a bad value is reported as one line naming the key and what is expected, before any stage does work.
+- a bad value is reported as one line naming the key and what is expected, before any stage does work;
+- no number is infinite or NaN (``allow_inf_nan=False`` for every section, nested models and containers
+  included); timeouts, pool sizes and counts have upper bounds (:data:`TimeoutS`, :data:`Workers`,
+  :data:`PosInt`), so a value that validates cannot overflow or hang a stage later;
+- YAML anchors and aliases are refused (:func:`load_yaml`: an alias bomb is one line, not minutes at GBs).
 
 Runtime fields. A field annotated with :data:`RUNTIME` does not change what a stage computes (checkpoint and
 logging intervals, worker counts, task-runner addresses). It is written under the top-level ``runtime:`` section
@@ -48,7 +52,7 @@ def _section_type(annotation: Any) -> type[Section] | None:
 class Section(BaseModel):
     """Base for every params section: frozen, no unknown keys, docstrings as descriptions."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
     SECTION: ClassVar[str | None] = None
     """The top-level params.yaml key of a stage's section class (None for nested models)."""
@@ -141,30 +145,108 @@ DataPath = Annotated[str, AfterValidator(_check_data_path)]
 """A file or directory a stage reads (relative to the project root): a dvc dependency of that stage (dvc.yaml
 templates it), checked when the stage runs (an earlier stage may write it), never null."""
 
+MAX_COUNT = 2**53
+"""The largest count or size a params file may give (exact in a float64 and in JSON; 9e15 tokens, steps, ...)."""
+MAX_TIMEOUT_S = 3600.0
+"""The longest timeout a params file may give, in seconds (the sandbox itself refuses more than a day)."""
+MAX_WORKERS = 1024
+
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+NonNegInt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 PosFloat = Annotated[float, Field(gt=0.0)]
+TimeoutS = Annotated[float, Field(gt=0.0, le=MAX_TIMEOUT_S)]
+"""A timeout in seconds: more than 0, at most :data:`MAX_TIMEOUT_S`."""
+DelayS = Annotated[float, Field(ge=0.0, le=MAX_TIMEOUT_S)]
+"""A wait in seconds: 0 to :data:`MAX_TIMEOUT_S`."""
+Workers = Annotated[int, Field(gt=0, le=MAX_WORKERS)]
+"""A pool size (threads or processes): 1 to :data:`MAX_WORKERS`."""
 
 
 # ---------------------------------------------------------------------------------------------
 # reading and validating
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader that refuses anchors (``&name``) and aliases (``*name``) where they appear, before any
+    value is built: a 12 KB alias bomb ("billion laughs") otherwise expands to gigabytes when the values are
+    walked. Params and the pipeline's other YAML files need neither."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(None, None, "YAML anchors and aliases (&name / *name) are not allowed; "
+                                              "write the values out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+MAX_YAML_BYTES = 16 << 20
+
+
+def load_yaml(path: str | os.PathLike[str], *, what: str = "YAML file") -> Any:
+    """Read a YAML file the pipeline takes as input (params files, dvc.yaml, dvc.lock): at most
+    :data:`MAX_YAML_BYTES`, no anchors or aliases, no nesting deeper than Python's recursion allows. Every
+    problem is one :class:`PipelineError` line naming the file (and the line)."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise PipelineError(f"{p}: {size} bytes, more than a {what} may have ({MAX_YAML_BYTES}); is it the "
+                                "right file?")
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PipelineError(f"{p}: {what} not found") from None
+    except UnicodeDecodeError:
+        raise PipelineError(f"{p}: not UTF-8 text; is it the right file?") from None
+    except OSError as e:
+        raise PipelineError(f"{p}: cannot read the {what}: {e.strerror}") from None
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" line {where.line + 1}:" if where is not None else ""
+        problem = getattr(e, "problem", None) or "not valid YAML"
+        fix = "" if "anchors" in problem else "; fix the syntax"
+        raise PipelineError(f"{p}:{line} {problem}{fix}") from None
+    except RecursionError:
+        raise PipelineError(f"{p}: nested too deeply to read; is it the right file?") from None
+
+
 def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The params file as a mapping; a missing file, bad YAML or a non-mapping is a one-line error."""
+    """The params file as a mapping; a missing file, bad YAML (anchors and aliases included: :func:`load_yaml`) or a
+    non-mapping is a one-line error."""
     p = Path(path)
     if not p.is_file():
         raise PipelineError(f"{p}: params file not found; run from the project root or pass --params PATH")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" line {where.line + 1}" if where is not None else ""
-        raise PipelineError(f"{p}:{line} is not valid YAML; fix the syntax") from None
+    raw = load_yaml(p, what="params file")
     if not isinstance(raw, dict):
         raise PipelineError(f"{p}: expected a mapping of sections (data:, base_model:, ...), got {type(raw).__name__}")
+    _protect_named_paths(raw)
     return raw
+
+
+_NAMED_PATHS: set[str] = set()
+
+
+def named_paths() -> set[str]:
+    """Every absolute (or ``~``) path the params files read by this process name: the code sandbox never shows them,
+    even where one lies inside its allow-list (``stages.core.sandbox.get_executor``). Relative paths lie in the
+    project, which the sandbox never shows."""
+    return set(_NAMED_PATHS)
+
+
+def _protect_named_paths(raw: Any) -> None:
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+        elif isinstance(node, str) and node.startswith(("/", "~")) and "\n" not in node and len(node) < 4096:
+            _NAMED_PATHS.add(node)
+
+    walk(raw)
 
 
 def format_error(source: str, err: ValidationError, prefix: str = "") -> str:

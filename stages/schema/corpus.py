@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, Workers
 
 
 class ClassifierParams(Section):
@@ -129,7 +129,7 @@ class CorpusParams(Section):
     """Directory for the stage's working files (every worker must reach it: a shared file system on a cluster); null: data/."""
     task_runner: Annotated[Literal["local", "dask", "ray"], RUNTIME]
     """Prefect task runner for the shard tasks: local threads, or a Dask / Ray cluster (prefect-dask / prefect-ray)."""
-    workers: Annotated[PosInt, RUNTIME]
+    workers: Annotated[Workers, RUNTIME]
     """Local threads (task_runner local) or local Dask workers; ignored for Ray."""
     address: Annotated[str | None, RUNTIME]
     """Address of an existing Dask scheduler or Ray cluster; null = start a local one."""

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from stages.schema.base import RUNTIME, DataPath, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DataPath, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 
 EvalMode = Literal["cot", "pot", "tir"]
 """cot: chain of thought; pot: program of thought (``solution()`` run in the sandbox); tir: tool-integrated."""
@@ -53,9 +53,10 @@ class EvalCommonParams(Section):
     """Sampling seed (each batch uses seed + its index, so a resumed run draws the same samples)."""
     tir_max_rounds: PosInt
     """Most generate/execute rounds in tir mode (reference: 2)."""
-    exec_timeout_s: PosFloat
-    """Wall-clock limit of one program run in the sandbox (reference: 10)."""
-    exec_workers: Annotated[PosInt, RUNTIME]
+    exec_timeout_s: TimeoutS
+    """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
+    stages.core.sandbox.cpu_limit; reference: 10)."""
+    exec_workers: Annotated[Workers, RUNTIME]
     """Sandbox worker processes for pot / tir programs."""
     maj_subsets: PosInt
     """maj@k averages over every k-subset of the samples when there are at most this many, else over this many random ones."""

@@ -20,8 +20,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, REWARD_SOURCES, Registry, check_run
-from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.rl.needs import check_run
+from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, Registry
+from stages.rl.sources import REWARD_SOURCES
+from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 from stages.schema.reward_model import RmDataParams
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
 
@@ -99,13 +101,14 @@ class GrpoRolloutParams(Section):
     """Shares of the modes with ``mode: mixture`` (unused otherwise)."""
     tir_max_rounds: PosInt
     """Most generations per TIR output (the evaluation's reference: 2); each round may add ``max_new_tokens`` tokens."""
-    exec_timeout_s: PosFloat
-    """Wall-clock limit of one program run in the sandbox (the evaluation's reference: 10)."""
+    exec_timeout_s: TimeoutS
+    """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
+    stages.core.sandbox.cpu_limit; the evaluation's reference: 10)."""
     chunks: PosInt
     """pot / tir: a step's questions are generated in this many fixed chunks, so that one chunk's programs run in the
     sandbox while the next chunk generates (stages/core/tool_loop.py); 1 = generate all, then run all. Results depend
     on it (each chunk's generator call has its own seed)."""
-    exec_workers: Annotated[PosInt, RUNTIME]
+    exec_workers: Annotated[Workers, RUNTIME]
     """Programs run at once (threads driving sandbox processes) during pot / tir rollouts."""
 
 
@@ -139,7 +142,7 @@ class GrpoRewardParams(Section):
     is the accuracy metric with every source."""
 
     source: str
-    """A registered reward source (stages/rl/sources/; stages/rl/registry.py REWARD_SOURCES): rule = the weighted
+    """A registered reward source (one module each in stages/rl/sources/): rule = the weighted
     functions below (outcome supervision); outcome_rm = sigmoid of the reward model's last-token score; process_rm =
     the reward model's score at every step end, with process-supervised advantages (paper 4.1.3; group normalisation
     over all step rewards, advantage.scale_rewards unused); RM: data/models/reward_model (reward_model stage), the

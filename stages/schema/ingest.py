@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from stages.schema.base import RUNTIME, Fraction, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, Fraction, NonNegInt, Section, TimeoutS, Workers
 from stages.schema.datasets import DatasetSpec, check_names
 
 
@@ -27,9 +27,10 @@ class IngestDecontamParams(Section):
 class IngestCommonParams(Section):
     """Settings every ingested data set shares."""
 
-    exec_timeout_s: PosFloat
-    """Wall-clock limit of one program run in the sandbox (a PoT row is kept only when its program returns the gold)."""
-    exec_workers: Annotated[PosInt, RUNTIME]
+    exec_timeout_s: TimeoutS
+    """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
+    stages.core.sandbox.cpu_limit; a PoT row is kept only when its program returns the gold)."""
+    exec_workers: Annotated[Workers, RUNTIME]
     """Sandbox worker processes for the program checks."""
     samples: NonNegInt
     """Skipped and removed rows quoted per reason in the report (data/ingest/reports/<name>.json)."""

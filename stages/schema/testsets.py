@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import field_validator
 
-from stages.schema.base import RUNTIME, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, NonNegInt, Section, TimeoutS, Workers
 from stages.schema.datasets import DatasetSpec, check_names
 
 
@@ -15,10 +15,10 @@ class TestsetCommonParams(Section):
 
     __test__: ClassVar[bool] = False  # not a pytest test class (the name starts with "Test")
 
-    exec_timeout_s: PosFloat
-    """Wall-clock limit of one program run in the sandbox (PAL / PoT rows are kept only when their program returns
-    the gold)."""
-    exec_workers: Annotated[PosInt, RUNTIME]
+    exec_timeout_s: TimeoutS
+    """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
+    stages.core.sandbox.cpu_limit; PAL / PoT rows are kept only when their program returns the gold)."""
+    exec_workers: Annotated[Workers, RUNTIME]
     """Sandbox worker processes for the program checks."""
     samples: NonNegInt
     """Skipped rows quoted per reason in the report (data/testsets/reports/<name>.json)."""

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from stages.schema.base import RUNTIME, NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import RUNTIME, DelayS, NonNegInt, PosFloat, PosInt, Section
 
 _ENDPOINT = re.compile(r"^[\w.\-\[\]:]+:\d{1,5}$")
 
@@ -34,7 +34,7 @@ class LauncherParams(Section):
     retries: Annotated[NonNegInt, RUNTIME]
     """Prefect retries of the stage's run when it fails other than by bad input (a rank crash, a lost node):
     each retry starts fresh ranks and training resumes from its last checkpoint; 0 = none."""
-    retry_delay_s: Annotated[float, Field(ge=0.0), RUNTIME]
+    retry_delay_s: Annotated[DelayS, RUNTIME]
     """Seconds between retries."""
 
     @property

@@ -19,11 +19,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from stages.core.dist import init_distributed_env, is_main_process, train_device
 from stages.core.errors import PipelineError
 from stages.core.modeling import check_compatible, load_model, load_tokenizer, save_model
+from stages.core.plots import write_table
 from stages.schema.base import Section
 from stages.schema.train import TrainLoopParams
 from stages.train.ds_config import deepspeed_config
 from stages.train.loop import TrainResult, full_state_dict, use_bf16
-from stages.train.report import plot_curves, write_tsv
+from stages.train.report import plot_curves
 from stages.train.update import use_deepspeed
 
 
@@ -98,10 +99,15 @@ def pass_through(stage: str, in_dir: str | os.PathLike[str], out_dir: str | os.P
 
 
 def write_curves(stage: str, plots_dir: Path, res: TrainResult, title: str) -> list[str]:
-    """Loss / LR / grad-norm / throughput TSVs (DVC plots) and a PNG of the loss curve; returns the files."""
-    write_tsv(plots_dir / "train.tsv", res.history, ["step", "loss", "lr", "grad_norm", "tokens_per_s", "skipped"])
-    write_tsv(plots_dir / "lr.tsv", res.history, ["step", "lr"])
-    write_tsv(plots_dir / "eval.tsv", res.evals, ["step", "eval_loss"])
+    """Loss / LR / grad-norm TSVs (DVC plots) and a PNG of the loss curve; returns the files. The throughput per
+    logged step goes to ``data/timings/<stage>/steps.tsv`` (no DVC output: the plots are the same bytes for the same
+    inputs)."""
+    from stages.core import paths
+
+    write_table(plots_dir / "train.tsv", res.history, ["step", "loss", "lr", "grad_norm", "skipped"])
+    write_table(paths.TIMINGS / stage / "steps.tsv", res.history, ["step", "tokens_per_s"])
+    write_table(plots_dir / "lr.tsv", res.history, ["step", "lr"])
+    write_table(plots_dir / "eval.tsv", res.evals, ["step", "eval_loss"])
     plot_curves(plots_dir / "loss.png", res.history, res.evals, title, res.best_step)
     return [str(plots_dir / f) for f in ("train.tsv", "lr.tsv", "eval.tsv", "loss.png")]
 

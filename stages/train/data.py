@@ -187,9 +187,12 @@ class Example:
 
 def make_example(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) -> Example:
     """Tokenise prompt (with BOS, exactly as at inference) and response (no special tokens) separately and
-    concatenate; append EOS. The loss covers the response tokens and EOS only."""
+    concatenate; append EOS. The loss covers the response tokens and EOS only. The response is text: a
+    special token's string in it (an ``</s>`` a TIR program printed into its output block) is split into ordinary
+    tokens (``split_special_tokens``), so the only special token of the target is the EOS appended by id."""
     p = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-    r = list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    r = list(tokenizer(response, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    r.append(tokenizer.eos_token_id)
     return Example(tuple(p + r), tuple([IGNORE] * len(p) + r))
 
 

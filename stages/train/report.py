@@ -1,27 +1,12 @@
-"""Training curves: TSV files for DVC plots and PNG figures."""
+"""Training curves as PNG figures (their TSV tables: stages/core/plots.py)."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from stages.core.io import atomic_path, write_text
-
-
-def write_tsv(path: str | os.PathLike[str], rows: Sequence[dict[str, float]], columns: Sequence[str]) -> None:
-    """Write ``rows`` as a TSV with a header (DVC plots read it; x = ``step``)."""
-    lines = ["\t".join(columns)]
-    for r in rows:
-        lines.append("\t".join(_fmt(r.get(c, float("nan"))) for c in columns))
-    write_text(path, "\n".join(lines) + "\n")
-
-
-def _fmt(v: float) -> str:
-    if isinstance(v, int):
-        return str(v)
-    return "nan" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.6g}"
+from stages.core.io import atomic_path
 
 
 def plot_curves(path: str | os.PathLike[str], history: Sequence[dict[str, float]], evals: Sequence[dict[str, float]],

@@ -1,5 +1,5 @@
 """The one update path of every model that trains: the pretrain / sft loop (stages/train/loop.py), the RL policy and
-PPO's value model (stages/rl/step.py), the reward model (stages/rl/reward_model.py) and the continued-SFT baseline
+PPO's value model (stages/rl/step.py), the reward model (stages/rl/rm/train.py) and the continued-SFT baseline
 (stages/rl/baseline.py).
 
 :class:`Updater` owns a model's optimizer (and LR schedule, when given) and hides plain PyTorch versus a DeepSpeed

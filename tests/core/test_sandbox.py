@@ -85,6 +85,17 @@ def test_cpu_limit():
     assert r.wall_s < 60
 
 
+def test_cpu_limit_policy_counts_cpu_time_not_wall_time():
+    """sandbox.cpu_limit (what the stages run programs with, issue 29): a program that waits longer than the limit
+    without computing still finishes (the wall clock only caps it at 3x), one that computes past it times out on
+    its CPU time, so neither outcome depends on the machine's load."""
+    assert sandbox.cpu_limit(2.0) == {"cpu_s": 2.0, "timeout_s": 3 * 2.0}
+    r = run_python("import time\ntime.sleep(1.5)\nprint('ok')", **sandbox.cpu_limit(1.0))
+    assert r.status == "ok" and r.stdout == "ok\n" and r.wall_s >= 1.5
+    r = run_python("while True:\n    pass", **sandbox.cpu_limit(1.0))
+    assert r.status == "timeout" and r.signal == "SIGXCPU"
+
+
 def test_memory_limit_is_per_program_addition():
     # memory_mb is what the program may add to the interpreter's own address space
     assert run_python("x = bytearray(100 << 20)\nprint(len(x))", memory_mb=200).status == "ok"

@@ -5,6 +5,8 @@ limits: every one must be contained, and leave the caller and the zygote working
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from benchmarks.sandbox_attacks import ATTACKS, ExecutorRunner, host_setup, pth_trial
@@ -75,5 +77,39 @@ def test_the_report_lists_what_is_shown_and_what_is_not(tmp_path):
         assert r["hidden_paths"] == [str(secret)]
         res, _ = ex.run(f"import os\nprint(os.listdir({str(tmp_path / 'site')!r}), os.listdir({str(secret)!r}))")
         assert res.ok and res.stdout == "['hidden-data'] []\n", res.stderr
+    finally:
+        ex.close()
+
+
+def test_paths_that_params_files_name_are_hidden(tmp_path, monkeypatch):
+    """Every absolute path a params file names is hidden from the programs, even inside the allow-list."""
+    import yaml
+
+    from stages.schema import base
+
+    monkeypatch.setattr(base, "_NAMED_PATHS", set())
+    data = tmp_path / "models" / "ckpt"
+    data.mkdir(parents=True)
+    inside = sorted(sandbox.isolation_report()["exposed_paths"])[-1]  # a directory the sandbox shows
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"base_model": {"checkpoint": str(data)}, "x": [inside, "relative/path"]}))
+    base.read_params_file(params)
+    assert {str(data), inside, "relative/path"} - base.named_paths() == {"relative/path"}
+    assert os.path.realpath(inside) in sandbox.protected()  # inside the allow-list: hidden
+    assert str(data) not in sandbox.protected()  # outside it: never shown anyway (no zygote restart for it)
+
+
+def test_without_the_allow_list_programs_run_on_a_read_only_host_and_it_is_reported():
+    """A host where the zygote cannot build the sandbox's root: the host's tree read-only (no nodev, no minimal
+    /dev: they live in the allow-list's root), reported, never silent."""
+    _active("allowlist_fs")
+    ex = sandbox.SandboxExecutor(disable=["allowlist_fs"], preload=["math"], prefork=1)
+    try:
+        rep = ex.report()
+        assert {"allowlist_fs", "nodev", "minimal_dev"} <= set(rep["inactive"]) and rep["fatal"] is None
+        assert rep["reasons"]["nodev"] == "needs allowlist_fs"
+        res, _ = ex.run("import os\ntry:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+                        "print(open('/dev/null').read() == '', os.getcwd())")
+        assert res.ok and res.stdout == "30\nTrue /tmp\n", res.stderr  # EROFS
     finally:
         ex.close()

@@ -77,7 +77,8 @@ def test_outputs(project: Path, run: dict[str, Any]) -> None:
     assert sorted(p.name for p in (out / "reports").iterdir()) == [
         "decontamination.json", "dedup.json", "domains-round1.tsv", "domains-round2.tsv", "domains-round3.tsv", "rounds.json"]
     assert (project / paths.plots_dir("corpus") / "rounds.tsv").read_text().startswith("round\tcollected")
-    assert json.loads((project / paths.metrics_file("corpus")).read_text())["wall_s"] > 0
+    assert json.loads((project / paths.timings_file("corpus")).read_text())["wall_s"] > 0
+    assert "wall_s" not in json.loads((project / paths.metrics_file("corpus")).read_text())
     assert not list((project / "data").glob(".corpus-work*"))  # scratch removed
 
 

@@ -12,6 +12,7 @@ import pytest
 from stages import testsets
 from stages.core import paths
 from stages.core.errors import PipelineError
+from stages.core.io import untimed
 from stages.evaluate import stage
 from stages.params import EvaluateParams, TestsetsParams
 
@@ -53,7 +54,8 @@ def test_stage_writes_completions_metrics_and_plots(project: Path, tiny_model_di
     assert s["pass@1"] <= s["pass@2"] <= s["pass@4"]
     assert "exec_ok" in m["generated"]["pot"]["greedy"] and "mean_executions" in m["generated"]["tir"]["greedy"]
     assert m["wall_s"] > 0
-    assert json.loads(paths.details_file("evaluate_tiny_zs").read_text()) == m
+    assert json.loads(paths.details_file("evaluate_tiny_zs").read_text()) == untimed(m)  # timings: data/timings
+    assert json.loads(paths.timings_file("evaluate_tiny_zs").read_text())["wall_s"] == m["wall_s"]
     tsv = (paths.plots_dir("evaluate") / "tiny_zs" / "generated_cot_at_k.tsv").read_text().splitlines()
     assert tsv[0] == "k\tpass_at_k\tmaj_at_k" and [r.split("\t")[0] for r in tsv[1:]] == ["1", "2", "4"]
     assert not any((paths.CHECKPOINTS / "evaluate").iterdir())  # checkpoint removed once done

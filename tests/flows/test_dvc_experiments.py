@@ -1,17 +1,19 @@
-"""DVC experiments on the pipeline: ``dvc exp run -S`` (and ``--queue``) records each stage's headline metrics
-(data/metrics/<stage>.json is git-tracked, so the experiment commit holds it), ``dvc exp show`` displays them in a
-few columns, ``--dry`` works on a stage, and outputs that DVC caches are byte-identical for identical inputs
-(timings live in the metrics and reports, which DVC does not cache)."""
+"""DVC experiments and the run-cache on the pipeline: ``dvc exp run -S`` (and ``--queue``) records each stage's
+headline metrics (data/metrics/<stage>.json is git-tracked, so the experiment commit holds it), ``dvc exp show``
+displays them in a few columns, ``--dry`` works on a stage; every output DVC tracks is byte-identical for identical
+inputs (the timings are in data/timings/, which neither DVC nor git tracks), so a rerun changes nothing and going back
+to an earlier params value restores the stage from DVC's run-cache without running it (issue 34)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.flows._project import GIT, env, make_project, run
+from tests.flows._project import GIT, ROOT, env, make_project, run, tree_hash
 
 
 @pytest.fixture(scope="module")
@@ -24,37 +26,109 @@ def project(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Path:
 
 
 def _lock_md5(project: Path) -> dict[str, str]:
-    """{stage: md5 of each cached output} from dvc.lock."""
+    """{stage:path: md5} of every output dvc.lock records (cached outputs, metrics, details and plots alike)."""
     lock = yaml.safe_load((project / "dvc.lock").read_text())
-    return {f"{name}:{o['path']}": o.get("md5", "") for name, st in lock["stages"].items()
-            for o in st.get("outs", []) if not o["path"].startswith(("data/metrics", "data/details", "data/plots"))}
+    return {f"{name}:{o['path']}": o.get("md5", "") for name, st in lock["stages"].items() for o in st.get("outs", [])}
 
 
-def test_same_inputs_give_byte_identical_cached_outputs(project: Path, prefect_api: str) -> None:
-    before = _lock_md5(project)
+def test_same_inputs_change_nothing_that_dvc_or_git_tracks(project: Path, prefect_api: str) -> None:
+    lock_before = (project / "dvc.lock").read_text()
+    timing_before = (project / "data" / "timings" / "corpus.json").read_bytes()
     run(["dvc", "repro", "-f", "corpus"], project, env(prefect_api))  # data, testsets@generated and corpus run again
-    after = _lock_md5(project)
-    assert after == before and {k.split(":")[0] for k in before} == {"data", "testsets@generated", "corpus"}, \
-        (before, after)
+    assert (project / "dvc.lock").read_text() == lock_before  # metrics, details and plots included
+    assert run(["git", "status", "--porcelain"], project).stdout == ""  # the timings are git-ignored
+    assert run(["dvc", "status", "corpus"], project).stdout.strip() == "Data and pipelines are up to date."
+    assert (project / "data" / "timings" / "corpus.json").read_bytes() != timing_before  # the stage did run
     rounds = json.loads((project / "data" / "corpus" / "reports" / "rounds.json").read_text())
-    assert not any(k.endswith("_s") for r in rounds for k in r)  # timings went to the metrics
-    assert "train_s" in json.loads((project / "data" / "details" / "corpus.json").read_text())["rounds"][0]
-    run(["git", "checkout", "."], project)
+    assert not any(k.endswith("_s") for r in rounds for k in r)  # timings went to data/timings
+    details = json.loads((project / "data" / "details" / "corpus.json").read_text())
+    assert "train_s" not in details["rounds"][0] and "wall_s" not in details
+    timings = json.loads((project / "data" / "timings" / "corpus.json").read_text())
+    assert timings["wall_s"] > 0 and "train_s" in timings["rounds"][0] and len(timings["loadavg"]) == 3
+
+
+def _outputs(project: Path, stage: str) -> dict[str, str]:
+    """{path: tree hash} of ``stage``'s outputs as dvc.yaml names them (outs, metrics, plots)."""
+    body = yaml.safe_load((project / "dvc.yaml").read_text())["stages"][stage]
+    paths = [next(iter(o)) if isinstance(o, dict) else o for k in ("outs", "metrics", "plots") for o in body.get(k, [])]
+    return {p: hashlib.md5((project / p).read_bytes()).hexdigest() if (project / p).is_file() else tree_hash(project / p)
+            for p in paths}
+
+
+def test_going_back_to_an_earlier_value_restores_from_the_run_cache(project: Path, prefect_api: str) -> None:
+    """Issue 34: run corpus (cached directory, details, metrics, plots), change a value, run, change it back, run: the
+    third run restores every output from the run-cache, byte-identical to the first, without running the command
+    (DVC says so, and the timings file the command writes keeps the second run's bytes)."""
+    params = project / "params.yaml"
+    original = params.read_text()
+    first = _outputs(project, "corpus")
+    assert len(first) == 4 and all((project / p).exists() for p in first), first
+    try:
+        raw = yaml.safe_load(original)
+        raw["corpus"]["seed"] = 1
+        params.write_text(yaml.safe_dump(raw, sort_keys=False))
+        out = run(["dvc", "repro", "corpus"], project, env(prefect_api)).stdout
+        assert "Running stage 'corpus'" in out, out[-2000:]
+        second = _outputs(project, "corpus")
+        assert second["data/details/corpus.json"] != first["data/details/corpus.json"]  # the value changed results
+        timing = (project / "data" / "timings" / "corpus.json").read_bytes()
+        params.write_text(original)
+        out = run(["dvc", "repro", "corpus"], project, env(prefect_api)).stdout
+        assert "Stage 'corpus' is cached - skipping run, checking out outputs" in out, out[-2000:]
+        assert "Running stage" not in out, out[-2000:]
+        assert (project / "data" / "timings" / "corpus.json").read_bytes() == timing  # the command did not run
+        assert _outputs(project, "corpus") == first
+        assert run(["git", "status", "--porcelain"], project).stdout == ""
+    finally:
+        params.write_text(original)
+        run(["git", "checkout", "."], project)
+
+
+def test_no_stage_has_an_uncached_plain_output() -> None:
+    """DVC skips the run-cache for a stage with a ``cache: false`` entry under ``outs`` (metrics and plots entries
+    are exempt: dvc/stage/__init__.py, ``Stage.run``, ``no_cache_outs``); and no stage may output data/timings/, which
+    is git-ignored and changes on every run."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    bad, timing = [], []
+    for name, st in stages.items():
+        body = st.get("do", st)
+        for kind in ("outs", "metrics", "plots"):
+            for o in body.get(kind, []):
+                path, opts = (next(iter(o.items())) if isinstance(o, dict) else (o, None))
+                if kind == "outs" and (opts or {}).get("cache") is False:
+                    bad.append(f"{name}: {path}")
+                if str(path).startswith("data/timings"):
+                    timing.append(f"{name}: {path}")
+    assert not bad, f"plain outputs with cache: false deactivate the run-cache: {bad}"
+    assert not timing, timing
+    assert len(stages) >= 10
+    ignored = run(["git", "check-ignore", "data/timings/x.json", "data/details/x.json"], ROOT, check=False).stdout
+    assert ignored.split() == ["data/timings/x.json", "data/details/x.json"]
 
 
 def test_exp_run_records_headline_metrics_and_exp_show_is_readable(project: Path, prefect_api: str) -> None:
-    out = run(["dvc", "exp", "run", "-n", "seed3", "-S", "data.seed=3", "data"], project, env(prefect_api))
-    assert "Ran experiment(s): seed3" in out.stdout, out.stdout[-2000:]
+    for name, seed in (("seed3", 3), ("seed4", 4)):
+        out = run(["dvc", "exp", "run", "-n", name, "-S", f"data.seed={seed}", "data"], project, env(prefect_api))
+        assert f"Ran experiment(s): {name}" in out.stdout, out.stdout[-2000:]
     shown = json.loads(run(["dvc", "exp", "show", "--json"], project).stdout)
-    exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == "seed3"]
-    assert exps, json.dumps(shown)[:2000]
-    data = exps[0]["revs"][0]["data"]
-    metrics = data["metrics"]["data/metrics/data.json"]["data"]
-    assert metrics["problems"]["sft"] == 120 and metrics["wall_s"] > 0 and len(json.dumps(metrics)) < 400
+    for name in ("seed3", "seed4"):
+        exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == name]
+        assert exps, json.dumps(shown)[:2000]
+        data = exps[0]["revs"][0]["data"]
+        metrics = data["metrics"]["data/metrics/data.json"]["data"]
+        assert metrics["problems"]["sft"] == 120 and metrics["crawl"]["pages"] > 0 and len(json.dumps(metrics)) < 400
+        assert "wall_s" not in metrics  # timings are no DVC output
     text = run(["dvc", "exp", "show", "--only-changed", "--no-pager", "--md"], project).stdout
     header = text.splitlines()[0]
     assert "data.seed" in header and header.count("|") < 40, header  # a few columns, not hundreds
-    run(["dvc", "exp", "remove", "seed3"], project)
+    # the details are a DVC-cached output of the experiment: its dvc.lock names them, the cache holds them (`dvc exp
+    # apply seed4` would check them out with the rest of its outputs)
+    rev = next(e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == "seed4")["revs"][0]["rev"]
+    lock = yaml.safe_load(run(["git", "show", f"{rev}:dvc.lock"], project).stdout)
+    md5 = next(o["md5"] for o in lock["stages"]["data"]["outs"] if o["path"] == "data/details/data.json")
+    details = json.loads((project / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]).read_text())
+    assert details["problems"]["sft"] == 120 and "wall_s" not in details
+    run(["dvc", "exp", "remove", "seed3", "seed4"], project)
     run(["git", "checkout", "."], project)
 
 

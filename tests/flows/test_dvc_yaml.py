@@ -4,6 +4,7 @@ its params name schema sections, and its cmd runs the flow module of the same na
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ RUNS_AS_SCRIPT = {
 }
 
 # Packages whose modules are found at run time (a registry imports every module in them): the whole directory is
-# the dependency (dvc.yaml lists the directory, so a module added there needs no dvc.yaml edit).
+# the dependency (dvc.yaml lists the directory, so a module added there needs no dvc.yaml edit). A string
+# "package.module:name" in a scanned file (a reward source's ``build``) counts as an import of that module.
 DISCOVERED = {"stages/rl/sources/__init__.py"}
+_BY_PATH = re.compile(r"^((?:flows|stages)(?:\.\w+)+):\w+$")
 
 # How a stage is launched, not what it computes (like DVC itself): the package's (empty) __init__, the command line,
 # checks and Prefect logging every flow shares (flows/_common.py), the pipeline's fork server, the shared Prefect API
@@ -74,6 +77,8 @@ def import_closure(module: str) -> set[str]:
                     else:
                         src = node.module or ""
                     names = [src] + [f"{src}.{a.name}" for a in node.names]
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and _BY_PATH.match(node.value):
+                    names = [_BY_PATH.match(node.value).group(1)]  # type: ignore[union-attr]
                 for n in names:
                     if n.split(".")[0] in PACKAGES and _module_file(n) is not None:
                         todo.append(n)

@@ -91,7 +91,7 @@ def test_run_then_the_closing_git_hint_works(project: Path) -> None:
     hint = [x for x in out.stdout.splitlines() if x.startswith("to record this run in git: ")]
     assert len(hint) == 1, out.stdout[-2000:]
     cmd = hint[0].removeprefix("to record this run in git: ").split(" (`dvc push`")[0]
-    assert cmd.startswith("git add dvc.lock data/details data/metrics && git commit"), cmd
+    assert cmd.startswith("git add dvc.lock data/metrics && git commit"), cmd  # details: DVC-cached
     done = subprocess.run(cmd.replace("git commit", " ".join(GIT) + " commit", 1), shell=True, cwd=project,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

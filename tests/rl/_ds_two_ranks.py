@@ -24,11 +24,10 @@ if __name__ == "__main__":
         os.environ["DS_ACCELERATOR"] = "cpu"
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip a JIT build (speed-up only)
     os.chdir(sys.argv[1])
-    from stages import grpo
     from stages.core import paths
     from stages.core.modeling import load_model, load_tokenizer
     from stages.rl.data import load_prompts
-    from tests.rl.test_grpo_stage import tiny_params
+    from tests.rl.test_grpo_stage import rl_train, tiny_params
     from tests.rl.test_paradigm import ScriptedGenerator, _texts
 
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
@@ -37,7 +36,7 @@ if __name__ == "__main__":
     if mode == "rm_baseline":
         from stages.rl.baseline import continued_sft
         from stages.rl.iterative import update_reward_model
-        from stages.rl.reward_model import init_reward_model
+        from stages.rl.rm.model import init_reward_model
         from stages.rl.update import rl_updater
 
         def checksum(m):
@@ -57,10 +56,9 @@ if __name__ == "__main__":
         sys.stdout.write("RESULT " + json.dumps(out) + "\n")  # one write: the ranks share stdout
         sys.stdout.flush()
         raise SystemExit(0)
-    grpo.rollout_generator = lambda *a, **k: ScriptedGenerator(tok, rows, _texts)
     p = tiny_params(steps=2, questions_per_step=3, optim__micro_batch_size=3, checkpoint_every=0,
                     deepspeed=dict(enabled=ds, zero_stage=2, offload_optimizer=False))
-    h, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None)
+    h, _, info = rl_train(model, tok, rows, p, ckpt_dir=None, generator=ScriptedGenerator(tok, rows, _texts))
     out = {"rank": int(os.environ.get("RANK", "0")), "world": info["world_size"],
            "grad_norm": [r["grad_norm"] for r in h], "steps": [r["optimizer_steps"] for r in h],
            "checksum": float(sum(v.double().sum() for v in model.state_dict().values()))}

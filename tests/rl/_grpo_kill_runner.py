@@ -24,14 +24,13 @@ if __name__ == "__main__":
     os.chdir(sys.argv[1])
     from pathlib import Path
 
-    from stages import grpo
     from stages.core import paths
     from stages.core.modeling import load_model, load_tokenizer
     from stages.rl.data import load_prompts
-    from tests.rl.test_grpo_stage import tiny_params
+    from tests.rl.test_grpo_stage import rl_train, tiny_params
 
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     torch.manual_seed(0)
     pause = float(sys.argv[4])
-    grpo.train_grpo(model, tok, rows, tiny_params(**over), ckpt_dir=Path(sys.argv[2]),
+    rl_train(model, tok, rows, tiny_params(**over), ckpt_dir=Path(sys.argv[2]),
                     on_step=lambda row: time.sleep(pause))

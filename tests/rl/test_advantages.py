@@ -8,7 +8,8 @@ import statistics
 import pytest
 import torch
 
-from stages.rl.advantages import outcome_advantages, process_advantages, step_end_indices
+from stages.rl.advantages import outcome_advantages, process_advantages
+from stages.rl.rm.labels import step_end_indices
 
 torch.set_num_threads(1)
 

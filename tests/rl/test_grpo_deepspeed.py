@@ -10,12 +10,12 @@ import socket
 import pytest
 import torch
 
-from stages import grpo
 from stages.core import paths
 from stages.core.modeling import load_model, load_tokenizer
+from stages.rl import run
 from stages.rl.data import load_prompts
 
-from .test_grpo_stage import tiny_params
+from .test_grpo_stage import rl_train, tiny_params
 from .test_paradigm import ScriptedGenerator, _texts
 
 torch.set_num_threads(1)
@@ -37,7 +37,7 @@ def ds_env(monkeypatch: pytest.MonkeyPatch):
 
 def _train(p) -> tuple[dict[str, torch.Tensor], list[dict]]:
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-    hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None)
+    hist, _, info = rl_train(model, tok, rows, p, ckpt_dir=None)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, hist + [info]
 
 
@@ -46,7 +46,7 @@ def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stag
     kw = dict(algorithm=algorithm, steps=2, optim__micro_batch_size=4, checkpoint_every=0)
     if algorithm == "online_rft":  # a random model is never right: scripted outputs, 3 of 4 correct
         tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-        monkeypatch.setattr(grpo, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
+        monkeypatch.setattr(run, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
     plain, hp = _train(tiny_params(**kw))
     ds, hd = _train(tiny_params(**kw, deepspeed=dict(enabled=True, zero_stage=stage, offload_optimizer=False)))
     assert hd[-1]["deepspeed_zero_stage"] == stage and hp[-1]["deepspeed_zero_stage"] is None

@@ -15,7 +15,9 @@ from safetensors.torch import load_file
 from stages import grpo
 from stages.core import paths
 from stages.core.errors import PipelineError
+from stages.core.io import untimed
 from stages.params import GrpoParams
+from stages.rl.run import fit
 
 torch.set_num_threads(1)
 
@@ -61,6 +63,14 @@ def tiny_params(**over: Any) -> GrpoParams:
     return GrpoParams.model_validate(raw)
 
 
+def rl_train(model: Any, tok: Any, rows: list[dict[str, Any]], p: GrpoParams, **kw: Any
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """RL on ``model`` in place through the driver (stages.rl.run.fit: setup, one iteration of train, close; ``kw``:
+    ckpt_dir and setup's options); returns (metric rows, completion rows, info)."""
+    ctx = fit(p, model, tok, rows=rows, **kw)
+    return ctx.history, ctx.samples, ctx.info
+
+
 def _weights(d: Path) -> dict[str, torch.Tensor]:
     return load_file(str(d / "model.safetensors"))
 
@@ -71,12 +81,15 @@ def test_tiny_grpo_run_end_to_end(project):
     assert any(not torch.equal(before[k], after[k]) for k in before)  # GRPO changed the policy
     assert any(not torch.equal(before[k], base[k]) for k in before)  # the baseline trained too
     saved = json.loads(paths.details_file("grpo").read_text())
-    assert saved["grpo"]["steps"] == 2 and saved["wall_s"] > 0 and saved == json.loads(json.dumps(m))
+    assert saved["grpo"]["steps"] == 2 and saved == untimed(json.loads(json.dumps(m)))  # timings: data/timings
+    assert json.loads(paths.timings_file("grpo").read_text())["wall_s"] == m["wall_s"] > 0
     assert saved["grpo"]["skipped_nonfinite"] == 0
     plots = paths.plots_dir("grpo")
     for name in ("reward_mean", "kl", "entropy", "grad_norm", "t_generation", "mismatch_abs_mean"):
-        lines = (plots / f"{name}.csv").read_text().splitlines()
+        where = paths.TIMINGS / "grpo" if name.startswith("t_") else plots  # per-step timings: no DVC output
+        lines = (where / f"{name}.csv").read_text().splitlines()
         assert lines[0] == f"step,{name}" and len(lines) == 3
+    assert not (plots / "t_generation.csv").exists()
     assert (plots / "baseline_sft_loss.csv").is_file()
     samples = (paths.GRPO_MODEL / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 2 * 3 and "completion" in json.loads(samples[0])
@@ -86,12 +99,12 @@ def test_on_policy_ratio_is_one_and_kl_zero_at_start(project):
     """mu = 1, one minibatch: old log-probs are the update's own forward, so ratio == 1 exactly;
     at step 0 the policy equals the reference, so the k3 KL is exactly 0."""
     rows = []
-    grpo.train_grpo(*_load(), tiny_params(steps=1), ckpt_dir=None, on_step=rows.append)
+    rl_train(*_load(), tiny_params(steps=1), ckpt_dir=None, on_step=rows.append)
     assert rows[0]["ratio_mean"] == 1.0 and rows[0]["kl"] == 0.0
     assert rows[0]["clip_frac_low"] == 0.0 and rows[0]["clip_frac_high"] == 0.0
     # mu = 2: the second pass is off-policy (ratio != 1) and the old log-probs come from a separate pass
     rows2 = []
-    grpo.train_grpo(*_load(), tiny_params(steps=1, optim__mu=2, optim__minibatches=2), ckpt_dir=None, on_step=rows2.append)
+    rl_train(*_load(), tiny_params(steps=1, optim__mu=2, optim__minibatches=2), ckpt_dir=None, on_step=rows2.append)
     assert rows2[0]["optimizer_steps"] == 4 and rows2[0]["ratio_mean"] != 1.0
 
 
@@ -114,7 +127,7 @@ def test_nonfinite_step_is_skipped_and_counted(project, monkeypatch):
     monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
     model, tok, rows = _load()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    hist, _, _ = grpo.train_grpo(model, tok, rows, tiny_params(steps=1), ckpt_dir=None)
+    hist, _, _ = rl_train(model, tok, rows, tiny_params(steps=1), ckpt_dir=None)
     assert hist[0]["skipped_nonfinite"] == 1 and hist[0]["optimizer_steps"] == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -129,15 +142,15 @@ def test_resume_continues_from_checkpoint(project):
 
     model, tok, rows = _load()
     with pytest.raises(KeyboardInterrupt):
-        grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
+        rl_train(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
     assert [d.name for d in ckpt.iterdir()] == ["step-00000001"]  # saved after step 0; step 1 crashed before its save
     model, tok, rows = _load()
-    hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt)
+    hist, _, info = rl_train(model, tok, rows, p, ckpt_dir=ckpt)
     assert info["resumed_from_step"] == 1 and [r["step"] for r in hist] == [0, 1, 2]
     assert sorted(d.name for d in ckpt.iterdir()) == ["step-00000001", "step-00000002"]
     (ckpt / "step-00000002" / "state.pt").write_bytes(b"garbage")
     with pytest.raises(PipelineError, match="corrupt checkpoint"):
-        grpo.train_grpo(*_load(), p, ckpt_dir=ckpt)
+        rl_train(*_load(), p, ckpt_dir=ckpt)
 
 
 def test_run_removes_its_checkpoints_when_done(project):

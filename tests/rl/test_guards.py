@@ -148,9 +148,9 @@ def test_params_refuse_guards_without_a_reward_model():
 def test_grpo_with_every_guard_resumes_with_its_running_statistics(rm_project):  # noqa: F811
     """A guarded process-RM run interrupted after step 1 resumes with the checkpointed running statistics: the same
     rewards and weights as an uninterrupted run."""
-    from stages import grpo
     from stages.core import paths
     from stages.rl.iterative import run_iterations
+    from stages.rl.run import close, setup
     from tests.rl.test_grpo_stage import _load
 
     p = tiny_params(steps=3, checkpoint_every=1, reward__source="process_rm", baseline=dict(enabled=False, lr=1e-3),
@@ -159,13 +159,15 @@ def test_grpo_with_every_guard_resumes_with_its_running_statistics(rm_project): 
     def go(ckpt: Path, crash: bool):
         model, tok, rows = _load()
 
-        def train_fn(*a, **kw):
-            if crash:
-                kw["on_step"] = lambda row: (_ for _ in ()).throw(KeyboardInterrupt) if row["step"] == 1 else None
-            return grpo.train_grpo(*a, **kw)
+        def on_step(row):
+            if crash and row["step"] == 1:
+                raise KeyboardInterrupt
 
-        hist, _, _ = run_iterations(model, tok, rows, p, train_fn=train_fn, ckpt_dir=ckpt, rm_dir=paths.REWARD_MODEL,
-                                    out_dir=Path("iters"))
+        ctx = setup(p, model, tok, rows=rows, rm_dir=paths.REWARD_MODEL, on_step=on_step)
+        try:
+            hist = run_iterations(ctx, ckpt_dir=ckpt, out_dir=Path("iters"))
+        finally:
+            close(ctx)
         return hist, model
 
     full, m_full = go(Path("ck_full"), crash=False)

@@ -17,7 +17,7 @@ from stages import grpo
 from stages.core import paths
 from stages.core.modeling import load_tokenizer
 from stages.rl.iterative import INDEX_FILE
-from stages.rl.reward_model import init_reward_model, load_examples, save_reward_model
+from stages.rl.rm.model import init_reward_model, load_examples, save_reward_model
 
 from .test_grpo_stage import tiny_params
 from .test_reward_model import _examples
@@ -76,7 +76,7 @@ def test_rule_reward_iterations_write_policies_only(rm_project):
 def test_untimed_drops_timings_and_resume_markers_from_cached_outputs():
     """What goes into DVC-cached files (grpo's pipeline.json summary / iterations, iterations.json, an RM's
     pipeline.json) keeps the results and drops the seconds, time totals, rates and resume markers."""
-    from stages.rl.iterative import untimed
+    from stages.core.io import untimed
 
     summary = {"steps": 2, "reward_mean_first5": 0.25, "t_generation_total": 1.0, "cpu_update_total": 2.0,
                "step_s_total": 3.0, "step_s_mean": 1.5, "tool_wait_s_total": 1.0, "tool_programs_per_s": 2.0,

@@ -14,12 +14,17 @@ from stages import grpo
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.generation import Completion, SamplingParams
+from stages.core.io import untimed
 from stages.core.modeling import load_model, load_tokenizer
 from stages.core.prompts import chat_prompt
 from stages.params import GrpoParams
-from stages.rl.data import load_prompts
+from stages.rl.data import load_prompts, step_questions
 from stages.rl.losses import LossNormalizer
 from stages.rl.paradigm import build_rft_pool, rft_coefficients, run_questions, select_rft_samples, weighted_nll_loss
+from stages.rl.rewards import accuracy_reward
+from stages.rl.run import begin_iteration, setup
+from stages.rl.step import run_step
+from stages.rl.update import as_updater
 
 from .conftest import write_prompts
 from .test_grpo_stage import tiny_params
@@ -167,7 +172,7 @@ def test_online_rft_step_applies_the_sft_gradient_of_the_correct_samples(project
     tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     p = tiny_params(algorithm="online_rft", optim__max_grad_norm=1e9, questions_per_step=2, rollout__group_size=4, optim__micro_batch_size=3)
     gen = ScriptedGenerator(tok, rows, _texts)
-    batch = [rows[i] for i in grpo.step_questions(len(rows), 0, 2, p.seed)]
+    batch = [rows[i] for i in step_questions(len(rows), 0, 2, p.seed)]
     pairs = [(r["question"], gen.completion(t).token_ids) for r in batch for t in _texts(r)[:3]]  # the 3 correct ones
     ref = _sft_grad(load_model(paths.SFT_MODEL), tok, pairs)
     model = load_model(paths.SFT_MODEL)
@@ -175,7 +180,9 @@ def test_online_rft_step_applies_the_sft_gradient_of_the_correct_samples(project
     out: dict = {}
 
     def step() -> None:
-        out["m"], _, out["r"] = grpo.grpo_step(0, p, model, tok, None, gen, opt, rows, grpo.rule_reward_set())
+        ctx = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
+        begin_iteration(ctx, 1, None)
+        out["m"], _, out["r"] = run_step(0, ctx)
 
     _close(_update(model, step), ref)
     assert out["m"]["accuracy"] == pytest.approx(0.75) and out["m"]["n_train_outputs"] == 6
@@ -189,7 +196,7 @@ def test_rft_pool_keeps_correct_deduplicated_samples_and_trains_on_them(project)
     qidx = run_questions(len(rows), p.steps, p.questions_per_step, p.seed)
     sp = SamplingParams(temperature=1.0, n=4, max_new_tokens=p.rollout.max_new_tokens)
     pool = build_rft_pool(gen, rows, qidx, [chat_prompt(rows[q]["question"], "cot") for q in qidx], sp,
-                          lambda row, c: grpo.accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
+                          lambda row, c: accuracy_reward(completion=c.text, answer=row["answer"]) == 1.0)
     # per question: 4 sampled, 3 correct, 2 kept ("So  N." only differs from "So N." by whitespace; wrong dropped)
     assert pool.summary() == {"questions": len(qidx), "sampled": 4 * len(qidx), "correct": 3 * len(qidx),
                               "kept": 2 * len(qidx), "accuracy": 0.75, "questions_with_samples": len(qidx)}
@@ -197,7 +204,7 @@ def test_rft_pool_keeps_correct_deduplicated_samples_and_trains_on_them(project)
         a = rows[q]["answer"]
         assert [c.text for c in pool.kept[q]] == [f"So {a}.\nThe answer is \\boxed{{{a}}}.",
                                                   f"Tom has {a}.\nThe answer is \\boxed{{{a}}}."]
-    step_q = grpo.step_questions(len(rows), 1, 2, p.seed)
+    step_q = step_questions(len(rows), 1, 2, p.seed)
     pairs = [(rows[q]["question"], c.token_ids) for q in step_q for c in pool.kept[q]]
     ref = _sft_grad(load_model(paths.SFT_MODEL), tok, pairs)
     model = load_model(paths.SFT_MODEL)
@@ -205,7 +212,9 @@ def test_rft_pool_keeps_correct_deduplicated_samples_and_trains_on_them(project)
     out: dict = {}
 
     def step() -> None:
-        out["m"], _, _ = grpo.grpo_step(1, p, model, tok, None, gen, opt, rows, grpo.rule_reward_set(), pool=pool)
+        ctx = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p), cache={"pool": pool})
+        begin_iteration(ctx, 1, None)
+        out["m"], _, _ = run_step(1, ctx)
 
     _close(_update(model, step), ref)
     assert out["m"]["n_train_outputs"] == 4 and out["m"]["accuracy"] == pytest.approx(0.75)
@@ -226,7 +235,7 @@ def test_each_algorithm_runs_and_writes_the_stage_outputs(project, algorithm) ->
     before = load_file(str(paths.SFT_MODEL / "model.safetensors"))
     after = load_file(str(paths.GRPO_MODEL / "model.safetensors"))
     saved = json.loads(paths.details_file("grpo").read_text())
-    assert saved["algorithm"] == algorithm and saved["grpo"]["steps"] == 2 and saved == json.loads(json.dumps(m))
+    assert saved["algorithm"] == algorithm and saved["grpo"]["steps"] == 2 and saved == untimed(json.loads(json.dumps(m)))
     assert json.loads((paths.GRPO_MODEL / "pipeline.json").read_text())["algorithm"] == algorithm
     curve = saved["heldout"]["accuracy_at_step"]
     assert list(curve) == ["0", "1", "2"] and all(0.0 <= a <= 1.0 for a in curve.values())

@@ -30,7 +30,7 @@ from stages.rl.losses import POLICY_LOSSES, LossConfig, LossNormalizer, value_lo
 from stages.rl.rewards import Rewards
 from stages.rl.value import token_values, value_model_from
 
-from .test_grpo_stage import tiny_params
+from .test_grpo_stage import rl_train, tiny_params
 
 torch.set_num_threads(1)
 
@@ -272,11 +272,11 @@ def test_ppo_trains_every_valid_output_and_resumes_with_its_value_model(project)
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
+        rl_train(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
     assert seen[0]["n_train_outputs"] == p.questions_per_step * p.rollout.group_size  # every output (none failed)
     model = load_model(paths.SFT_MODEL)
     cache: dict = {}
-    hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=ckpt, cache=cache)
+    hist, _, info = rl_train(model, tok, rows, p, ckpt_dir=ckpt, cache=cache)
     assert info["resumed_from_step"] == 1 and [r["step"] for r in hist] == [0, 1, 2]
     from safetensors.torch import load_file
 
@@ -288,7 +288,7 @@ def test_ppo_trains_every_valid_output_and_resumes_with_its_value_model(project)
 
 
 def test_ppo_value_model_from_the_reward_model(project) -> None:
-    from stages.rl.reward_model import init_reward_model, save_reward_model
+    from stages.rl.rm.model import init_reward_model, save_reward_model
 
     tok = load_tokenizer(paths.SFT_MODEL)
     torch.manual_seed(0)
@@ -298,7 +298,7 @@ def test_ppo_value_model_from_the_reward_model(project) -> None:
     cache: dict = {}
     p = _ppo(steps=1, ppo=dict(value_init="reward_model", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=None,
                                whiten=False))
-    hist, _, _ = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None, cache=cache)
+    hist, _, _ = rl_train(model, tok, rows, p, ckpt_dir=None, cache=cache)
     assert math.isfinite(hist[0]["value_loss"]) and hist[0]["vf_clip_frac"] == 0.0
     start = rm.state_dict()
     now = cache["critic"].model.state_dict()

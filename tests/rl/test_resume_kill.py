@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages import grpo
 from stages.core import paths
 from stages.core.modeling import load_model, load_tokenizer
 from stages.rl.data import load_prompts
 from stages.train import checkpoint as ck
 
 from .test_grpo_deepspeed import ds_env  # noqa: F401 (fixture)
-from .test_grpo_stage import tiny_params
+from .test_grpo_stage import rl_train, tiny_params
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -35,7 +34,7 @@ OVER = dict(steps=STEPS, checkpoint_every=1, questions_per_step=2, rollout__grou
 def _train(over: dict, ckpt: Path | None) -> tuple[dict[str, torch.Tensor], dict]:
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     torch.manual_seed(0)
-    _, _, info = grpo.train_grpo(model, tok, rows, tiny_params(**over), ckpt_dir=ckpt)
+    _, _, info = rl_train(model, tok, rows, tiny_params(**over), ckpt_dir=ckpt)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, info
 
 

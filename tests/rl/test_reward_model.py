@@ -11,11 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from stages.core.errors import PipelineError
 from stages.core.generation import Completion
 from stages.core.modeling import load_tokenizer
 from stages.core.prompts import chat_prompt
-from stages.rl import reward_model as R
-from stages.rl.reward_model import save_reward_model
+from stages.rl.rm import labels as rm_labels
+from stages.rl.rm import metrics as rm_metrics
+from stages.rl.rm import model as rm_model
+from stages.rl.rm import source as rm_source
+from stages.rl.rm import train as rm_train
+from stages.rl.rm.model import save_reward_model
 from stages.rl.rollout import build_rollout
 
 torch.set_num_threads(1)
@@ -23,22 +28,22 @@ torch.set_num_threads(1)
 
 def test_value_step_labels_hand_examples():
     right = ["Tom buys 2 more: 3 + 2 = 5.\n", "He doubles them: 5 * 2 = 10.\n", "The answer is \\boxed{10}."]
-    assert R.value_step_labels(right, [5, 10], outcome=1) == [1, 1, 1]
+    assert rm_labels.value_step_labels(right, [5, 10], outcome=1) == [1, 1, 1]
     # second step wrong -> it and every later step are wrong; the last step carries the outcome label
     wrong = ["3 + 2 = 5.\n", "Then 5 * 2 = 11.\n", "He gets 1: 11 + 1 = 12.\n", "The answer is \\boxed{12}."]
-    assert R.value_step_labels(wrong, [5, 10, 11], outcome=0) == [1, 0, 0, 0]
+    assert rm_labels.value_step_labels(wrong, [5, 10, 11], outcome=0) == [1, 0, 0, 0]
     # a line without an equation keeps the state; a step beyond the known values is wrong
     extra = ["Let me think.\n", "3 + 2 = 5.\n", "5 + 1 = 6.\n", "The answer is \\boxed{6}."]
-    assert R.value_step_labels(extra, [5], outcome=0) == [1, 1, 0, 0]
+    assert rm_labels.value_step_labels(extra, [5], outcome=0) == [1, 1, 0, 0]
     # a truncated output: last step is the outcome (0)
-    assert R.value_step_labels(["3 + 2 = 5.\n", "5 * 2 ="], [5, 10], outcome=0) == [1, 0]
+    assert rm_labels.value_step_labels(["3 + 2 = 5.\n", "5 * 2 ="], [5, 10], outcome=0) == [1, 0]
 
 
 def test_completion_steps_split_at_newline_tokens(tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
     text = "Tom buys 2 more: 3 + 2 = 5.\nTom buys 1 more: 5 + 1 = 6.\nThe answer is \\boxed{6}."
     ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    ends, texts = R.completion_steps(ids, tok)
+    ends, texts = rm_labels.completion_steps(ids, tok)
     assert len(ends) == 3 and ends[-1] == len(ids) - 1
     assert "".join(texts) == text
     assert texts[0].endswith("5.\n") and texts[1].endswith("6.\n") and texts[2] == "The answer is \\boxed{6}."
@@ -53,19 +58,19 @@ def test_auc_matches_pairwise_definition():
     pos = [a for a, b in zip(s, y, strict=True) if b]
     neg = [a for a, b in zip(s, y, strict=True) if not b]
     ref = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
-    assert R.auc(s, y) == pytest.approx(ref)
-    assert R.auc([1, 2, 3], [0, 1, 1]) == 1.0 and R.auc([3, 2, 1], [0, 1, 1]) == 0.0
-    assert math.isnan(R.auc([1, 2], [1, 1]))
+    assert rm_metrics.auc(s, y) == pytest.approx(ref)
+    assert rm_metrics.auc([1, 2, 3], [0, 1, 1]) == 1.0 and rm_metrics.auc([3, 2, 1], [0, 1, 1]) == 0.0
+    assert math.isnan(rm_metrics.auc([1, 2], [1, 1]))
 
 
 def test_replay_mix_takes_the_fraction_of_history():
     hist = [{"k": i} for i in range(50)]
     new = [{"k": 100 + i} for i in range(7)]
-    mixed, k = R.replay_mix(new, hist, 0.1, seed=3)
+    mixed, k = rm_train.replay_mix(new, hist, 0.1, seed=3)
     assert k == 5 and len(mixed) == 12 and mixed[:7] == new
     replayed = [m["k"] for m in mixed[7:]]
     assert len(set(replayed)) == 5 and all(0 <= x < 50 for x in replayed)
-    assert R.replay_mix(new, [], 0.1, seed=0) == (new, 0)
+    assert rm_train.replay_mix(new, [], 0.1, seed=0) == (new, 0)
 
 
 def _examples(tok, n: int, seed: int = 0) -> list[dict]:
@@ -78,7 +83,7 @@ def _examples(tok, n: int, seed: int = 0) -> list[dict]:
         ans = 5 if good else 3
         text = f"Tom buys 2 more: {a} + 2 = {a + 2}.\nThe answer is \\boxed{{{ans}}}."
         ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        ends, _ = R.completion_steps(ids, tok)
+        ends, _ = rm_labels.completion_steps(ids, tok)
         out.append({"id": f"q{i}", "question": f"Tom has {a} apples. He buys 2 more. How many apples does Tom have now?",
                     "answer": "5", "completion_ids": ids, "step_ends": ends, "step_labels": [1] * (len(ends) - 1) + [int(good)],
                     "outcome": int(good), "origin": "synthetic"})
@@ -88,10 +93,10 @@ def _examples(tok, n: int, seed: int = 0) -> list[dict]:
 def test_rm_training_beats_chance_on_easy_labels(tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
     torch.manual_seed(0)
-    rm = R.init_reward_model(tiny_model_dir)
+    rm = rm_model.init_reward_model(tiny_model_dir)
     train, held = _examples(tok, 48, seed=0), _examples(tok, 16, seed=1)
-    losses = R.train_reward_model(rm, tok, train, epochs=15, lr=3e-3, batch_size=16, seed=0, train_on="outcome")
-    m = R.evaluate_reward_model(rm, tok, held)
+    losses = rm_train.train_reward_model(rm, tok, train, epochs=15, lr=3e-3, batch_size=16, seed=0, train_on="outcome")
+    m = rm_metrics.evaluate_reward_model(rm, tok, held)
     assert losses[-1] < losses[0]
     assert m["outcome_auc"] >= 0.9, m  # chance is 0.5
 
@@ -99,12 +104,12 @@ def test_rm_training_beats_chance_on_easy_labels(tiny_model_dir):
 def test_rm_save_and_load_give_the_same_scores(tiny_model_dir, tmp_path):
     tok = load_tokenizer(tiny_model_dir)
     torch.manual_seed(0)
-    rm = R.init_reward_model(tiny_model_dir)
+    rm = rm_model.init_reward_model(tiny_model_dir)
     ex = _examples(tok, 4)
     save_reward_model(rm, tok, tmp_path / "rm", ex, None, {"stage": "test"})
-    again = R.load_reward_model(tmp_path / "rm")
-    assert R.example_scores(rm, tok, ex) == R.example_scores(again, tok, ex)
-    assert R.load_examples(tmp_path / "rm") == ex
+    again = rm_model.load_reward_model(tmp_path / "rm")
+    assert rm_model.example_scores(rm, tok, ex) == rm_model.example_scores(again, tok, ex)
+    assert rm_model.load_examples(tmp_path / "rm") == ex
 
 
 class _StubRM(torch.nn.Module):
@@ -136,7 +141,7 @@ def test_process_and_outcome_wiring_against_a_loop_reference(tiny_model_dir):
             cg.append(Completion(text=t, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop" if j < 2 else "length"))
         comps.append(cg)
     ro = build_rollout(rows, [chat_prompt(r["question"]) for r in rows], comps, tok, mask_truncated=False)
-    scorer = R.RewardModelSource(_StubRM(), tok, "process")
+    scorer = rm_source.RewardModelSource(_StubRM(), tok, "process")
     T = ro.completion_mask.shape[1]
     eps = 1e-4
 
@@ -164,7 +169,7 @@ def test_process_and_outcome_wiring_against_a_loop_reference(tiny_model_dir):
     assert bool(got.valid.all()) and got.n_zero_std_groups == 0
 
     # outcome RM: reward = sigmoid(score of the last completion token), group-normalised
-    out = _estimate(R.RewardModelSource(_StubRM(), tok, "outcome"), ro, eps)
+    out = _estimate(rm_source.RewardModelSource(_StubRM(), tok, "outcome"), ro, eps)
     assert torch.allclose(out.rewards, out_r, atol=1e-9)
     exp = (out_r - out_r.mean(1, keepdim=True)) / (out_r.std(1, keepdim=True) + eps)
     assert torch.allclose(out.advantages.double(), exp, atol=1e-5)
@@ -189,7 +194,7 @@ def test_step_label_scorer_rewards_are_the_value_labels(tiny_model_dir):
             cg.append(Completion(text=t, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
         comps.append(cg)
     ro = build_rollout(rows, [chat_prompt(r["question"]) for r in rows], comps, tok, mask_truncated=False)
-    scorer = R.StepLabelSource(tok)
+    scorer = rm_source.StepLabelSource(tok)
     r, e = scorer.step_rewards(ro)
     for q in range(2):
         for g in range(3):
@@ -216,7 +221,7 @@ def test_step_label_scorer_rewards_are_the_value_labels(tiny_model_dir):
 
     rows_nv = [{k: v for k, v in r_.items() if k != "values"} for r_ in rows]
     ro2 = build_rollout(rows_nv, [chat_prompt(r_["question"]) for r_ in rows_nv], comps, tok, mask_truncated=False)
-    with pytest.raises(R.PipelineError, match="process_rule needs problem rows with a 'values' field"):
+    with pytest.raises(PipelineError, match="process_rule needs problem rows with a 'values' field"):
         scorer.step_rewards(ro2)
 
 
@@ -227,28 +232,28 @@ def test_step_label_scorer_rewards_are_the_value_labels(tiny_model_dir):
 def test_shared_prompt_scores_and_gradients_equal_one_pass_per_row(tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
     torch.manual_seed(0)
-    rm = R.init_reward_model(tiny_model_dir)
+    rm = rm_model.init_reward_model(tiny_model_dir)
     ex = _examples(tok, 6)
     ex = [dict(e, question=ex[0]["question"]) for e in ex[:3]] + ex[3:]  # 3 samples of one question, then 3 more
-    ids, att, P = R._grouped_batch(ex, tok, {})
-    plain = R.completion_scores(rm, ids, att, P, share_prompts=False)
-    shared = R.completion_scores(rm, ids, att, P, share_prompts=True)
+    ids, att, P = rm_model._grouped_batch(ex, tok, {})
+    plain = rm_model.completion_scores(rm, ids, att, P, share_prompts=False)
+    shared = rm_model.completion_scores(rm, ids, att, P, share_prompts=True)
     assert torch.allclose(plain, shared, atol=1e-5)
     # the rollout layout gives the right-padded layout's scores (token_scores, the reward source's path)
-    ids_r, att_r, plens = R._batch(ex, tok, {})
-    ref = R.token_scores(rm, ids_r, att_r)
+    ids_r, att_r, plens = rm_model._batch(ex, tok, {})
+    ref = rm_model.token_scores(rm, ids_r, att_r)
     for i, e in enumerate(ex):
         for t in e["step_ends"]:
             assert shared[i, t].item() == pytest.approx(ref[i, plens[i] + t].item(), abs=1e-5)
     grads = []
     for share in (False, True):
         rm.zero_grad()
-        R.completion_scores(rm, ids, att, P, share_prompts=share)[att[:, P:].bool()].sum().backward()
+        rm_model.completion_scores(rm, ids, att, P, share_prompts=share)[att[:, P:].bool()].sum().backward()
         grads.append({k: p.grad.clone() for k, p in rm.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
     for k in grads[0]:
         assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5), k
-    for a, b in zip(R.example_scores(rm, tok, ex, share_prompts=True), R.example_scores(rm, tok, ex), strict=True):
+    for a, b in zip(rm_model.example_scores(rm, tok, ex, share_prompts=True), rm_model.example_scores(rm, tok, ex), strict=True):
         assert a == pytest.approx(b, abs=1e-5)
 
 
@@ -259,10 +264,10 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_model_dir):
 
     def fresh():
         torch.manual_seed(0)
-        return R.init_reward_model(tiny_model_dir)
+        return rm_model.init_reward_model(tiny_model_dir)
 
     full = fresh()
-    want = R.train_reward_model(full, tok, ex, **kw)
+    want = rm_train.train_reward_model(full, tok, ex, **kw)
     saved: dict = {}
 
     def stop_at_5(step, upd, sums):
@@ -273,10 +278,10 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_model_dir):
 
     full2 = fresh()
     with pytest.raises(KeyboardInterrupt):
-        R.train_reward_model(full2, tok, ex, on_step=stop_at_5, **kw)
+        rm_train.train_reward_model(full2, tok, ex, on_step=stop_at_5, **kw)
     again = fresh()
     again.load_state_dict(saved["model"])
-    got = R.train_reward_model(again, tok, ex, resume={k: saved[k] for k in ("step", "optimizer", "loss_sums")}, **kw)
+    got = rm_train.train_reward_model(again, tok, ex, resume={k: saved[k] for k in ("step", "optimizer", "loss_sums")}, **kw)
     assert got == pytest.approx(want, rel=1e-6)
     for k, v in full.state_dict().items():
         assert torch.allclose(v, again.state_dict()[k], atol=1e-6), k
@@ -284,8 +289,8 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_model_dir):
 
 def test_epoch_order_keeps_a_question_together_and_depends_on_the_epoch():
     ex = [{"question": f"q{i // 3}"} for i in range(12)]
-    o0, o1 = R.epoch_order(ex, 0, 0), R.epoch_order(ex, 0, 1)
-    assert sorted(o0) == list(range(12)) and o0 != o1 and o0 == R.epoch_order(ex, 0, 0)
+    o0, o1 = rm_train.epoch_order(ex, 0, 0), rm_train.epoch_order(ex, 0, 1)
+    assert sorted(o0) == list(range(12)) and o0 != o1 and o0 == rm_train.epoch_order(ex, 0, 0)
     for b in range(0, 12, 3):
         assert len({ex[i]["question"] for i in o0[b:b + 3]}) == 1
 
@@ -302,7 +307,7 @@ def test_best_of_n_against_hand_computed_picks():
               [0.1], [0.2], [0.0, 0.15], [-1.0],
               [0.2, 0.3], [0.5, 0.1], [0.9], [0.0, 0.0],
               [1.0]]
-    got = R.best_of_n(examples, scores, 4)
+    got = rm_metrics.best_of_n(examples, scores, 4)
     # rm_last picks the highest last score: a -> sample 0 (0.9, wrong), b -> 1 (0.2, wrong), c -> 2 (0.9, wrong)
     assert got["questions"] == 3
     assert got["random"] == pytest.approx(round((2 / 4 + 1 / 4 + 3 / 4) / 3, 4))
@@ -314,8 +319,8 @@ def test_best_of_n_against_hand_computed_picks():
     assert got["oracle"] == 1.0
     assert got["gain"] == pytest.approx(round(-(2 / 4 + 1 / 4 + 3 / 4) / 3, 4), abs=1e-4)
     scores[1] = [0.5, 2.0]  # a: now the correct sample 1 has the best last score
-    assert R.best_of_n(examples, scores, 4)["rm_last"] == pytest.approx(round(1 / 3, 4))
-    assert R.best_of_n(examples, scores, 5) == {"n": 5, "questions": 0}
+    assert rm_metrics.best_of_n(examples, scores, 4)["rm_last"] == pytest.approx(round(1 / 3, 4))
+    assert rm_metrics.best_of_n(examples, scores, 5) == {"n": 5, "questions": 0}
 
 
 def test_step_auc_values_uses_the_exact_labels(tiny_model_dir):
@@ -326,13 +331,13 @@ def test_step_auc_values_uses_the_exact_labels(tiny_model_dir):
     rng = random.Random(3)
     for e in ex:
         e["value_labels"] = [rng.randint(0, 1) for _ in e["step_labels"]]
-    m = R.evaluate_reward_model(_StubRM(), tok, ex, share_prompts=False)
-    sc = R.example_scores(_StubRM(), tok, ex)
-    assert m["step_auc"] == pytest.approx(round(R.auc([v for s in sc for v in s],
+    m = rm_metrics.evaluate_reward_model(_StubRM(), tok, ex, share_prompts=False)
+    sc = rm_model.example_scores(_StubRM(), tok, ex)
+    assert m["step_auc"] == pytest.approx(round(rm_metrics.auc([v for s in sc for v in s],
                                                       [y for e in ex for y in e["step_labels"]]), 4))
-    assert m["step_auc_values"] == pytest.approx(round(R.auc([v for s in sc for v in s],
+    assert m["step_auc_values"] == pytest.approx(round(rm_metrics.auc([v for s in sc for v in s],
                                                              [y for e in ex for y in e["value_labels"]]), 4))
-    assert R.evaluate_reward_model(_StubRM(), tok, [{k: v for k, v in e.items() if k != "value_labels"} for e in ex],
+    assert rm_metrics.evaluate_reward_model(_StubRM(), tok, [{k: v for k, v in e.items() if k != "value_labels"} for e in ex],
                                    share_prompts=False)["step_auc_values"] is None
 
 
@@ -367,10 +372,10 @@ def test_math_shepherd_labels_deduplicate_prefixes_and_skip_correct_outputs(tiny
                 "3 + 2 = 5.\n5 + 0 = 5.\nThe answer is \\boxed{7}.",  # the same two first steps (dedup)
                 "3 + 2 = 9.\nThe answer is \\boxed{9}."]}             # wrong at step 1
     gen = _ScriptedGenerator(outs, tok)
-    cfg = R.SampleConfig(samples_per_question=4, temperature=1.0, max_new_tokens=16, labels="rollouts",
+    cfg = rm_labels.SampleConfig(samples_per_question=4, temperature=1.0, max_new_tokens=16, labels="rollouts",
                          rollouts_per_step=2, seed=0)
     stats: dict = {}
-    ex = R.collect_examples(None, tok, [{"id": "p0", "question": q, "answer": "5", "values": [5]}], cfg, origin="sft",
+    ex = rm_labels.collect_examples(None, tok, [{"id": "p0", "question": q, "answer": "5", "values": [5]}], cfg, origin="sft",
                             generator=gen, stats=stats)
     assert [e["step_labels"] for e in ex] == [[1, 1], [1, 1, 0], [1, 1, 0], [0, 0]]
     assert [e["value_labels"] for e in ex] == [[1, 1], [1, 0, 0], [1, 0, 0], [0, 0]]  # 5 + 0 = 5 is past values
@@ -443,10 +448,10 @@ def test_math_shepherd_labeller_on_50_real_gsm8k_and_math_rows(shared_data, tiny
     assert len({r["id"] for r in rows}) == 50
     outputs = _reference_outputs(rows)
     gen = _ReferenceGenerator(rows, outputs, tok)
-    cfg = R.SampleConfig(samples_per_question=3, temperature=1.0, max_new_tokens=64, labels="rollouts",
+    cfg = rm_labels.SampleConfig(samples_per_question=3, temperature=1.0, max_new_tokens=64, labels="rollouts",
                          rollouts_per_step=4, seed=0)
     stats: dict = {}
-    ex = R.collect_examples(None, tok, rows, cfg, origin="sft", generator=gen, stats=stats)
+    ex = rm_labels.collect_examples(None, tok, rows, cfg, origin="sft", generator=gen, stats=stats)
     assert len(ex) == 150 and gen.calls[0] == 50 and len(gen.calls) == 2
     for i, r in enumerate(rows):
         right, wrong_end, wrong_first = ex[3 * i: 3 * i + 3]
@@ -466,10 +471,10 @@ def test_math_shepherd_labeller_runs_batched_on_50_real_rows_with_a_model(shared
 
     tok, model = load_tokenizer(tiny_model_dir), load_model(tiny_model_dir)
     rows = load_prompts(shared_data / "gsm8k" / "test.jsonl")[:50]
-    cfg = R.SampleConfig(samples_per_question=2, temperature=1.0, max_new_tokens=12, labels="rollouts",
+    cfg = rm_labels.SampleConfig(samples_per_question=2, temperature=1.0, max_new_tokens=12, labels="rollouts",
                          rollouts_per_step=2, seed=0)
     stats: dict = {}
-    ex = R.collect_examples(model, tok, rows, cfg, origin="sft", stats=stats)
+    ex = rm_labels.collect_examples(model, tok, rows, cfg, origin="sft", stats=stats)
     assert stats["sampled"] == 100 and len(ex) == stats["examples"] >= 1  # empty outputs (EOS first) are dropped
     for e in ex:
         assert len(e["step_labels"]) == len(e["step_ends"]) >= 1 and set(e["step_labels"]) <= {0, 1}
@@ -482,7 +487,7 @@ def test_within_question_auc_counts_pairs_of_one_question_only():
     scores = [0.9, 0.1, 0.5, 0.0, 0.0]
     labels = [1, 0, 0, 1, 0]
     # a: (0.9 > 0.1), (0.9 > 0.5) -> 2 won; b: a tie -> 0.5; 3 pairs
-    assert R.within_question_auc(ex, scores, labels) == pytest.approx(2.5 / 3)
+    assert rm_metrics.within_question_auc(ex, scores, labels) == pytest.approx(2.5 / 3)
     # the pooled AUC mixes questions: b's positive (0) is below a's negatives
-    assert R.auc(scores, labels) != pytest.approx(2.5 / 3)
-    assert math.isnan(R.within_question_auc(ex[:1], scores[:1], labels[:1]))
+    assert rm_metrics.auc(scores, labels) != pytest.approx(2.5 / 3)
+    assert math.isnan(rm_metrics.within_question_auc(ex[:1], scores[:1], labels[:1]))

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages import grpo
 from stages.core import paths
 from stages.core.generation import make_generator
 from stages.core.modeling import load_model, load_tokenizer
-from stages.rl.algorithms import get_algorithm
 from stages.rl.data import load_prompts
-from stages.rl.rollout import question_modes
+from stages.rl.rollout import question_modes, rollout_generator
+from stages.rl.run import begin_iteration, close, setup
+from stages.rl.step import run_step
 from tests.tool_model import QUESTIONS, responses
 
-from .test_grpo_stage import tiny_params
+from .test_grpo_stage import rl_train, tiny_params
 
 torch.set_num_threads(1)
 
@@ -52,16 +52,14 @@ def params(mode: str, **over):
 
 def _step(p, backend: str = "hf"):
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-    gen = make_generator("hf", model, tok) if backend == "hf" else grpo.rollout_generator(
+    gen = make_generator("hf", model, tok) if backend == "hf" else rollout_generator(
         p, model, tok, [r["question"] for r in rows], p.rollout.max_new_tokens)
-    opt = torch.optim.AdamW(model.parameters(), lr=p.optim.lr)
-    algo = get_algorithm(p.algorithm)
+    ctx = setup(p, model, tok, rows=rows, generator=gen)
     try:
-        m, ro, rewards = grpo.grpo_step(0, p, model, tok, grpo.frozen_copy(model), gen, opt, rows,
-                                        algo.reward_functions(p))
+        begin_iteration(ctx, 1, None)
+        m, ro, rewards = run_step(0, ctx)
     finally:
-        if backend != "hf":
-            gen.close()
+        close(ctx)
     return tok, m, ro, rewards
 
 
@@ -111,7 +109,7 @@ def test_every_sampling_algorithm_runs_a_mixture(tool_project, algorithm: str) -
     over = {"algorithm": algorithm, "advantage__estimator": "gae" if algorithm == "ppo" else "grpo"}
     p = params("mixture", steps=2, questions_per_step=2, rollout__group_size=2, **over)
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-    hist, _, info = grpo.train_grpo(model, tok, rows, p, ckpt_dir=None)
+    hist, _, info = rl_train(model, tok, rows, p, ckpt_dir=None)
     assert len(hist) == 2 and info["rollout_modes"] == ["cot", "pot", "tir"]
     assert all(math.isfinite(h["loss"]) for h in hist)
     if algorithm == "rft":  # the offline pool is sampled in the questions' modes too

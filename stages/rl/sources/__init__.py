@@ -9,8 +9,13 @@ Add a source: a new module here with ``SOURCES = (RewardSourceSpec(name=..., sum
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from stages.rl.registry import Registry, RewardSourceSpec
 
 
 @dataclass
@@ -24,3 +29,14 @@ class SourceInputs:
     reward_set: Any
     reward_model: Any = None
     rm_examples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _discover() -> Iterator[RewardSourceSpec]:
+    """The ``SOURCES`` of every module of this package (by module name; ``_``-prefixed modules skipped)."""
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not mod.name.startswith("_"):
+            yield from importlib.import_module(f"{__name__}.{mod.name}").SOURCES
+
+
+REWARD_SOURCES: Registry[RewardSourceSpec] = Registry("reward source", "grpo.reward.source", discover=_discover)
+"""``grpo.reward.source``: the sources declared by this package's modules (found on first use)."""

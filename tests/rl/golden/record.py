@@ -11,19 +11,17 @@ fingerprints of the models and prompts, and per configuration and step: loss (th
 the step's optimizer step), grad norm, KL, reward mean, accuracy, the (Q, G) rewards, and a few more metrics; after
 the last step, a checksum of the policy's weights. tests/rl/golden/test_golden.py recomputes it with the current code.
 
-The entry points used are the stage's: ``stages.grpo.train_grpo`` through ``stages.rl.iterative.run_iterations`` (which
-builds the reward source), ``stages.grpo.train_sft`` for sft; the rewards are read by wrapping
-``stages.grpo.grpo_step``, and where a step row has no ``loss`` (the code before issue 17) the loss functions of the
-stage are wrapped to sum it.
+The entry points used are the stage's: the RL driver (``stages.rl.run.setup``, ``stages.rl.iterative.run_iterations``
+around ``stages.rl.run.train``; ``stages.rl.run.train_sft`` for sft); the rewards are read by wrapping the driver's
+``run_step``. The committed records were made with the code of their day (before issue 17's refactor, with the flat
+grpo params that stages.schema.grpo.from_flat reads); this script records today's code.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -131,16 +129,15 @@ def _project(models: Path, prompts: Path) -> Iterator[Path]:
 
 
 def run_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
-    """Run one configuration from the working directory's data/ and return its record."""
-    from stages import grpo
+    """Run one configuration from the working directory's data/ through the stage's own path (the RL driver: setup,
+    Algorithm 1 with one iteration, close; continued SFT for sft) and return its record. The (Q, G) rewards of each
+    step are read by wrapping the driver's ``run_step``."""
     from stages.core import paths
     from stages.core.modeling import load_model, load_tokenizer
-    try:
-        from stages.schema.grpo import GrpoParams
-    except ImportError:  # the code before the params split (the record's commit)
-        from stages.params import GrpoParams  # type: ignore[no-redef]
+    from stages.rl import run
     from stages.rl.data import load_prompts
     from stages.rl.iterative import run_iterations
+    from stages.schema.grpo import GrpoParams
 
     torch.set_num_threads(1)
     p = GrpoParams.model_validate(raw)
@@ -148,49 +145,28 @@ def run_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     rows = load_prompts(paths.RL_PROMPTS)
     torch.manual_seed(p.seed)
     rewards: list[Any] = []
-    losses: list[float] = []
-    patched: list[tuple[Any, str, Any]] = []
+    real_step = run.run_step
 
-    def wrap_step(fn: Any) -> Any:
-        @functools.wraps(fn)
-        def step(*a: Any, **k: Any) -> Any:
-            losses.clear()
-            m, ro, r = fn(*a, **k)
-            rewards.append([[float(x) for x in row] for row in r.tolist()])
-            if "loss" not in m:
-                m["loss"] = float(sum(losses)) if losses else math.nan
-            return m, ro, r
-        return step
+    def step(*a: Any, **k: Any) -> Any:
+        m, ro, r = real_step(*a, **k)
+        rewards.append([[float(x) for x in row] for row in r.tolist()])
+        return m, ro, r
 
-    def wrap_loss(fn: Any) -> Any:
-        @functools.wraps(fn)
-        def loss_fn(*a: Any, **k: Any) -> Any:
-            loss, lm = fn(*a, **k)
-            losses.append(float(loss.detach()))
-            return loss, lm
-        return loss_fn
-
-    patched.append((grpo, "grpo_step", grpo.grpo_step))
-    grpo.grpo_step = wrap_step(grpo.grpo_step)
-    for attr in ("grpo_loss", "weighted_nll_loss"):  # the stage's loss functions before issue 17
-        if hasattr(grpo, attr):
-            patched.append((grpo, attr, getattr(grpo, attr)))
-            setattr(grpo, attr, wrap_loss(getattr(grpo, attr)))
+    run.run_step = step
     try:
         if p.algorithm == "sft":
-            hist, _, _ = grpo.train_sft(model, tok, rows, p)
+            hist, _, _ = run.train_sft(model, tok, rows, p)
             for r in hist:
                 r["loss"] = r["sft_loss"]
         else:
-            rm_dir = paths.REWARD_MODEL if p.reward.source in ("outcome_rm", "process_rm") else None
-            kw = "cache" if "cache" in inspect.signature(grpo.train_grpo).parameters else "rft_cache"  # renamed
-            train_fn = functools.partial(grpo.train_grpo, rft_steps=p.steps, **{kw: {}})
+            ctx = run.setup(p, model, tok, rows=rows, rm_dir=paths.REWARD_MODEL)
             with tempfile.TemporaryDirectory() as out:
-                hist, _, _ = run_iterations(model, tok, rows, p, train_fn=train_fn, ckpt_dir=None, rm_dir=rm_dir,
-                                            out_dir=Path(out) / "iters")
+                try:
+                    hist = run_iterations(ctx, ckpt_dir=None, out_dir=Path(out) / "iters")
+                finally:
+                    run.close(ctx)
     finally:
-        for mod, attr, fn in reversed(patched):
-            setattr(mod, attr, fn)
+        run.run_step = real_step
     steps = []
     for i, r in enumerate(hist):
         row = {k: _clean(float(r[k])) for k in STEP_KEYS if k in r and r[k] is not None}
@@ -205,7 +181,7 @@ def build_tiny_inputs(root: Path) -> tuple[Path, Path]:
     model initialised from it (seed 0, no training) as ``reward_model/`` and their 8-row prompt file. Returns
     (models dir, prompt file)."""
     from stages.core.modeling import load_tokenizer
-    from stages.rl.reward_model import init_reward_model, save_reward_model
+    from stages.rl.rm.model import init_reward_model, save_reward_model
     from tests.rl.conftest import make_tiny_model_dir, write_prompts
 
     models = root / "models"

@@ -1,0 +1,101 @@
+"""What an RL run reports: a log line per step (Prefect's run logger inside a flow run), tables of sampled
+completions (kept beside the policy; Prefect table artifacts inside a flow run), the stage summary of the per-step
+rows, and which rows become dvc plot curves (stages/core/plots.py writes them).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from stages.rl.rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+PLOT_METRICS = (
+    "reward_mean", "reward_std", "accuracy", "zero_std_frac", "kl", "clip_frac_low", "clip_frac_high", "entropy",
+    "completion_len", "grad_norm", "loss", "mismatch_abs_mean", "t_generation", "t_scoring", "t_logprobs", "t_update",
+    "value_loss", "vf_clip_frac", "value_mean", "value_grad_norm", "return_mean", "adv_abs_mean",
+    "tool_programs", "tool_programs_per_s", "tool_wait_s", "tool_exec_s", "tool_wait_frac", "tir_rounds_mean",
+    "accuracy_cot", "accuracy_pot", "accuracy_tir",
+)
+"""The per-step metrics drawn as curves (data/plots/grpo/<metric>.csv), besides the baseline's."""
+
+def run_logger() -> Any:
+    """Prefect's run logger inside a flow run (shown in the UI), else this module's logger."""
+    try:
+        from prefect import get_run_logger
+        from prefect.context import FlowRunContext
+
+        if FlowRunContext.get() is not None:
+            return get_run_logger()
+    except ImportError:  # pragma: no cover
+        pass
+    return log
+
+
+def log_step(logger: Any, algorithm: str, done: int, total: int, row: dict[str, Any]) -> None:
+    """One line per step: rewards, accuracy, zero-std share, KL, length, time (and the held-out accuracy)."""
+    logger.info("%s step %d/%d: reward %.3f acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f)%s",
+                algorithm, done, total, row["reward_mean"], row["accuracy"], row["zero_std_frac"], row["kl"],
+                row["completion_len"], row["step_s"], row["t_generation"], row["t_update"],
+                f" | held-out {row['heldout_accuracy']:.3f}" if "heldout_accuracy" in row else "")
+
+
+def publish_samples(step: int, table: list[dict[str, Any]]) -> None:
+    """A Prefect table artifact of sampled completions, when running inside a flow run."""
+    try:
+        from prefect.artifacts import create_table_artifact
+        from prefect.context import FlowRunContext
+    except ImportError:  # pragma: no cover
+        return
+    if FlowRunContext.get() is None:
+        return
+    create_table_artifact(key="grpo-completions", table=table, description=f"GRPO sampled completions at step {step}")
+
+
+def sample_table(step: int, ro: Rollout, rewards: torch.Tensor, k: int = 8) -> list[dict[str, Any]]:
+    """The first output of the first ``k`` groups: question, gold, completion, reward."""
+    G = ro.group_size
+    out = []
+    for q in range(min(k, rewards.shape[0])):
+        n = q * G
+        out.append({"step": step, "id": ro.rows[n].get("id"), "question": ro.rows[n]["question"],
+                    "gold": ro.rows[n]["answer"], "completion": ro.texts[n], "reward": float(rewards[q, 0]),
+                    "group_rewards": [float(x) for x in rewards[q]]})
+    return out
+
+
+def summarize(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
+    """Stage metrics from the per-step rows: first/last-window means and time totals."""
+    if not history:
+        return {}
+    first, last = history[:window], history[-window:]
+    out: dict[str, Any] = {"steps": len(history)}
+    for k in ("reward_mean", "accuracy", "kl", "entropy", "completion_len", "zero_std_frac"):
+        out[f"{k}_first{window}"] = mean_finite([r.get(k) for r in first])
+        out[f"{k}_last{window}"] = mean_finite([r.get(k) for r in last])
+    for k in ("t_generation", "t_scoring", "t_logprobs", "t_update", "step_s", "cpu_generation", "cpu_scoring",
+              "cpu_logprobs", "cpu_update", "cpu_step_s"):
+        out[f"{k}_total"] = round(sum(r.get(k, 0.0) for r in history), 2)
+    out["step_s_mean"] = round(out["step_s_total"] / len(history), 3)
+    if any("tool_programs" in r for r in history):  # pot / tir rollouts: the sandbox's part
+        for k in ("tool_programs", "tool_failed", "tool_wait_s", "tool_exec_s", "tool_generate_s", "tool_wall_s"):
+            out[f"{k}_total"] = round(sum(r.get(k, 0.0) for r in history), 2)
+        out["tool_programs_per_s"] = round(out["tool_programs_total"] / out["tool_wall_s_total"], 2) \
+            if out["tool_wall_s_total"] else 0.0
+        out["tool_wait_share_of_step"] = round(out["tool_wait_s_total"] / out["step_s_total"], 4) \
+            if out["step_s_total"] else 0.0
+    out["n_reward_failures"] = sum(r.get("n_reward_failures", 0) for r in history)
+    out["skipped_nonfinite"] = sum(r.get("skipped_nonfinite", 0) for r in history)
+    out["mismatch_abs_mean"] = mean_finite([r.get("mismatch_abs_mean") for r in history])
+    return out
+
+
+def mean_finite(xs: list[Any]) -> float | None:
+    """The mean of the finite values among ``xs`` (None and NaN skipped), to 6 significant digits; None if none."""
+    v = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return float(f"{sum(v) / len(v):.6g}") if v else None
