@@ -85,8 +85,8 @@ def test_named_stages_run_with_their_upstream_stages(project: Path, monkeypatch:
         and len(plan([])) == 14
 
 
-def test_run_then_the_closing_git_hint_works(project: Path) -> None:
-    out = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(), timeout=900)
+def test_run_then_the_closing_git_hint_works(project: Path, prefect_api: str) -> None:
+    out = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(prefect_api), timeout=900)
     assert re.search(r"^data\s+ran\s", out.stdout, re.M), out.stdout[-2000:]
     hint = [x for x in out.stdout.splitlines() if x.startswith("to record this run in git: ")]
     assert len(hint) == 1, out.stdout[-2000:]
@@ -97,15 +97,15 @@ def test_run_then_the_closing_git_hint_works(project: Path) -> None:
     assert done.returncode == 0, done.stderr
     status = run(["git", "status", "--porcelain"], project).stdout
     assert status == "", status  # everything the run changed is recorded
-    served = (project / ".prefect" / "servers" / "api.log").read_text().count("serving the Prefect API")
-    again = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(), timeout=900)
+    again = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(), timeout=900)  # no API given
     assert re.search(r"^data\s+skipped\s", again.stdout, re.M) and "to record this run" not in again.stdout
     # nothing to do: said at once, and no server started (a no-op costs DVC's status check, not a Prefect start-up)
     assert "pipeline: every stage is up to date (dvc status); nothing to run" in again.stdout, again.stdout[-2000:]
-    assert (project / ".prefect" / "servers" / "api.log").read_text().count("serving the Prefect API") == served
+    assert not (project / ".prefect" / "servers" / "api.log").exists()
 
 
-def test_params_file_runs_with_its_values_and_leaves_params_yaml_as_it_was(project: Path, tmp_path: Path) -> None:
+def test_params_file_runs_with_its_values_and_leaves_params_yaml_as_it_was(project: Path, tmp_path: Path,
+                                                                          prefect_api: str) -> None:
     """``--params FILE``: DVC records FILE's values (dvc.lock), params.yaml keeps its bytes, uncommitted edits
     included, and the closing hint says how to record the run."""
     other = tmp_path / "other.yaml"
@@ -115,8 +115,8 @@ def test_params_file_runs_with_its_values_and_leaves_params_yaml_as_it_was(proje
     mine = (project / "params.yaml").read_bytes() + b"# an uncommitted edit\n"
     (project / "params.yaml").write_bytes(mine)
     try:
-        out = run([sys.executable, "-m", "flows.pipeline", "--only", "data", "--params", str(other)], project, env(),
-                  timeout=900)
+        out = run([sys.executable, "-m", "flows.pipeline", "--only", "data", "--params", str(other)], project,
+                  env(prefect_api), timeout=900)
         assert (project / "params.yaml").read_bytes() == mine
         assert not list(project.glob(".params.yaml.swapped-*"))
         lock = yaml.safe_load((project / "dvc.lock").read_text())
