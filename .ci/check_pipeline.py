@@ -1,7 +1,7 @@
 """CI check of the full default pipeline, run in a temporary clone of the current commit.
 
 1. `python -m flows.pipeline` (the README's main job) from a clean state (`--runner dvc`: plain `dvc repro`, which
-   shares the project's Prefect API server and stage server the same way: flows/_servers.py);
+   shares the project's Prefect API server the same way, flows/_servers.py; the stage server is the pipeline's);
 2. every metrics file declared in dvc.yaml exists (`dvc metrics show --json` reports none missing);
 3. no stage exceeds 1.5x its budget (each stage's own `wall_s` in data/timings/<stage>.json, which every stage writes
    beside its outputs: no DVC output, so the metrics are the same bytes on every run);

@@ -9,11 +9,11 @@ repository in a temporary directory), so /work/main/data, .prefect and .dvc/cach
    every stage process importing its libraries itself; ``dvc`` = plain ``dvc repro``): its wall time minus the
    sum of the stages' own ``wall_s`` (each stage's data/timings/*.json) is the orchestration overhead
    (interpreter and import start-up, Prefect flow engine and API server start, DVC hashing and caching; plain
-   ``dvc repro`` shares one API server and one stage server across its stages like the pipeline: flows/_servers.py). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
+   ``dvc repro`` shares one API server across its stages like the pipeline, flows/_servers.py; the stage server is the pipeline's alone). Default: a REDUCED params set (below: every stage runs, on less data and fewer steps);
    ``--full``: params.yaml as it is (the full default; about 15 min on a quiet 2-core CPU).
 2. No-op ``dvc repro`` right after: median of ``--repeats`` runs (nothing to do: DVC only hashes).
 3. Start-up of ``python -m flows.data``: time from launch to the flow's first stage log line
-   (``params.data = ...``, logged right before ``stages.data.run``), and total minus the stage's
+   (``params.data: ...``, logged right before ``stages.data.run``), and total minus the stage's
    wall_s, with and without a shared Prefect server (``prefect server start`` + PREFECT_API_URL; the
    server's own start time is reported apart). Interpreter start-up and ``import flows.data`` are
    timed too, to split the start-up into its parts.

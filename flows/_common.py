@@ -3,10 +3,16 @@
 A stage flow is ``@flow def <stage>_flow(params_path) -> dict``: it loads its own section
 (``<Section>.from_file``, runtime values merged in), logs it, calls ``stages.<stage>.run(section)`` (training
 stages: through flows/_launch.py, which may start ranks), and publishes the returned metrics as a Prefect table
-artifact. Before the flow starts, :func:`main` installs the interrupt handler (flows/_process.py), removes what
-a killed earlier run left behind, validates the whole params file (stages/params.py) and runs every check that
-needs no stage computation (stages/preflight.py), so bad input fails in one line before Prefect starts and before
-any output is touched; then it finds or starts the project's Prefect API server (flows/_servers.py).
+artifact. A command (``python -m flows.<stage>``) calls :func:`begin` before anything else is imported: under
+``python -m flows.pipeline`` the pipeline's stage server takes the command there (flows/_stage_server.py), else it
+sets Prefect's settings (:func:`prefect_environment`). Then :func:`main` installs the interrupt handler
+(flows/_process.py), removes what a killed earlier run left behind, validates the whole params file
+(stages/params.py) and runs every check that needs no stage computation (stages/preflight.py), so bad input fails
+in one line before Prefect starts and before any output is touched; then it finds or starts the project's Prefect
+API server (flows/_servers.py).
+
+Nothing here changes what a stage computes: dvc.yaml does not list this file as a code dep
+(tests/flows/test_dvc_yaml.py, ``LAUNCHER_ONLY``).
 """
 
 from __future__ import annotations
@@ -17,29 +23,91 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
-
-from prefect import get_run_logger
-from prefect.artifacts import create_markdown_artifact
 
 from stages.core.errors import PipelineError
 from stages.schema.base import Section
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+UI_URL = "http://127.0.0.1:4200"
+"""Where ``prefect server start`` serves its UI (README: seeing past runs)."""
+
+
+def prefect_environment(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[str, str]:
+    """The Prefect settings of the project's commands, each unless already set: the state in ``.prefect/`` inside
+    the project (never ``~/.prefect``), no telemetry, no UI build in the API servers the commands start, a patient
+    start-up; and, when no ``PREFECT_API_URL`` is set, the run links Prefect logs pointing at the UI of
+    ``prefect server start`` run with the same ``PREFECT_HOME`` (README), where they open once it runs.
+    Returns the variables to set (:func:`begin` sets them)."""
+    env = os.environ if environ is None else environ
+    want = {"PREFECT_HOME": str(PROJECT_ROOT / ".prefect"), "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
+    if not env.get("PREFECT_API_URL"):
+        want["PREFECT_UI_URL"] = UI_URL
+    return {k: v for k, v in want.items() if k not in env}
+
+
+def _gpu_visible() -> bool:
+    """Whether a CUDA / ROCm device may be visible to torch (device nodes present and not hidden), without
+    importing torch."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"))
+
+
+def begin(stage: str | None) -> None:
+    """What a command does first, before Prefect or the stages are imported (called under ``if __name__ ==
+    "__main__"`` at the top of each flow module, and by the pipeline):
+
+    1. ``stage`` given and the pipeline's stage server named in ``DSM_STAGE_SERVER``: the command runs there, in a
+       fork of a process that has imported the stages (flows/_stage_server.py), and this process exits with its
+       status; when there is none or it refuses, the command goes on here;
+    2. Prefect's settings (:func:`prefect_environment`) for this process and the ones it starts;
+    3. ``DS_ACCELERATOR=cpu`` when no GPU device is visible: transformers imports DeepSpeed (when installed) in every
+       process that saves or loads a model, and DeepSpeed would warn in each that it falls back to the CPU."""
+    if stage is not None:
+        from flows._stage_server import forward
+
+        forward(f"flows.{stage}", sys.argv[1:])
+    os.environ.update(prefect_environment())
+    if "DS_ACCELERATOR" not in os.environ and not _gpu_visible():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
 
 def log_section(section: str, p: Section) -> None:
-    """Log one params section (its runtime values included) in the current run's logger; remember the run (an
-    interrupt marks it cancelled)."""
+    """Record the params section the stage runs with (its runtime values included) where it can be read: the file
+    ``.prefect/params/<section>.yaml`` and the run's markdown artifact ``<section>-params``, with one log line
+    naming them (not the whole section on one line); remember the run (an interrupt marks it cancelled)."""
+    import yaml
+    from prefect import get_run_logger
+    from prefect.artifacts import create_markdown_artifact
+
     from flows._process import record_run
 
     with contextlib.suppress(Exception):
         from prefect.runtime import flow_run
 
         record_run("flow_runs", flow_run.id)
-    get_run_logger().info("params.%s = %s", section, p.model_dump())
+    text = yaml.safe_dump({section: p.model_dump(mode="json")}, sort_keys=False, width=110)
+    where = Path(os.environ.get("PREFECT_HOME", PROJECT_ROOT / ".prefect")) / "params" / f"{section}.yaml"
+    with contextlib.suppress(OSError):
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(text, encoding="utf-8")
+    with contextlib.suppress(Exception):
+        create_markdown_artifact(key=f"{section.replace('_', '-')}-params", markdown=f"```yaml\n{text}```",
+                                 description=f"params.{section} as the stage ran it (runtime values included)")
+    n = sum(1 for line in text.splitlines() if line.strip() and not line.rstrip().endswith(":"))
+    shown = os.path.relpath(where) if where.is_relative_to(Path.cwd()) else str(where)
+    get_run_logger().info("params.%s: %d values, as run in %s (and the artifact %s-params)", section, n, shown,
+                          section.replace("_", "-"))
 
 
 def publish_metrics(stage: str, metrics: dict[str, Any]) -> None:
     """Publish a stage's metrics as a markdown table artifact (key ``<stage>-metrics``)."""
+    from prefect.artifacts import create_markdown_artifact
+
     rows = ["| metric | value |", "|---|---|"]
     for k, v in _flatten(metrics).items():
         rows.append(f"| {k} | {v} |")
@@ -120,7 +188,7 @@ def parser(stage: str, flow_fn: Any, add_args: Callable[[argparse.ArgumentParser
 def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None, *,
          add_args: Callable[[argparse.ArgumentParser], None] | None = None,
          address: Callable[[argparse.Namespace], str] | None = None) -> int:
-    """Command-line entry of ``python -m flows.<stage>``.
+    """Command-line entry of ``python -m flows.<stage>`` (after :func:`begin`).
 
     ``add_args`` adds stage options (``--model`` of evaluate); their values are passed to ``flow_fn`` as keyword
     arguments. ``address(args)``: the dvc.yaml address of this run (``evaluate@sft``) for the checks. Params are
@@ -129,13 +197,13 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
     how to restore the outputs DVC removed. The same one-line treatment applies to any :class:`PipelineError`
     raised by the stage.
     """
+    ap = parser(stage, flow_fn, add_args)
+    args = ap.parse_args(argv)
     from flows import _process, _servers
     from stages import preflight
     from stages.core import io
     from stages.params import load_params  # validation only: the whole file, before any work
 
-    ap = parser(stage, flow_fn, add_args)
-    args = ap.parse_args(argv)
     extra = {k: v for k, v in vars(args).items() if k != "params"}
     where = address(args) if address is not None else stage
     _process.install_interrupt_handler(f"stage {under_dvc() or where}", hint=lambda: restore_hint(where))
@@ -146,6 +214,9 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
         _process.after_stop(lambda: _servers.stop_servers_of(
             _servers.owner_of(int(os.environ.get("DSM_CLIENT_PID", os.getpid())))))
     try:
+        restored = _process.restore_swapped_params()
+        if restored:
+            print(restored, file=sys.stderr)
         left = io.remove_stale_temporaries()
         if left:
             print(f"removed {len(left)} temporary path(s) left by a killed earlier run: {', '.join(left[:3])}"
@@ -154,9 +225,6 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
         preflight.check(params, [where])
         quiet_user_errors()
         url = _servers.api_url()
-        if under_dvc() and not forked and hasattr(os, "fork") and not (
-                os.environ.get("DSM_STAGE_SERVER") or os.environ.get("DSM_NO_STAGE_SERVER")):
-            _start_stage_server()
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         os.environ["PREFECT_API_URL"] = url  # for the processes this stage starts (ranks)
@@ -172,18 +240,6 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
         print(msg, file=sys.stderr)
         return 2
     return 0
-
-
-def _start_stage_server() -> None:
-    """Under a plain ``dvc repro``: start the project's stage server for the stage commands that follow."""
-    import flows
-    from flows import _dvc, _servers
-
-    try:
-        modules = sorted({s.module for s in _dvc.stages() if s.module and s.module.startswith("flows.")})
-    except (OSError, ValueError):
-        return
-    _servers.ensure_stage_server(modules, flows.ORIGINAL_ENV)
 
 
 def pipeline_error(e: BaseException) -> PipelineError | None:

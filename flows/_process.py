@@ -18,6 +18,7 @@ Nothing here changes what a stage computes (dvc.yaml does not list it as a code 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from stages.core import io
@@ -281,3 +283,32 @@ def watch_parent(interval_s: float = 0.5) -> None:
                 return
 
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+# ---------------------------------------------------------------------------------------------
+# a params.yaml swapped out by `flows.pipeline --params FILE` (flows/pipeline.py ParamsSwap)
+
+
+SWAP_PREFIX = ".params.yaml.swapped-"
+"""``<prefix><pid>-<sha>``: the user's params.yaml, kept while a ``--params FILE`` run has FILE in its place
+(``sha``: the first 12 hex digits of FILE's sha256)."""
+
+
+def params_sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def restore_swapped_params(root: str | Path = ".") -> str | None:
+    """Put back a params.yaml that a ``--params`` run killed with ``kill -9`` had swapped out (when params.yaml
+    still holds what that run put there); return a line saying what was done, or None."""
+    for kept in Path(root).glob(f"{SWAP_PREFIX}*"):
+        pid, _, sha = kept.name.removeprefix(SWAP_PREFIX).partition("-")
+        if not pid.isdigit() or alive(int(pid)):
+            continue
+        dst = Path(root) / "params.yaml"
+        if dst.exists() and params_sha(dst.read_bytes()) != sha:
+            return (f"warning: {kept} holds the params.yaml a killed `flows.pipeline --params` run replaced, and "
+                    "params.yaml was edited since; compare them and keep the one you want")
+        os.replace(kept, dst)
+        return "restored params.yaml, which a killed `python -m flows.pipeline --params` run had replaced"
+    return None

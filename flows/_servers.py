@@ -1,20 +1,19 @@
-"""The project's servers, shared by every stage of a run and started on demand: one Prefect API server and one
-stage server (flows/_stage_server.py), for ``python -m flows.pipeline`` and for a plain ``dvc repro`` alike.
+"""The project's Prefect API server, shared by every stage of a run and started on demand, for
+``python -m flows.pipeline`` and for a plain ``dvc repro`` alike.
 
 Why: a Prefect flow needs an API. Without ``PREFECT_API_URL``, Prefect starts a temporary server inside every flow
 process (measured: a few seconds each, ~15 s on a fresh ``.prefect/`` while the database is created), so a plain
-``dvc repro`` of the default pipeline's twelve stage commands paid it twelve times, and each command also imported
-torch, transformers and prefect itself.
+``dvc repro`` of the default pipeline's twelve stage commands paid it twelve times.
 
 How: the first stage process that needs the API (:func:`api_url`) starts ``python -m flows._servers api PORT`` in a
 session of its own and records it in ``.prefect/servers/api.json``; later stage processes find it there and use it.
-Under DVC it also starts the stage server for the commands that follow (:func:`ensure_stage_server`). Each process
-using the servers holds a *lease* (``.prefect/servers/leases/<pid>.json``) naming itself and its *owner*: the
-``dvc`` (or ``python -m flows.pipeline``) process that runs it, found among its ancestors. A server stops by itself
+Each process using it holds a *lease* (``.prefect/servers/leases/<pid>.json``) naming itself and its *owner*: the
+``dvc`` (or ``python -m flows.pipeline``) process that runs it, found among its ancestors. The server stops by itself
 :data:`GRACE_S` seconds after the last lease's client and owner are gone (``dvc repro`` finished or was killed), or
-after ``DSM_SERVER_IDLE_S`` seconds (default :data:`IDLE_S`) without any client process. A server that does not
-answer its health check is replaced (and terminated when it is still alive). ``PREFECT_API_URL`` set by the user
-(a ``prefect server start`` of their own, a Prefect Cloud workspace) is used as is and nothing is started.
+after ``DSM_SERVER_IDLE_S`` seconds (default :data:`IDLE_S`) without any client process, and removes its record.
+A server that does not answer its health check is replaced (and terminated when it is still alive).
+``PREFECT_API_URL`` set by the user (a ``prefect server start`` of their own, a Prefect Cloud workspace) is used as
+is and nothing is started. (The stage server, flows/_stage_server.py, is the pipeline's own: it starts and stops it.)
 
 Nothing here changes what a stage computes (dvc.yaml does not list it as a code dep).
 """
@@ -248,13 +247,12 @@ def _wait_healthy(url: str, pid: int, proc: subprocess.Popen[bytes] | None = Non
 
 
 def stop_servers(started_after: float | None = None, grace_s: float = 5.0, keep: int | None = None) -> None:
-    """Stop the project's servers now (the pipeline does at its end; ``started_after``: only those it started).
-    ``keep``: a server left running (the stage server a stage runs in: it passes the stage's exit status to the
-    stage command, then stops by itself, its leases gone)."""
+    """Stop the project's API server now (the pipeline does at its end; ``started_after``: only if it started it).
+    ``keep``: a server left running."""
     from flows._process import terminate
 
     pids = []
-    for name, module in (("stage.json", "flows._stage_server"), ("api.json", "flows._servers")):
+    for name, module in (("api.json", "flows._servers"),):
         info = _read(name)
         if info is None:
             continue
@@ -299,6 +297,8 @@ def serve_api(port: int) -> None:
         server.should_exit = True
 
     watch_leases(stop, started=started)
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} serving the Prefect API at http://127.0.0.1:{port}/api "
+          f"(pid {os.getpid()})", file=sys.stderr, flush=True)
     try:
         server.run()
     finally:
@@ -308,37 +308,6 @@ def serve_api(port: int) -> None:
                 (state_dir() / "api.json").unlink()
     sys.stderr.flush()
     os._exit(0)  # uvicorn has shut the app down (database closed); the libraries' exit hooks only cost time
-
-
-# ---------------------------------------------------------------------------------------------
-# the stage server, on demand
-
-
-def stage_server_socket() -> str | None:
-    """The socket of the project's running stage server, if any (read by flows/__init__.py under DVC)."""
-    info = _read("stage.json")
-    if info is None or not alive(int(info["pid"])) or not os.path.exists(info["sock"]):
-        return None
-    return str(info["sock"])
-
-
-def ensure_stage_server(modules: Sequence[str], env: dict[str, str]) -> bool:
-    """Start the project's stage server for the stage commands that follow this one, when none runs: it imports
-    ``modules`` and serves commands whose environment is ``env`` (this command's, as DVC gave it). Returns True
-    when one was started."""
-    from flows._stage_server import ENV_VAR
-
-    with _locked():
-        if stage_server_socket() is not None:
-            return False
-        sock = os.path.join("/tmp" if os.path.isdir("/tmp") else str(state_dir()),
-                            f"dsm-stage-server-{os.getpid()}-{int(time.time() * 1000) % 10**8}.sock")
-        env = {k: v for k, v in env.items() if k != ENV_VAR}
-        proc = _spawn(["-m", "flows._stage_server", sock, str(state_dir() / "stage-server.log"), "--leases", *modules],
-                      "stage-server.out", env=env)
-        server_started(proc.pid)
-        _write("stage.json", {"pid": proc.pid, "sock": sock, "started": time.time()})
-        return True
 
 
 def main(argv: list[str]) -> int:

@@ -4,26 +4,29 @@ Why: every dvc.yaml stage runs ``python -m flows.<stage>`` in a new process, and
 torch and transformers (about 5 s on 2 cores; transformers' model code pulls torch.distributed, torch._dynamo
 and scipy). Over the default pipeline's twelve stage processes that was about half of the orchestration time.
 
-How: ``python -m flows.pipeline`` starts this server (:class:`StageServer`): a process that imports the stage
-flows once and then waits on a unix socket, with no thread running. DVC still runs each stage's cmd
-``python -m flows.<stage>`` as usual; ``flows/__init__.py`` sees ``DSM_STAGE_SERVER`` in the environment and calls
-:func:`forward` before anything heavy is imported: the small client sends its command line, working directory,
-environment and its stdin / stdout / stderr file descriptors to the server and waits. The server forks; the child
-takes over those descriptors and runs the module as ``__main__`` (``runpy``), exactly what ``python -m`` does,
-and its exit status becomes the client's. DVC sees an ordinary process: same output, same exit status;
-Ctrl-C / SIGTERM sent to the client is passed on to the child.
+How: ``python -m flows.pipeline`` starts this server (:class:`StageServer`; ``--no-stage-server`` does not): a
+process that imports the stage flows and their stage modules once and then waits on a unix socket, with no
+thread running. DVC still runs each stage's cmd ``python -m flows.<stage>`` as usual; the command's first line
+(:func:`flows._common.begin`) sees ``DSM_STAGE_SERVER``, set by the pipeline, and calls :func:`forward` before
+anything heavy is imported: the small client sends its command line, working directory, environment and its
+stdin / stdout / stderr file descriptors to the server and waits. The server forks; the child takes over those
+descriptors and runs the module as ``__main__`` (``runpy``), exactly what ``python -m`` does, and its exit status
+becomes the client's. DVC sees an ordinary process: same output, same exit status; Ctrl-C / SIGTERM sent to the
+client is passed on to the child.
 
 The server refuses a request, and the client then imports and runs the stage itself as before, when the request
 differs from what the server has loaded: another interpreter, another working directory (the project root),
 another environment (variables other than DVC's ``DVC_*`` and the shell's ``PWD`` / ``SHLVL`` / ``_``), a module
 other than a stage flow, or a project source file changed since the server imported it. So it never runs stale code or
-settings; a plain ``dvc repro`` (no server) is unaffected. The server exits when the pipeline stops it or when
-its parent process is gone.
+settings. Without the pipeline (a plain ``dvc repro``, a stage command run by hand, an import) nothing here runs.
+The server exits when the pipeline stops it or when its parent process is gone; its socket is in Linux's abstract
+namespace (no file; elsewhere a file under the project's ``.prefect/``), so nothing is left behind.
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +34,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,13 +85,8 @@ def _recv(conn: socket.socket, fds: list[int] | None = None) -> dict[str, Any]:
 # client (runs inside ``python -m flows.<stage>`` before anything heavy is imported)
 
 
-def requested_module() -> tuple[str, list[str]] | None:
-    """(module, arguments) of this interpreter's ``python -m <module> <args>`` command line; None otherwise."""
-    argv = list(getattr(sys, "orig_argv", []))
-    if sys.argv[:1] != ["-m"] or "-m" not in argv:  # sys.argv[0] is "-m" while -m's package is imported
-        return None
-    i = argv.index("-m")
-    return (argv[i + 1], argv[i + 2:]) if i + 1 < len(argv) else None
+_IN_SERVER = False
+"""True in the stage server and in the stages it forks (whose ``begin`` must not forward to it again)."""
 
 
 def _is_stage_module(module: str) -> bool:
@@ -98,33 +95,27 @@ def _is_stage_module(module: str) -> bool:
     return pkg == "flows" and bool(name) and "." not in name and not name.startswith("_") and name != "pipeline"
 
 
-def forward() -> None:
-    """Run this ``python -m flows.<stage>`` command in the stage server and exit with its status; return (and let
-    the command run here as usual) when there is no server or it refuses the request.
+def _address(path: str) -> str | bytes:
+    """The socket address of ``path``: ``@name`` is Linux's abstract namespace (no file anywhere)."""
+    return b"\0" + path[1:].encode() if path.startswith("@") else path
 
-    The server is the pipeline's (``DSM_STAGE_SERVER``) or, for a command DVC runs (``DVC_STAGE`` set), the project's
-    on-demand one (flows/_servers.py) when it runs."""
-    req = requested_module()
-    if req is None or not _is_stage_module(req[0]):
-        return
+
+def forward(module: str, args: list[str]) -> None:
+    """Run the command ``python -m <module> <args>`` in the pipeline's stage server (named by ``DSM_STAGE_SERVER``)
+    and exit with its status; return (and let the command run here as usual) when there is none or it refuses the
+    request. Called by :func:`flows._common.begin` only."""
     path = os.environ.get(ENV_VAR)
-    if not path and os.environ.get("DVC_STAGE"):
-        from flows._servers import stage_server_socket
-
-        path = stage_server_socket()
-    if not path:
+    if not path or _IN_SERVER or not _is_stage_module(module):
         return
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(path)
-        _send(conn, {"module": req[0], "args": req[1], "cwd": os.getcwd(), "env": dict(os.environ),
+        conn.connect(_address(path))
+        _send(conn, {"module": module, "args": args, "cwd": os.getcwd(), "env": dict(os.environ),
                      "executable": sys.executable, "pid": os.getpid()}, fds=(0, 1, 2))
         reply = _recv(conn)
     except (OSError, ConnectionError, ValueError):
         return
     if not reply.get("accepted"):
-        if os.environ.get("DSM_STAGE_SERVER_VERBOSE"):
-            print(f"stage server: running here ({reply.get('why')})", file=sys.stderr)
         conn.close()
         return
     pid = int(reply["pid"])
@@ -244,39 +235,43 @@ def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any)
         os._exit(code)
 
 
-def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None, *, leases: bool = False) -> None:
-    """The server's main loop (``python -m flows._stage_server SOCKET LOG [--leases] MODULE...``): import ``modules``,
-    then serve one request at a time until stopped (SIGTERM) or no longer needed: the parent process is gone
-    (the pipeline's server), or, with ``leases`` (the on-demand server of a plain ``dvc repro``), the project's
-    leases say so (flows/_servers.py; checked in this loop: the server must not run a thread of its own)."""
+def _preload(modules: Sequence[str]) -> None:
+    """Import the stage flows and, for each ``flows.<stage>``, its ``stages.<stage>`` (the flows import their stage
+    only when they run, so that ``--help`` needs no torch)."""
     import importlib
+    import importlib.util
 
-    log = open(log_path or os.devnull, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-    parent = os.getppid()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    if os.path.exists(sock_path):
-        os.unlink(sock_path)
-    listener.bind(sock_path)
-    listener.listen(16)
-    t0 = time.perf_counter()
-    import flows
-
-    env = dict(flows.ORIGINAL_ENV)  # what a stage process starts with; importing flows and the stages adds variables
-    guard = _import_guard(sock_path) if leases else None  # the run may end while the imports take seconds
     for m in modules:
         importlib.import_module(m)
-    if guard is not None:
-        guard()
+        stage = "stages." + m.partition(".")[2]
+        if _is_stage_module(m) and importlib.util.find_spec(stage) is not None:
+            importlib.import_module(stage)
+
+
+def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -> None:
+    """The server's main loop (``python -m flows._stage_server SOCKET LOG MODULE...``): import ``modules`` (and
+    their stages), then serve one request at a time until stopped (SIGTERM) or its parent process is gone."""
+    global _IN_SERVER
+    _IN_SERVER = True
+    log = open(log_path or os.devnull, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    parent = os.getppid()
+    env = dict(os.environ)  # what a stage process starts with; importing the stages may add variables
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if not sock_path.startswith("@") and os.path.exists(sock_path):
+        os.unlink(sock_path)
+    listener.bind(_address(sock_path))
+    listener.listen(16)
+    t0 = time.perf_counter()
+    _preload(modules)
     added = {k: v for k, v in os.environ.items() if env.get(k) != v}
     files = _source_files()
     print(f"ready: {len(modules)} modules, {len(files)} project files in {time.perf_counter() - t0:.1f} s; "
           f"native threads {_native_threads()}", file=log)
-    listener.settimeout(0.25 if leases else 1.0)
+    listener.settimeout(1.0)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
-    needed = _lease_check() if leases else (lambda: os.getppid() == parent)
     try:
-        while needed():
+        while os.getppid() == parent:
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
@@ -288,61 +283,13 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None, *
         pass
     finally:
         listener.close()
-        try:
-            os.unlink(sock_path)
-        except OSError:
-            pass
+        if not sock_path.startswith("@"):
+            with contextlib.suppress(OSError):
+                os.unlink(sock_path)
         log.close()
     # nothing to flush or tear down (the server ran no stage itself): skip the interpreter's exit hooks of the
     # imported libraries, which take seconds on a loaded machine
     os._exit(0)
-
-
-def _import_guard(sock_path: str) -> Any:
-    """While the on-demand server imports the stages, a thread exits the process as soon as the leases say it is not
-    needed (a one-stage ``dvc repro`` ends before the imports do). Returns the function that stops the thread
-    before serving (the server forks, so no thread may run then)."""
-    import threading
-
-    needed = _lease_check()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.25):
-            if not needed():
-                try:
-                    os.unlink(sock_path)
-                except OSError:
-                    pass
-                os._exit(0)
-
-    t = threading.Thread(target=watch, name="import-guard", daemon=True)
-    t.start()
-
-    def stop() -> None:
-        done.set()
-        t.join()
-
-    return stop
-
-
-def _lease_check() -> Any:
-    """A callable: False once the project's leases say the server is not needed (flows/_servers.py rules)."""
-    from flows._servers import GRACE_S, IDLE_S, leases
-
-    idle_s = float(os.environ.get("DSM_SERVER_IDLE_S", IDLE_S))
-    last = {"any": time.monotonic(), "client": time.monotonic()}
-
-    def needed() -> bool:
-        now = time.monotonic()
-        any_alive, any_client = leases()
-        if any_alive:
-            last["any"] = now
-        if any_client:
-            last["client"] = now
-        return now - last["any"] <= GRACE_S and now - last["client"] <= idle_s
-
-    return needed
 
 
 def _native_threads() -> int:
@@ -449,8 +396,10 @@ class StageServer:
     def __init__(self, modules: Sequence[str], run_dir: str | os.PathLike[str]) -> None:
         self.modules = list(modules)
         self.dir = Path(run_dir)
-        # in the temp directory: a unix socket path is limited to ~100 characters
-        self.sock = os.path.join(tempfile.gettempdir(), f"dsm-stage-server-{os.getpid()}-{id(self):x}.sock")
+        # Linux: an abstract socket (no file, gone with the server); elsewhere a short path inside the project
+        # (a unix socket path is limited to ~100 characters)
+        name = f"dsm-stage-server-{os.getpid()}-{id(self):x}"
+        self.sock = f"@{name}" if sys.platform.startswith("linux") else os.path.relpath(self.dir / f"{name}.sock")
         self.log = str(self.dir / "stage-server.log")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -494,5 +443,7 @@ class StageServer:
 
 
 if __name__ == "__main__":
-    _leases = sys.argv[3:4] == ["--leases"]
-    serve(sys.argv[1], sys.argv[4:] if _leases else sys.argv[3:], log_path=sys.argv[2], leases=_leases)
+    # through the importable module: its _IN_SERVER is the one flows._common.begin's forward() reads in the forks
+    from flows._stage_server import serve as _serve
+
+    _serve(sys.argv[1], sys.argv[3:], log_path=sys.argv[2])

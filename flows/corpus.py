@@ -13,6 +13,11 @@ paths on a shared file system, or fsspec URLs for the crawl and seed), and so mu
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: the pipeline's stage server, or Prefect's settings, first
+    from flows._common import begin
+
+    begin("corpus")
+
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -24,7 +29,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows._common import log_section, main, publish_metrics
-from stages import corpus
 from stages.core.errors import PipelineError
 from stages.schema.corpus import CorpusParams
 
@@ -41,6 +45,7 @@ def prefect_map(fn: Callable[..., Any], items: list[dict[str, Any]], max_in_flig
     At most ``max_in_flight`` tasks are submitted at a time (None: all): the next is submitted when the oldest has
     finished and its future is dropped, so the driver holds the submission state (serialised context, task
     spec, future) of a bounded number of tasks whatever the shard count."""
+
     t = shard_task.with_options(name=fn.__name__, task_run_name=f"{fn.__name__}[{{index}}]")
     window = max_in_flight or max(1, len(items))
     results: list[Any] = []
@@ -56,6 +61,7 @@ def prefect_map(fn: Callable[..., Any], items: list[dict[str, Any]], max_in_flig
 
 def make_task_runner(p: CorpusParams) -> Any:
     """The task runner named by ``corpus.task_runner``."""
+
     if p.task_runner == "local":
         return ThreadPoolTaskRunner(max_workers=p.workers)
     try:
@@ -78,6 +84,8 @@ def make_task_runner(p: CorpusParams) -> Any:
 @flow(name="corpus-shards")
 def corpus_shards_flow(p: CorpusParams) -> dict[str, Any]:
     """The stage itself, inside the chosen task runner."""
+    from stages import corpus
+
     return corpus.run(p, map_fn=partial(prefect_map, max_in_flight=p.max_in_flight), log=get_run_logger().info)
 
 

@@ -5,19 +5,25 @@ Run: ``python -m flows.evaluate --model sft`` (``<model>`` is a key of ``evaluat
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: the pipeline's stage server, or Prefect's settings, first
+    from flows._common import begin
+
+    begin("evaluate")
+
 import argparse
 from typing import Any
 
 from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
-from stages import evaluate
 from stages.schema.evaluate import EvaluateParams
 
 
 @flow(name="evaluate")
 def evaluate_flow(params_path: str = "params.yaml", model: str = "sft") -> dict[str, Any]:
     """Evaluate one model: greedy / pass@k / maj@k, CoT / PoT / TIR, per benchmark and difficulty."""
+    from stages import evaluate
+
     p = EvaluateParams.from_file(params_path)
     log_section("evaluate", p)
     metrics = evaluate.run(p, model)
@@ -26,6 +32,7 @@ def evaluate_flow(params_path: str = "params.yaml", model: str = "sft") -> dict[
 
 
 def _args(ap: argparse.ArgumentParser) -> None:
+
     ap.add_argument("--model", required=True, metavar="NAME",
                     help="a key of evaluate.models in the params file (dvc.yaml stage evaluate@NAME)")
 

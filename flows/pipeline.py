@@ -17,10 +17,15 @@ servers included (flows/_process.py), and says how to resume.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: Prefect's settings before Prefect is imported (flows/_common.py)
+    from flows._common import begin
+
+    begin(None)
+
 import argparse
+import contextlib
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -189,43 +194,71 @@ def build_parser(known: list[_dvc.StageInfo]) -> argparse.ArgumentParser:
                          "(evaluate) means each of its stages")
     ap.add_argument("--only", action="store_true", help="run only the named stages, not their upstream stages")
     ap.add_argument("--params", metavar="FILE",
-                    help="run with FILE's values: FILE is validated, then copied to params.yaml (the file DVC "
-                         "tracks); refused when params.yaml has uncommitted edits")
+                    help="run with FILE's values (validated first): DVC reads params.yaml, so FILE takes its place "
+                         "for the run and params.yaml is put back when the run ends; dvc.lock records FILE's values")
     ap.add_argument("--force", action="store_true", help="re-run the stages even when up to date")
     ap.add_argument("--no-stage-server", action="store_true",
                     help="let every stage process import its libraries itself (no fork server)")
     return ap
 
 
-def _git_dirty(path: str) -> bool:
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", path], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and bool(out.stdout.strip())
+class ParamsSwap:
+    """``--params FILE``: FILE's values for one run, without overwriting params.yaml.
 
+    DVC reads every stage's values from params.yaml, so for the run FILE's bytes are put in its place and the
+    user's params.yaml is kept beside it (``.params.yaml.swapped-<pid>-<sha>``); when the run ends (normally, on an
+    error or on Ctrl-C) it is put back, unless params.yaml was edited meanwhile (then both are left and a line says
+    so). A run killed with ``kill -9`` leaves the kept file; the next project command puts it back
+    (:func:`restore_swapped_params`). dvc.lock then records FILE's values: ``dvc status`` lists the stages FILE
+    changed until params.yaml holds them too."""
 
-def adopt_params(path: str) -> bool:
-    """Make ``path`` the run's params.yaml (validated first); False when it already is."""
-    from stages.params import load_params
+    def __init__(self, path: str) -> None:
+        self.src = Path(path)
+        self.dst = Path("params.yaml")
+        self.kept: Path | None = None
+        self.data = b""
 
-    src, dst = Path(path), Path("params.yaml")
-    if not src.is_file():
-        raise PipelineError(f"--params {path}: file not found; give an existing params file (e.g. params/deepseekmath-7b.yaml)")
-    if dst.exists() and src.resolve() == dst.resolve():
-        return False
-    load_params(src)
-    if dst.exists() and dst.read_bytes() == src.read_bytes():
-        return False
-    if dst.exists() and _git_dirty(str(dst)):
-        raise PipelineError(f"--params {path}: params.yaml has uncommitted edits that this would overwrite; commit or "
-                            "stash them first (git stash), or copy the file yourself")
-    tmp = dst.with_name(f".params.yaml.{os.getpid()}.tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-    print(f"params.yaml now holds {path} (DVC tracks params.yaml; `git checkout params.yaml` restores the committed "
-          "one)", file=sys.stderr)
-    return True
+    def start(self) -> bool:
+        """Swap FILE in (validated first); False when it is params.yaml or has the same bytes (nothing to do)."""
+        from stages.params import load_params
+
+        if not self.src.is_file():
+            raise PipelineError(f"--params {self.src}: file not found; give an existing params file (e.g. "
+                                "params/deepseekmath-7b.yaml)")
+        if self.dst.exists() and self.src.resolve() == self.dst.resolve():
+            return False
+        load_params(self.src)
+        self.data = self.src.read_bytes()
+        if self.dst.exists() and self.dst.read_bytes() == self.data:
+            return False
+        kept = Path(f"{_process.SWAP_PREFIX}{os.getpid()}-{_process.params_sha(self.data)}")
+        tmp = self.dst.with_name(f".params.yaml.{os.getpid()}.tmp")
+        tmp.write_bytes(self.data)
+        if self.dst.exists():
+            os.replace(self.dst, kept)  # the user's file, kept as it is (never rewritten)
+            self.kept = kept
+        os.replace(tmp, self.dst)
+        _process.after_stop(self.restore)
+        print(f"pipeline: running with {self.src}'s values; params.yaml is put back when the run ends (dvc.lock will "
+              "record the values the outputs were made with)", flush=True)
+        return True
+
+    def restore(self) -> None:
+        if not self.data:
+            return
+        data, self.data = self.data, b""
+        try:
+            current = self.dst.read_bytes()
+        except OSError:
+            current = None
+        if current is not None and current != data:
+            print(f"pipeline: params.yaml was edited during the run; it is left as it is, and the file it replaced is "
+                  f"{self.kept}", file=sys.stderr)
+            return
+        if self.kept is not None:
+            os.replace(self.kept, self.dst)
+        else:
+            self.dst.unlink(missing_ok=True)
 
 
 def git_hint(known: list[_dvc.StageInfo]) -> str | None:
@@ -243,8 +276,13 @@ def git_hint(known: list[_dvc.StageInfo]) -> str | None:
     changed = sorted({line[3:].strip().strip('"') for line in out.stdout.splitlines() if line.strip()})
     if not changed:
         return None
-    shown = sorted({c if c == "dvc.lock" or c.endswith(".gitignore") else str(Path(c).parent) for c in changed},
-                   key=lambda c: (c != "dvc.lock", c))
+    def area(c: str) -> str:  # data/plots/corpus/rounds.tsv -> data/plots
+        parts = Path(c).parts
+        if c == "dvc.lock" or c.endswith(".gitignore"):
+            return c
+        return "/".join(parts[:2]) if parts[0] == "data" and len(parts) > 2 else str(Path(c).parent)
+
+    shown = sorted({area(c) for c in changed}, key=lambda c: (c != "dvc.lock", c))
     return f"to record this run in git: git add {' '.join(shown)} && git commit -m 'pipeline run' (`dvc push` shares the outputs)"
 
 
@@ -258,12 +296,20 @@ def _resume_hint() -> str:
             "resumes (finished stages are skipped; training resumes from its last checkpoint)")
 
 
+def up_to_date(names: list[str]) -> bool:
+    """Whether DVC has nothing to do for any of ``names`` (``dvc status``: deps, params and outputs unchanged)."""
+    from dvc.repo import Repo
+
+    with Repo() as repo:
+        return not repo.status(targets=names, with_deps=False)
+
+
+def _say(msg: str) -> None:
+    print(f"pipeline: {msg}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Check names, params and inputs; start the servers; run the pipeline flow; print a summary."""
-    from stages import preflight
-    from stages.core import io
-    from stages.params import load_params
-
     try:
         known = _dvc.stages()
     except OSError as e:
@@ -279,43 +325,44 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    _say(f"{'every stage' if not names else ', '.join(names)}{'' if args.only or not names else ' and its upstream stages'}"
+         f" of dvc.yaml: checking {args.params or 'params.yaml'} and the inputs")
+    from stages import preflight
+    from stages.core import io
+    from stages.params import load_params
+
     _process.install_interrupt_handler("the pipeline", hint=_resume_hint)
     # Stage commands (`python -m flows.<stage>`) must run in this interpreter's environment even when
     # it was called by path (.venv/bin/python -m flows.pipeline) without activating the venv.
     os.environ["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
     t0 = time.perf_counter()
     started = time.time()
-    stage_server: StageServer | None = None
+    swap: ParamsSwap | None = None
     rows: list[dict[str, Any]] = []
     try:
+        restored = _process.restore_swapped_params()
+        if restored:
+            print(restored, file=sys.stderr)
         left = io.remove_stale_temporaries()
         if left:
             print(f"removed {len(left)} temporary path(s) left by a killed earlier run", file=sys.stderr)
         if args.params:
-            adopt_params(args.params)
-            known = _dvc.stages()
-            names = _dvc.resolve(args.stages, known)
+            swap = ParamsSwap(args.params)
+            if swap.start():
+                known = _dvc.stages()
+                names = _dvc.resolve(args.stages, known)
         params = load_params("params.yaml")  # a bad value fails here, before DVC deletes any output
         selected = plan(names, only=args.only)
         produced: set[str] = set()
         for name in selected:  # every check that needs no computation, before any stage runs
             preflight.check(params, [name], produced)
             produced |= _dvc.produced_paths([name], known)
-        quiet_user_errors()
-        url, wait_api = _servers.start_api()
-        os.environ["PREFECT_API_URL"] = url  # inherited by every stage's process
-        modules = sorted({f"flows.{n.split('@')[0]}" for n in selected})
-        if args.no_stage_server:
-            os.environ["DSM_NO_STAGE_SERVER"] = "1"  # nor an on-demand one started by a stage command
-        elif hasattr(os, "fork"):  # it imports the stages while the API server starts
-            stage_server = StageServer(modules, os.environ["PREFECT_HOME"]).start()
-            if stage_server.proc is not None:
-                _process.server_started(stage_server.proc.pid)
-        wait_api()
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings(updates={PREFECT_API_URL: url}):
-            rows = pipeline_flow(stages=selected, force=args.force)
+        _say(f"{len(selected)} stage(s) to run through DVC (what is up to date is skipped): {', '.join(selected)}")
+        if not args.force and up_to_date(selected):
+            _say("every stage is up to date (dvc status); nothing to run")
+            rows = [{"stage": n, "status": "skipped", "wall_s": 0.0} for n in selected]
+        else:
+            rows = _run_flow(args, selected, started)
     except Exception as e:
         user_error = pipeline_error(e)
         if user_error is None:
@@ -325,13 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             print(_resume_hint(), file=sys.stderr)
         return 1 if _run["done"] or _run["current"] else 2
     finally:
-        if stage_server is not None:
-            stage_server.stop()
-            print(stage_server.summary())
-        if os.environ.get("PREFECT_API_URL"):
-            _drain_prefect_workers()
-        _servers.stop_servers(started_after=started)
-        _servers.release_lease()
+        if swap is not None:
+            swap.restore()
     total = time.perf_counter() - t0
     print(f"{'stage':<24}{'status':<10}{'wall_s':>8}")
     for r in rows:
@@ -339,12 +381,74 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'total':<34}{total:>8.1f}")
     if any(r["status"] != "skipped" for r in rows):
         hint = git_hint(known)
+        if hint and swap is not None and swap.kept is not None:
+            hint = (f"this run used {args.params}'s values (dvc.lock records them) and params.yaml is back as it was: "
+                    f"to record the run, cp {args.params} params.yaml first; " + hint)
         if hint:
             print(hint)
+    line = hardware_line()
+    if line:
+        print(line)
     from flows.report import print_headline  # last: held-out accuracy per model and the report's path
 
     print_headline()
     return 0
+
+
+def hardware_line(metrics_dir: str | Path = "data/metrics") -> str | None:
+    """One line: the precision each training stage's outputs were made in and what chose it (the ``hardware`` record
+    of data/metrics/<stage>.json, stages/core/hardware.py), e.g. ``precision: pretrain fp32, sft fp32 (auto: CPU
+    without AMX (AVX2)); grpo fp32 (params)``; None when no stage recorded one."""
+    import json
+
+    by_source: dict[str, list[str]] = {}
+    for stage in ("pretrain", "sft", "reward_model", "grpo"):
+        try:
+            hw = json.loads((Path(metrics_dir) / f"{stage}.json").read_text()).get("hardware")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(hw, dict) and hw.get("precision"):
+            by_source.setdefault(str(hw.get("precision_from")), []).append(f"{stage} {hw['precision']}")
+    if not by_source:
+        return None
+    return "precision: " + "; ".join(f"{', '.join(v)} ({k})" for k, v in by_source.items())
+
+
+def _run_flow(args: argparse.Namespace, selected: list[str], started: float) -> list[dict[str, Any]]:
+    """Start the project's API server and (unless ``--no-stage-server``) the stage server, run the pipeline flow,
+    stop both; the rows of the summary."""
+    stage_server: StageServer | None = None
+    try:
+        quiet_user_errors()
+        url, wait_api = _servers.start_api()
+        os.environ["PREFECT_API_URL"] = url  # inherited by every stage's process
+        modules = sorted({f"flows.{n.split('@')[0]}" for n in selected})
+        if not args.no_stage_server and hasattr(os, "fork"):  # it imports the stages while the API server starts
+            stage_server = StageServer(modules, os.environ["PREFECT_HOME"]).start()
+            if stage_server.proc is not None:
+                _process.server_started(stage_server.proc.pid)
+        _say("starting the Prefect API server" + (" and the stage server (the stages' imports, once)"
+                                                  if stage_server else "") + f"; Prefect's state: {_prefect_home()}")
+        wait_api()
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            return pipeline_flow(stages=selected, force=args.force)
+    finally:
+        if stage_server is not None:
+            stage_server.stop()
+            print(stage_server.summary())
+        if os.environ.get("PREFECT_API_URL"):
+            _drain_prefect_workers()
+        _servers.stop_servers(started_after=started)
+        _servers.release_lease()
+
+
+def _prefect_home() -> str:
+    home = Path(os.environ.get("PREFECT_HOME", ".prefect"))
+    with contextlib.suppress(ValueError):
+        return str(home.resolve().relative_to(Path.cwd().resolve()))
+    return str(home)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ last lines. :func:`print_headline` prints the same lines at the end of ``python 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: the pipeline's stage server, or Prefect's settings, first
+    from flows._common import begin
+
+    begin("report")
+
 import argparse
 import sys
 from typing import Any
@@ -15,7 +20,6 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows._common import log_section, main, publish_metrics
-from stages import report
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.schema.report import ReportParams
@@ -25,6 +29,8 @@ from stages.schema.report import ReportParams
 def report_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Build the one-page report of the whole run and publish its summary (``python -m flows.report`` then prints
     the headline and the page's path)."""
+    from stages import report
+
     p = ReportParams.from_file(params_path)
     log_section("report", p)
     metrics = report.run(p)
@@ -37,6 +43,8 @@ def report_flow(params_path: str = "params.yaml") -> dict[str, Any]:
 def print_headline(params_path: str = "params.yaml") -> None:
     """Print the headline results and the report's path (the end of ``python -m flows.pipeline``); a corrupt
     metrics file is one ``error:`` line on stderr instead."""
+    from stages import report
+
     try:
         print("\n".join(report.console_lines(ReportParams.from_file(params_path))), flush=True)
     except PipelineError as e:

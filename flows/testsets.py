@@ -5,21 +5,25 @@ Run: ``python -m flows.testsets --name NAME`` (``NAME`` is a key of ``testsets.d
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: the pipeline's stage server, or Prefect's settings, first
+    from flows._common import begin
+
+    begin("testsets")
+
 import argparse
-import functools
-import sys
 from typing import Any
 
 from prefect import flow
 
 from flows._common import log_section, main, publish_metrics
-from stages import testsets
 from stages.schema.testsets import TestsetsParams
 
 
 @flow(name="testsets")
 def testsets_flow(params_path: str = "params.yaml", name: str = "") -> dict[str, Any]:
     """Convert one test set into pipeline rows (checked, with a report)."""
+    from stages import testsets
+
     p = TestsetsParams.from_file(params_path)
     log_section("testsets", p)
     metrics = testsets.run(p, name)
@@ -27,12 +31,14 @@ def testsets_flow(params_path: str = "params.yaml", name: str = "") -> dict[str,
     return metrics
 
 
+def _args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--name", required=True, metavar="NAME",
+                    help="a key of testsets.datasets in the params file (dvc.yaml stage testsets@NAME)")
+
+
 def cli(argv: list[str] | None = None) -> int:
-    """``--name NAME`` picks the data set; every other argument goes to :func:`flows._common.main`."""
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--name", required=True, help="a key of testsets.datasets in params.yaml")
-    args, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
-    return main(functools.partial(testsets_flow, name=args.name), "testsets", rest)
+    """``python -m flows.testsets --name NAME [--params FILE]``."""
+    return main(testsets_flow, "testsets", argv, add_args=_args, address=lambda a: f"testsets@{a.name}")
 
 
 if __name__ == "__main__":

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
-from stages.core import paths, threads
+from stages.core import hardware, paths, threads
 from stages.core.dist import is_main_process, train_device
 from stages.core.errors import PipelineError
+from stages.core.generation import resolve_backend
 from stages.core.io import atomic_path, is_timing_key, untimed, write_metrics
 from stages.core.modeling import (
     check_compatible,
@@ -94,7 +95,7 @@ def save_policy(p: GrpoParams, init: Path, model: Any, tokenizer: Any, history: 
         tokenizer.save_pretrained(tmp)
         (tmp / "pipeline.json").write_text(json.dumps({
             "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
-            "heldout": heldout.metrics() if heldout else None,
+            "hardware": info.get("hardware"), "heldout": heldout.metrics() if heldout else None,
             "run": {"trained_parameters": info.get("trained_parameters")},
             "summary": untimed(summarize(history)), "iterations": untimed(info.get("iterations"))}, indent=2) + "\n")
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
@@ -155,6 +156,8 @@ def run(p: GrpoParams) -> dict[str, Any]:
     ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), inputs)
     history, samples, info = train_policy(p, model, tokenizer, rows, heldout, ckpt_dir)
     info["memory"] = peak_memory()  # of the RL part (before the baseline)
+    info["hardware"] = hardware.rl_record(p.compute.precision, use_deepspeed(p.deepspeed.enabled), train_device(),
+                                          resolve_backend(p.rollout.backend))
     metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summarize(history),
                                "grpo_wall_s": round(time.perf_counter() - t_start, 2), **info}
     main = is_main_process()
@@ -174,7 +177,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     metrics["threads"] = threads.stats()  # steps at each torch thread count (a timing: data/timings)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
-                                     "trained_parameters", "baseline.sft_loss_last", "heldout"])
+                                     "trained_parameters", "baseline.sft_loss_last", "heldout", "hardware"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

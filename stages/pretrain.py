@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stages.core import paths
+from stages.core import hardware, paths
+from stages.core.dist import train_device
 from stages.core.io import write_metrics
 from stages.schema.pretrain import PretrainParams
 from stages.train.checkpoint import run_hash
@@ -51,8 +52,10 @@ def pretrain(p: PretrainParams, *, base_dir: str | Path, out_dir: str | Path, ck
     rh = run_hash(p.tracked_dump(), [base_dir, *[s.path for s in p.mixture]])
     res = train(model, stream, t, Path(ckpt_root) / rh, eval_fn=eval_fn if heldout else None, desc="pretrain")
     after = res.evals[-1]["eval_loss"] if res.evals else float("nan")
+    hw = hardware.record(train_device(), t.precision, res.precision == "bf16")
     metrics: dict[str, Any] = {
         **loop_metrics(res),
+        "hardware": hw,
         "n_params": n_parameters(model),
         "heldout_tokens": sum(int((b["labels"] != -100).sum()) for b in heldout),
         "eval_loss_before": round(before, 4),
@@ -62,7 +65,7 @@ def pretrain(p: PretrainParams, *, base_dir: str | Path, out_dir: str | Path, ck
         "mixture_tokens": {s.path: n for s, n in zip(p.mixture, stream.tokens_by_source, strict=True)},
         "source_epochs": {s.path: r.epoch for s, r in zip(p.mixture, stream.readers, strict=True)},
     }
-    export_model(model, tok, out_dir, res, extra={"stage": "pretrain", "params": p.tracked_dump(), "run_hash": rh})
+    export_model(model, tok, out_dir, res, extra={"stage": "pretrain", "params": p.tracked_dump(), "run_hash": rh, "hardware": hw})
     if is_main_process():
         metrics["plots"] = write_curves("pretrain", Path(plots_dir), res, "pretrain: loss on the mixture")
     return metrics
@@ -79,7 +82,7 @@ def run(p: PretrainParams) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
         write_metrics("pretrain", metrics, ["enabled", "steps", "world_size", "train_loss_last", "eval_loss_*",
-                                             "perplexity_after"])
+                                             "perplexity_after", "hardware"])
     return metrics
 
 

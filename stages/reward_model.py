@@ -39,9 +39,10 @@ from typing import Any
 
 import torch
 
-from stages.core import paths, threads
+from stages.core import hardware, paths, threads
 from stages.core.dist import barrier, is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
+from stages.core.generation import resolve_backend
 from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, write_metrics
 from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer
 from stages.rl.checkpoint import load_latest, load_updaters, run_dir, save_checkpoint
@@ -164,9 +165,10 @@ def run(p: RewardModelParams) -> dict[str, Any]:
     t_train = time.perf_counter() - t0
     if not is_main_process():
         return {}
+    hw = {**hardware.record(dev, p.precision, bf16), "generation_backend": resolve_backend(p.backend)}
     save_reward_model(rm.to("cpu"), tokenizer, paths.REWARD_MODEL, train, held,
                       {"stage": "reward_model", "init": str(init), "labels": p.labels, "train_on": p.train_on,
-                       "params": p.tracked_dump()})
+                       "params": p.tracked_dump(), "hardware": hw})
     metrics: dict[str, Any] = {
         "heldout": after,
         "heldout_before_training": before,
@@ -176,6 +178,7 @@ def run(p: RewardModelParams) -> dict[str, Any]:
         "step_auc_values": after["step_auc_values"],
         "best_of_n": after.get("best_of_n"),
         "init": p.init,
+        "hardware": hw,
         "n_questions": len(rows),
         "n_train_examples": len(train),
         "n_heldout_examples": len(held),
@@ -187,7 +190,7 @@ def run(p: RewardModelParams) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - t_start, 2),
     }
     write_metrics("reward_model", metrics, ["outcome_auc", "step_auc", "step_auc_values", "best_of_n.rm_last",
-                                            "best_of_n.random", "n_train_examples"])
+                                            "best_of_n.random", "n_train_examples", "hardware"])
     shutil.rmtree(ckpt, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

@@ -30,8 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from stages.core import paths, sandbox
+from stages.core import hardware, paths, sandbox
 from stages.core.answers import extract_answer, is_equivalent
+from stages.core.dist import train_device
 from stages.core.errors import PipelineError
 from stages.core.io import write_json, write_metrics
 from stages.core.problems import SOLUTION_FORMATS, load_sft_rows, row_formats
@@ -171,8 +172,10 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
         before = eval_fn(model)
     res = train(model, data, t, run_dir, eval_fn=eval_fn, keep_best=True, desc="sft")
     rows_per_step = t.micro_batch_size * t.grad_accum * res.world_size
+    hw = hardware.record(train_device(), t.precision, res.precision == "bf16")
     metrics: dict[str, Any] = {
         **loop_metrics(res),
+        "hardware": hw,
         **counts,
         "rows_per_epoch": data.rows_per_epoch(),
         "examples_per_row": round(len(train_ex) / max(data.rows_per_epoch(), 1), 2),
@@ -182,7 +185,7 @@ def sft(p: SftParams, *, init_dir: str | Path, out_dir: str | Path, ckpt_root: s
         "val_loss_last": round(res.evals[-1]["eval_loss"], 4) if res.evals else None,
         "best_step": res.best_step,
     }
-    export_model(model, tok, out_dir, res, extra={"stage": "sft", "params": p.tracked_dump(), "run_hash": rh,
+    export_model(model, tok, out_dir, res, extra={"stage": "sft", "params": p.tracked_dump(), "run_hash": rh, "hardware": hw,
                                                   "best_step": res.best_step, "init": str(init_dir)})
     if is_main_process():
         metrics["plots"] = write_curves("sft", Path(plots_dir), res, "SFT: loss on responses")
@@ -200,7 +203,7 @@ def run(p: SftParams) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     if is_main_process():
         write_metrics("sft", metrics, ["enabled", "steps", "world_size", "train_loss_last", "val_loss_before",
-                                        "val_loss_best", "best_step", "train_examples"])
+                                        "val_loss_best", "best_step", "train_examples", "hardware"])
     return metrics
 
 

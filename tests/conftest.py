@@ -19,6 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """What every project command does first (flows/_common.py ``begin``): Prefect's state in the project's
+    ``.prefect/`` (never ``~/.prefect``), set before any test module imports Prefect; DeepSpeed told it runs on the
+    CPU when no GPU is visible."""
+    from flows._common import begin
+
+    begin(None)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """Path of ../shared/data (or $SHARED_DATA); skip, or fail under REQUIRE_SHARED_DATA=1, when absent."""
@@ -66,8 +75,6 @@ def prefect_api():
     """
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
-
-    import flows  # noqa: F401  (sets PREFECT_HOME inside the project before Prefect is imported)
 
     with prefect_test_harness(server_startup_timeout=120):
         url = PREFECT_API_URL.value()

@@ -24,8 +24,18 @@ from pathlib import Path
 from typing import Any
 
 _ROOT = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = float(os.environ.get("ANSWERS_WORKER_STARTUP_S", "180"))
-MAX_WORKERS = int(os.environ.get("ANSWERS_MAX_WORKERS", str(max(2, min(8, os.cpu_count() or 2)))))
+
+
+def startup_timeout_s() -> float:
+    """Seconds a checking worker may take to start (``ANSWERS_WORKER_STARTUP_S``, default 180; read when used)."""
+    return float(os.environ.get("ANSWERS_WORKER_STARTUP_S", "180"))
+
+
+def max_workers() -> int:
+    """Checking workers at most (``ANSWERS_max_workers()``, default the CPU count within [2, 8]; read when used)."""
+    return int(os.environ.get("ANSWERS_max_workers()", str(max(2, min(8, os.cpu_count() or 2)))))
+
+
 WALL_CAP = 20.0
 """A check's time limit is CPU time of its worker; a worker that gets no CPU for ``WALL_CAP`` x the limit (a
 stopped or starved process) is given up on all the same."""
@@ -78,11 +88,11 @@ class Worker:
     def ensure_ready(self) -> None:
         if self._ready:
             return
-        line = self._readline(time.monotonic() + STARTUP_TIMEOUT_S)
+        line = self._readline(time.monotonic() + startup_timeout_s())
         if line is None or not json.loads(line).get("ready"):
             self.kill()
             raise RuntimeError(
-                f"answer-checking worker did not start within {STARTUP_TIMEOUT_S:.0f}s "
+                f"answer-checking worker did not start within {startup_timeout_s():.0f}s "
                 f"(python -m stages.core._answers_worker; exit code {self.proc.returncode})"
             )
         self._ready = True
@@ -155,7 +165,7 @@ class Worker:
 
 
 class Pool:
-    """Idle workers handed out one per check (ready ones first); grows to ``MAX_WORKERS`` (callers wait beyond)."""
+    """Idle workers handed out one per check (ready ones first); grows to ``max_workers()`` (callers wait beyond)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -168,11 +178,11 @@ class Pool:
                 self._idle = [w for w in self._idle if w.alive() or self._drop(w)]
                 if self._idle:
                     ready = [w for w in self._idle if w.ready_now()]
-                    if ready or self._live >= MAX_WORKERS:
+                    if ready or self._live >= max_workers():
                         w = (ready or self._idle)[-1]
                         self._idle.remove(w)
                         return w
-                if self._live < MAX_WORKERS:
+                if self._live < max_workers():
                     self._live += 1
                     break
                 self._cond.wait()
@@ -208,7 +218,7 @@ class Pool:
             self._cond.notify()
 
     def warm(self, n: int) -> None:
-        ws = [self.acquire() for _ in range(max(1, min(n, MAX_WORKERS)))]
+        ws = [self.acquire() for _ in range(max(1, min(n, max_workers())))]
         try:
             for w in ws:
                 w.ensure_ready()
@@ -224,16 +234,24 @@ class Pool:
             w.kill()
 
 
-_POOL = Pool()
-_POOL_PID = os.getpid()
-atexit.register(lambda: _POOL.close() if os.getpid() == _POOL_PID else None)
+_POOL: Pool | None = None
+_POOL_PID = -1
+
+
+def _close_at_exit() -> None:
+    if _POOL is not None and os.getpid() == _POOL_PID:
+        _POOL.close()
 
 
 def pool() -> Pool:
-    """This process's pool; a forked child gets a fresh one (it must not share its parent's pipes)."""
+    """This process's pool, created on first use (importing this module starts and registers nothing); a forked
+    child gets a fresh one (it must not share its parent's pipes)."""
     global _POOL, _POOL_PID
-    if os.getpid() != _POOL_PID:
+    if _POOL is None or os.getpid() != _POOL_PID:
+        first = _POOL is None
         _POOL, _POOL_PID = Pool(), os.getpid()
+        if first:
+            atexit.register(_close_at_exit)
     return _POOL
 
 

@@ -353,8 +353,9 @@ def warm_up(n: int = 1) -> None:
 
 
 def shutdown() -> None:
-    """Stop the idle checking workers (they also stop at interpreter exit)."""
-    _answers_pool.pool().close()
+    """Stop the idle checking workers (they also stop at interpreter exit); nothing to do before the first check."""
+    if _answers_pool._POOL is not None:
+        _answers_pool.pool().close()
 
 
 def _check_mode(mode: str) -> None:
@@ -432,7 +433,7 @@ def _decide(pairs: list[tuple[str | None, str]], mode: str, pv: bool, timeout_s:
         out.append(outcome)
         if outcome is None:
             todo.append((i, key, req))
-    n = max(1, min(workers or _answers_pool.MAX_WORKERS, _answers_pool.MAX_WORKERS, len(todo)))
+    n = max(1, min(workers or _answers_pool.max_workers(), _answers_pool.max_workers(), len(todo)))
     if n == 1:
         for i, key, req in todo:
             out[i] = _run_worker(key, req, timeout_s)
@@ -584,7 +585,7 @@ def math_verify_many(texts: Sequence[str | None], golds: Sequence[str], *, timeo
         else:
             out.append(None)
             todo.append((i, ("mv", str(t), str(g)), {"op": "mv", "text": str(t), "gold": str(g)}))
-    n = max(1, min(workers or _answers_pool.MAX_WORKERS, _answers_pool.MAX_WORKERS, len(todo)))
+    n = max(1, min(workers or _answers_pool.max_workers(), _answers_pool.max_workers(), len(todo)))
     with ThreadPoolExecutor(max_workers=n) as ex:
         for (i, _, _), r in zip(todo, ex.map(lambda t: _run_worker(t[1], t[2], timeout_s), todo), strict=True):
             out[i] = r

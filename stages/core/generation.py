@@ -466,11 +466,10 @@ def vllm_importable() -> bool:
 
 
 def resolve_backend(backend: Backend) -> Literal["hf", "vllm"]:
-    """``auto`` -> ``vllm`` when a CUDA GPU and vllm are present, else ``hf``. $GENERATION_BACKEND overrides auto."""
+    """``auto`` -> ``vllm`` when a CUDA GPU and vllm are present, else ``hf`` (the stages that generate record what it
+    resolved to: stages/core/hardware.py). No environment variable changes it: a backend other than the machine's
+    choice is a params value (``backend: hf`` / ``vllm``), which DVC tracks."""
     if backend == "auto":
-        env = os.environ.get("GENERATION_BACKEND", "")
-        if env in ("hf", "vllm"):
-            return env  # type: ignore[return-value]
         return "vllm" if cuda_available() and vllm_importable() else "hf"
     if backend not in ("hf", "vllm"):
         raise PipelineError(f"generation backend {backend!r} is not one of auto, hf, vllm")

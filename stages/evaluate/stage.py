@@ -33,6 +33,7 @@ import torch
 from stages.core import generation, paths, threads
 from stages.core.answers import CHECKER_VERSION, MODES, OUTCOMES, RIGHT, answer_key
 from stages.core.errors import PipelineError
+from stages.core.hardware import fast_bf16, generation_record
 from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import resolve_model
 from stages.core.plots import write_table
@@ -231,9 +232,7 @@ def resolve_dtype(dtype: str) -> str:
     benchmarks/results/generation.json; on CPUs without AMX it is slower.)"""
     if dtype != "auto":
         return dtype
-    if torch.cuda.is_available():
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    return "bfloat16" if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)() else "float32"
+    return "bfloat16" if fast_bf16("cuda" if torch.cuda.is_available() else "cpu")[0] else "float32"
 
 
 def make_generator(c: EvalCommonParams, model_path: str, rows: int | None = None) -> Any:
@@ -264,6 +263,7 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     data_files = [benchmark_file(c, name) for name in benchmarks] + ([sft_file] if need_shots else [])
     ckpt_dir = paths.CHECKPOINTS / "evaluate" / fingerprint(model, m, c, data_files)
     threads.use(c.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
+    own_generator = generator is None
     if generator is None:
         generator = make_generator(c, m.path, rows=c.batch_size * (m.n_samples if m.sample_modes else 1))
     settings = LoopSettings(c.batch_size, c.max_new_tokens, c.temperature, c.top_p, c.seed, c.tir_max_rounds,
@@ -272,6 +272,8 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
 
     metrics: dict[str, Any] = {"model": model, "prompting": m.prompting, "checker": checker_record(c),
                                "seeds": {"sampling": c.seed, "maj_subsets": c.seed}}
+    if own_generator:  # the dtype and backend ``auto`` resolved to on this machine (stages/core/hardware.py)
+        metrics["hardware"] = generation_record(c.dtype, resolve_dtype(c.dtype), generation.resolve_backend(c.backend))
     outputs: dict[str, list[dict[str, Any]]] = {}
     prompt_examples: list[str] = []
     resumed_total = 0
@@ -311,7 +313,7 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     write_metrics(f"evaluate_{model}", metrics, ["model", "checker.headline", "checker.version", "*.greedy.acc",
                                                  "*.greedy.acc_se", "*.greedy.exec_ok", "*.sample.avg@*",
-                                                 "*.sample.pass@*", "*.sample.maj@*"])
+                                                 "*.sample.pass@*", "*.sample.maj@*", "hardware"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return metrics
 

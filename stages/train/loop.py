@@ -53,11 +53,9 @@ def seed_everything(seed: int) -> None:
 def use_bf16(precision: str, device: torch.device) -> bool:
     """Whether to train with bf16: ``bf16`` always, ``fp32`` never, ``auto`` where bf16 matmuls are fast
     (CUDA with bf16 support; CPUs with AMX tiles, whose oneDNN kernels run bf16 matmuls on AMX)."""
-    if precision != "auto":
-        return precision == "bf16"
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    from stages.core.hardware import resolve_precision
+
+    return resolve_precision(precision, device) == "bf16"
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

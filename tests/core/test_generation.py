@@ -23,6 +23,7 @@ from stages.core.generation import (
     _Row,
     make_generator,
     resolve_backend,
+    vllm_importable,
 )
 from stages.core.prompts import chat_prompt
 from stages.data.problems import sample_problem
@@ -257,8 +258,9 @@ def test_make_generator_from_path_and_auto(lm, tmp_path, monkeypatch):
     assert gen.generate(tiny_prompts(2), SamplingParams(max_new_tokens=8)) == ref
     if not torch.cuda.is_available():
         assert resolve_backend("auto") == "hf"
-    monkeypatch.setenv("GENERATION_BACKEND", "vllm")
-    assert resolve_backend("auto") == "vllm" and resolve_backend("hf") == "hf"
+    monkeypatch.setenv("GENERATION_BACKEND", "vllm")  # once an override of auto (issue 30): no longer read
+    assert resolve_backend("auto") == ("vllm" if torch.cuda.is_available() and vllm_importable() else "hf")
+    assert resolve_backend("hf") == "hf" and resolve_backend("vllm") == "vllm"
     with pytest.raises(PipelineError):
         make_generator("tpu", tmp_path, None)  # type: ignore[arg-type]
     with pytest.raises(PipelineError):

@@ -26,10 +26,12 @@ RUNS_AS_SCRIPT = {
 DISCOVERED = {"stages/rl/sources/__init__.py"}
 _BY_PATH = re.compile(r"^((?:flows|stages)(?:\.\w+)+):\w+$")
 
-# How a stage is launched, not what it computes (like DVC itself): the fork server flows/__init__.py hands the
-# command to, the shared Prefect API server, interrupt handling, the rank launcher of training stages and the
-# dvc.yaml reader of the command lines; editing them must not re-run every stage.
-LAUNCHER_ONLY = {"flows/_stage_server.py", "flows/_servers.py", "flows/_process.py", "flows/_launch.py", "flows/_dvc.py"}
+# How a stage is launched, not what it computes (like DVC itself): the package's (empty) __init__, the command line,
+# checks and Prefect logging every flow shares (flows/_common.py), the pipeline's fork server, the shared Prefect API
+# server, interrupt handling, the rank launcher of training stages and the dvc.yaml reader of the command lines;
+# editing them must not re-run every stage (issue 30).
+LAUNCHER_ONLY = {"flows/__init__.py", "flows/_common.py", "flows/_stage_server.py", "flows/_servers.py",
+                 "flows/_process.py", "flows/_launch.py", "flows/_dvc.py"}
 # Validates the whole params file before a stage runs (it can refuse to run, never change what a stage computes):
 # each stage depends on its own section's schema module, not on every section's (stages/params.py docstring).
 VALIDATION_ONLY = {"stages/params.py", "stages/preflight.py"}

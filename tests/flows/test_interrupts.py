@@ -109,7 +109,7 @@ def test_signal_stops_the_pipeline(project: Path, tmp_path: Path, sig: int) -> N
 
 def test_ctrl_c_stops_plain_dvc_repro(project: Path, tmp_path: Path) -> None:
     """``dvc repro -f corpus`` with Ctrl-C to its group: the stage command stops within 5 s (DVC reports it failed),
-    the servers it started on demand with it."""
+    the API server it started on demand with it."""
     _slow_params(project, project / "params.yaml")
     log = tmp_path / "dvc.log"
     try:
@@ -122,7 +122,7 @@ def test_ctrl_c_stops_plain_dvc_repro(project: Path, tmp_path: Path) -> None:
     assert proc.returncode != 0 and "interrupted (SIGINT): stopping stage corpus" in out, out[-3000:]
     assert took < BUDGET_S, f"stopped after {took:.1f} s"
     assert "`dvc checkout corpus` restores the last recorded ones" in out
-    # -f re-ran data first, which started the servers on demand; they stop once dvc and its stages are gone
+    # -f re-ran data first, which started the API server on demand; it stops once dvc and its stages are gone
     # (flows/_servers.py GRACE_S after the last of them)
     assert wait_gone(project, 2.5) == [], processes_in(project)
     assert temporaries(project) == [] and not _work_dirs(project)

@@ -1,6 +1,6 @@
 """The pipeline's stage server (flows/_stage_server.py): a ``python -m flows.<stage>`` command offered to it runs in
 a fork with the command's own stdout / stderr, arguments and exit status; a request whose environment differs
-from the server's runs on its own instead."""
+from the server's runs on its own instead; nothing is offered without the pipeline's variable, nor on import."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows._stage_server import ENV_VAR, StageServer, requested_module
+from flows._stage_server import ENV_VAR, StageServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,9 +57,17 @@ def test_without_a_server_the_command_runs_as_usual(tmp_path: Path) -> None:
     assert out.returncode == 0 and "Run the data stage" in out.stdout
 
 
-def test_requested_module_reads_the_m_command_line(monkeypatch) -> None:
-    monkeypatch.setattr(sys, "orig_argv", ["python", "-X", "utf8", "-m", "flows.sft", "--params", "p.yaml"])
-    monkeypatch.setattr(sys, "argv", ["-m"])
-    assert requested_module() == ("flows.sft", ["--params", "p.yaml"])
-    monkeypatch.setattr(sys, "argv", ["script.py"])  # not under -m
-    assert requested_module() is None
+def test_importing_a_flow_never_hands_the_process_over(tmp_path: Path, monkeypatch) -> None:
+    """With a live server named in the environment, ``import flows.data`` (a test, a notebook, the stage server's
+    own preload) runs nothing there: only the command's ``begin`` forwards."""
+    monkeypatch.chdir(ROOT)
+    server = StageServer(["json"], tmp_path).start()
+    try:
+        _wait_ready(server)
+        code = "import flows, flows.data, flows.pipeline; print('still here')"
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, DVC_STAGE="data"),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "still here", out.stderr
+    finally:
+        server.stop()
+    assert "ran " not in Path(server.log).read_text()

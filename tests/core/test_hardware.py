@@ -1,0 +1,34 @@
+"""stages/core/hardware.py: what ``precision: auto`` resolves to on a CPU with and without AMX, and the record the
+training stages write (issue 35: runs on different CPUs must say which made them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stages.core import hardware
+from stages.train.loop import use_bf16
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_is_bf16_only_where_the_cpu_has_amx(amx: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "has_amx", lambda: amx)
+    monkeypatch.setattr(hardware, "cpu_capability", lambda: "AVX512" if amx else "AVX2")
+    assert hardware.resolve_precision("auto", "cpu") == ("bf16" if amx else "fp32")
+    assert use_bf16("auto", hardware.torch.device("cpu")) is amx  # the training loop's decision is the same
+    assert hardware.resolve_precision("fp32", "cpu") == "fp32" and hardware.resolve_precision("bf16", "cpu") == "bf16"
+    rec = hardware.record("cpu", "auto", amx)
+    assert rec == {"precision": "bf16" if amx else "fp32",
+                   "precision_from": f"auto: CPU {'with' if amx else 'without'} AMX ({'AVX512' if amx else 'AVX2'})",
+                   "device": f"cpu ({'AVX512, AMX' if amx else 'AVX2'})"}
+    assert hardware.record("cpu", "fp32", False)["precision_from"] == "params"
+    if amx:  # grpo / reward_model outside DeepSpeed train in fp32 even where auto would be bf16
+        assert hardware.record("cpu", "auto", False)["precision_from"].startswith("auto: fp32 outside DeepSpeed")
+
+
+def test_generation_record_names_the_backend_and_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "has_amx", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_capability", lambda: "AVX2")
+    rec = hardware.generation_record("auto", "float32", "hf")
+    assert rec["dtype"] == "float32" and rec["generation_backend"] == "hf"
+    assert rec["dtype_from"] == ("auto: CUDA GPU with bf16" if hardware.torch.cuda.is_available()
+                                 else "auto: CPU without AMX (AVX2)")
