@@ -190,7 +190,7 @@ def main() -> None:
     res["maj64"] = {"n": 64, "distinct_keys": len(set(keys)), "outcomes": {o: outcomes.count(o) for o in set(outcomes)},
                     "wall_s": round(wall, 2), "deadlines": round(wall / a.deadline, 1), "maj@64": m["maj@64"],
                     "max_stall_ms": round(1000 * t.max_gap, 1), "control_stall_ms": round(1000 * t.control_gap, 1),
-                    "workers": answers._answers_pool.MAX_WORKERS}
+                    "workers": answers._answers_pool.max_workers()}
     print(f"maj@64 over 64 towers: {wall:.1f} s = {wall / a.deadline:.1f} deadlines "
           f"({res['maj64']['outcomes']}), stall {1000 * t.max_gap:.1f} ms (control {1000 * t.control_gap:.1f})")
     res["load_after"] = os.getloadavg()
