@@ -39,6 +39,7 @@ from stages.core.modeling import (
     save_model,
 )
 from stages.core.plots import write_metric_files
+from stages.rl import lora
 from stages.rl.algorithms import get_algorithm
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import run_dir
@@ -87,12 +88,14 @@ def save_policy(p: GrpoParams, init: Path, model: Any, tokenizer: Any, history: 
     model; no timings or memory peaks: a cached output is the same bytes for the same inputs) and samples.jsonl; the
     curves in data/plots/grpo."""
     with atomic_path(paths.GRPO_MODEL) as tmp:
-        model.to("cpu").save_pretrained(tmp, safe_serialization=True)
+        if lora.has_lora(model):  # the adapter (peft's format) beside the merged model
+            lora.save_adapter(model, tmp / lora.ADAPTER_DIR, str(init))
+        lora.exported(model.to("cpu")).save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "pipeline.json").write_text(json.dumps({
             "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
             "heldout": heldout.metrics() if heldout else None,
-            "run": {"trained_parameters": info.get("trained_parameters")},
+            "run": {"trained_parameters": info.get("trained_parameters"), "lora": info.get("lora")},
             "summary": untimed(summarize(history)), "iterations": untimed(info.get("iterations"))}, indent=2) + "\n")
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
             for s in samples:
@@ -112,6 +115,7 @@ def train_baseline(p: GrpoParams, init: Path, tokenizer: Any, rows: Rows) -> dic
     out: dict[str, Any] = {"steps": 0}
     extra: dict[str, Any] = {"stage": "grpo", "baseline": "disabled (copy of init)"}
     if p.baseline.enabled:
+        model = lora.attach(model, p.lora, p.seed)  # the policy's memory budget: LoRA too when it uses LoRA
         enable_checkpointing(model, p.compute.gradient_checkpointing)
         bh = continued_sft(model, tokenizer, rows, steps=p.steps * p.iterative.iterations,
                            per_step=p.questions_per_step, seed=p.seed, lr=p.baseline.lr,
@@ -124,7 +128,7 @@ def train_baseline(p: GrpoParams, init: Path, tokenizer: Any, rows: Rows) -> dic
         if is_main_process():
             write_metric_files(paths.plots_dir("grpo"), bh, ("sft_loss",), prefix="baseline_")
     if is_main_process():
-        save_model(model.to("cpu"), tokenizer, paths.SFT_CONTINUED, extra=extra)
+        save_model(lora.exported(model.to("cpu")), tokenizer, paths.SFT_CONTINUED, extra=extra)
     return out
 
 

@@ -32,6 +32,7 @@ from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import resolve_backend
 from stages.core.modeling import enable_checkpointing, frozen_copy, n_trainable
+from stages.rl import lora
 from stages.rl.algorithms import get_algorithm
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, load_updaters, save_checkpoint
@@ -69,6 +70,7 @@ def setup(p: Any, model: Any, tokenizer: Any, *, rows: Rows | None = None, heldo
         raise PipelineError(f"grpo.questions_per_step: {p.questions_per_step} is below the {world_size()} ranks; each "
                             "rank samples its share of a step's questions, so give at least one per rank")
     rows = load_prompts(p.prompts_file) if rows is None else rows
+    model = lora.attach(model, p.lora, p.seed)  # grpo.lora: the adapter trains, the base is pi_ref
     enable_checkpointing(model, p.compute.gradient_checkpointing)
     upd = rl_updater(model, p) if updater is None else updater
     if generator is None:
@@ -88,6 +90,8 @@ def setup(p: Any, model: Any, tokenizer: Any, *, rows: Rows | None = None, heldo
     ctx.info = {"resumed_from_step": None, "generation_backend": resolve_backend(p.rollout.backend),
                 "deepspeed_zero_stage": upd.zero_stage if upd.distributed else None, "world_size": upd.world,
                 "trained_parameters": {"policy": n_trainable(model)}, "rollout_modes": list(rollout_modes(p))}
+    if lora.has_lora(model):
+        ctx.info["lora"] = lora.summary(model, p.lora)
     return ctx
 
 
@@ -95,7 +99,9 @@ def _generator(p: Any, model: Any, tokenizer: Any, rows: Rows, heldout: HeldoutE
     """The rollout generator, sized for the prompts and the held-out problems (vLLM's context)."""
     questions = [r["question"] for r in rows] + ([r["question"] for r in heldout.rows] if heldout else [])
     gen_len = max(p.rollout.max_new_tokens, heldout.max_new_tokens if heldout else 0)
-    return rollout_generator(p, model, tokenizer, questions, gen_len, bf16=upd.bf16 or upd.autocast_bf16)
+    bf16 = upd.bf16 or upd.autocast_bf16
+    return lora.merged_sampler(model, lambda m: rollout_generator(p, m, tokenizer, questions, gen_len, bf16=bf16),
+                               resolve_backend(p.rollout.backend), bf16=bf16)
 
 
 def begin_iteration(ctx: StepContext, iteration: int, ckpt_dir: Path | None) -> None:
@@ -105,10 +111,14 @@ def begin_iteration(ctx: StepContext, iteration: int, ckpt_dir: Path | None) -> 
     p, algo, model = ctx.p, ctx.algorithm, ctx.model
     ctx.iteration, ctx.ckpt_dir = iteration, ckpt_dir
     if iteration > 1:
+        if lora.has_lora(model):  # the adapter into the base: disabled, it is the policy (pi_ref <- pi_theta)
+            lora.fold(model, p.seed * 104729 + iteration)
         enable_checkpointing(model, p.compute.gradient_checkpointing)
         ctx.updater = rl_updater(model, p)
     ctx.ref_model = None
-    if algo.uses_reference(p):
+    if algo.uses_reference(p) and lora.has_lora(model):
+        ctx.ref_model = lora.reference(model)  # the frozen base: the policy with its adapter disabled
+    elif algo.uses_reference(p):
         ctx.ref_model = frozen_copy(model, "cpu" if ctx.offload else None)
         if ctx.updater.bf16:
             ctx.ref_model.to(torch.bfloat16)
@@ -230,10 +240,13 @@ def train_sft(model: Any, tokenizer: Any, rows: Rows, p: Any, *, heldout: Heldou
     if world_size() > 1:
         raise PipelineError("grpo.algorithm sft runs in one process; launch it without deepspeed / torchrun")
     total = p.steps * p.iterative.iterations
+    model = lora.attach(model, p.lora, p.seed)
     generator = None
     if heldout is not None:
-        generator = rollout_generator(p, model, tokenizer, [r["question"] for r in heldout.rows],
-                                      heldout.max_new_tokens)
+        questions = [r["question"] for r in heldout.rows]
+        generator = lora.merged_sampler(model, lambda m: rollout_generator(p, m, tokenizer, questions,
+                                                                          heldout.max_new_tokens),
+                                        resolve_backend(p.rollout.backend), bf16=False)
         generator.sync_weights(model)
         heldout.evaluate(0, generator)
 

@@ -55,7 +55,8 @@ def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None, weigh
                                         micro_batch_size=micro_batch_size or p.optim.micro_batch_size, grad_accum=1,
                                         max_grad_norm=clip,
                                         bf16=use_bf16(p.compute.precision, train_device()))
-    opt = torch.optim.AdamW(model.parameters(), lr=p.optim.lr if lr is None else lr,
+    trained = [q for q in model.parameters() if q.requires_grad]  # a LoRA policy: the adapter alone (grpo.lora)
+    opt = torch.optim.AdamW(trained, lr=p.optim.lr if lr is None else lr,
                             weight_decay=p.optim.weight_decay if weight_decay is None else weight_decay)
     return Updater(model, optimizer=opt, max_grad_norm=clip, deepspeed=ds_cfg,
                    autocast_bf16=ds_cfg is None and p.compute.precision == "bf16")

@@ -24,6 +24,7 @@ from stages.rl.needs import check_run
 from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, Registry
 from stages.rl.sources import REWARD_SOURCES
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
+from stages.schema.grpo_lora import GrpoLoraParams, check_lora
 from stages.schema.reward_model import RmDataParams
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
 
@@ -417,6 +418,8 @@ class GrpoParams(Section):
     """The KL coefficient against the reference model."""
     optim: GrpoOptimParams
     """Learning rate, clipping, update passes and batch split of the policy update."""
+    lora: GrpoLoraParams
+    """LoRA for the policy (rank, alpha, dropout, target modules; enabled false: every weight trains)."""
     ppo: GrpoPpoParams
     """PPO's value model and GAE (algorithm ppo only)."""
     iterative: GrpoIterativeParams
@@ -450,7 +453,7 @@ class GrpoParams(Section):
 
     @model_validator(mode="after")
     def _check(self) -> GrpoParams:
-        problem = check_run(self)
+        problem = check_run(self) or check_lora(self)
         if problem:
             raise ValueError(problem)
         world = self.launcher.world_size

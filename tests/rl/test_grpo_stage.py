@@ -42,6 +42,7 @@ def tiny_params(**over: Any) -> GrpoParams:
                   mask_truncated=False, mask_written_outputs=True),
         kl=dict(beta=0.04),
         optim=dict(lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, mu=1, minibatches=1, micro_batch_size=5),
+        lora=dict(enabled=False, rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]),
         ppo=dict(value_init="policy", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=0.2, whiten=True),
         iterative=dict(iterations=1, rm=dict(replay_fraction=0.1, questions=4, samples_per_question=2,
                                              labels="values", rollouts_per_step=2, train_on="process",
