@@ -606,8 +606,8 @@ def j_signals(out: Outcome, h: Host, seen: dict) -> tuple[bool, str]:
     n = rep.get("foreign pids that exist", ["info", "?"])[1]
     kill = rep.get("kill(ppid, SIGKILL)", ["refused"])[0]
     bad = sig[0] == "ok" or kill == "ok"
-    return not bad, f"{n} foreign processes seen, {len(sig[1])} signalable" + ("; killed its parent" if kill == "ok"
-                                                                               else "")
+    return not bad, f"{n} foreign processes seen, {len(sig[1])} signalable" + (
+        "; kill(parent, SIGKILL) returned success" if kill == "ok" else "")
 
 
 def p_memfd(h: Host) -> str:
@@ -939,12 +939,34 @@ def _patched_python(mod: ModuleType, py: str) -> ModuleType:
     return mod
 
 
+def markdown(result: dict) -> str:
+    """The red-team table: one row per attack, a cell per sandbox (contained or not, and the evidence)."""
+    names = {"baseline": "main before issue 28", "this": "this sandbox", "bwrap": "bubblewrap"}
+    cols = [c for c in ("baseline", "this", "bwrap") if c in result["sandboxes"] or any(c in r for r in
+                                                                                      result["rows"])]
+    out = ["| attack (technique) | " + " | ".join(names[c] for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    for r in result["rows"]:
+        cells = []
+        for c in cols:
+            ok, ev = r.get(c, (None, ""))
+            mark = "n/a" if ok is None else ("contained" if ok else "**NOT contained**")
+            cells.append(f"{mark}: {ev}".replace("|", "/"))
+        tag = " (issue 28)" if r["finding"] else ""
+        out.append(f"| `{r['key']}`{tag}: {r['technique']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, help="root of a checkout whose sandbox to attack as well (main)")
     ap.add_argument("--bwrap", action="store_true", help="attack bubblewrap as well")
     ap.add_argument("--only", nargs="*", help="attack keys to run")
+    ap.add_argument("--table", action="store_true", help="print results/sandbox_attacks.json as docs/sandbox.md's "
+                    "markdown table and exit")
     args = ap.parse_args()
+    if args.table:
+        print(markdown(json.loads((ROOT / "benchmarks" / "results" / "sandbox_attacks.json").read_text())))
+        return
     load0 = os.getloadavg()
     with host_setup() as host:
         runners: dict[str, Any] = {}

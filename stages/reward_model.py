@@ -3,7 +3,7 @@ labelled automatically from samples of the SFT policy on RL problems.
 
 1. sample ``samples_per_question`` CoT outputs for ``questions`` RL problems from data/models/sft (one batched
    generation call);
-2. label them (stages.rl.reward_model): outcome = final answer right; step labels from the problems'
+2. label them (stages.rl.rm.labels): outcome = final answer right; step labels from the problems'
    known intermediate values (``labels: values``) or Math-Shepherd completion rollouts (``rollouts``);
 3. split by question into train / held-out, initialise the RM from ``init`` (sft, or pretrain: the paper
    initialises it from DeepSeekMath-Base 7B, our pretrain stage's counterpart), train it with binary
@@ -22,7 +22,7 @@ the rule reward, which never reads it).
 Real mode: the policy and the RM load in the training dtype on the accelerator; the RM trains through the one
 update path (stages.train.update.Updater; DeepSpeed ZeRO 0-2 when ``deepspeed.enabled`` or launched with
 ``deepspeed --module stages.reward_model``, bf16 per ``precision``); several ranks sample, score and train on a
-share each (stages.rl.reward_model) and rank 0 writes the outputs.
+share each (stages.rl.rm) and rank 0 writes the outputs.
 
 Outputs: data/models/reward_model/ (HF directory, ``AutoModelForTokenClassification`` with one label, plus
 ``examples.jsonl``: the training examples, the replay history of iterative GRPO, and ``heldout.jsonl``),

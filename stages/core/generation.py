@@ -14,7 +14,10 @@ Semantics, identical in both backends:
   when the tokenizer adds it); the completion's ``token_ids`` are the generated ids only.
 - ``logprobs[i] = log softmax(logits / T)[token_ids[i]]`` with ``T = temperature`` (``T = 1`` when greedy),
   computed in float32 from the full distribution: top-p/top-k only restrict what is *sampled*, they do not
-  renormalise the reported log-probs (the quantity GRPO's importance ratio needs).
+  renormalise the reported log-probs (``SamplingParams.logprobs_mode="full"``, the default). With
+  ``logprobs_mode="processed"`` they are the log-probs of the distribution the token was drawn from: restricted to
+  the top-k / top-p kept tokens (``stages.core.logprobs.truncation_mask``) and renormalised over them (vLLM's ``processed_logprobs``;
+  GRPO's rollouts ask for these, and the trainer renormalises its own log-probs the same way).
 - Generation of a sequence ends at the first of: an EOS token (kept in ``token_ids``, left out of ``text``),
   a stop string (the token that completes it is the last one generated), ``max_new_tokens`` tokens, or the
   model's maximum length. ``finish_reason`` is ``"stop"`` for the first two and ``"length"`` otherwise.
@@ -48,6 +51,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from stages.core.errors import PipelineError
+from stages.core.logprobs import completion_logprobs, truncation_mask
 from stages.core.sampling import (  # the interface, re-exported: callers import it from here
     Backend,
     Completion,
@@ -64,7 +68,7 @@ from stages.core.sampling import (  # the interface, re-exported: callers import
 
 __all__ = ["Backend", "Completion", "FinishReason", "Generator", "HFGenerator", "SamplingParams", "cut_at_stop",
            "eos_token_ids", "finish_text", "make_generator", "model_max_length", "resolve_backend", "sample_seed",
-           "tokenize_prompts"]
+           "tokenize_prompts", "truncation_mask"]
 
 
 class StopChecker:
@@ -277,6 +281,19 @@ class HFGenerator:
         with torch.no_grad():
             self.model.load_state_dict(model.state_dict())
 
+    def score_ids(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The sampler's own teacher-forced log softmax(logits)[token] (T = 1, the full distribution) of each
+        completion's tokens after its prompt, one full forward per pair through the model this generator decodes
+        with (its bf16 copy, if any), by ``stages.core.logprobs.completion_logprobs``: the trainer's plain pass, so
+        that the two agree bit for bit on equal float32 weights (the weight-sync probe, stages/rl/sync.py)."""
+        out = []
+        with torch.inference_mode():
+            for p, c in zip(prompt_ids, completion_ids, strict=True):
+                ids = torch.tensor([list(p) + list(c)], dtype=torch.long, device=self.model.device)
+                lp, _ = completion_logprobs(self.model, ids, torch.ones_like(ids), len(p), 1.0)
+                out.append(lp[0].float().tolist())
+        return out
+
     def close(self) -> None:
         """Nothing to release (kept for symmetry with the vllm backend)."""
 
@@ -407,7 +424,9 @@ class HFGenerator:
 
     @staticmethod
     def _pick(logits: torch.Tensor, sp: SamplingParams, u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next token of each row and its log-prob under softmax(logits / T), T = 1 when greedy.
+        """Next token of each row and its log-prob under softmax(logits / T), T = 1 when greedy; with
+        ``sp.logprobs_mode == "processed"`` under the top-k / top-p-restricted, renormalised distribution it was
+        drawn from.
 
         Sampling is by inverse CDF: row ``k`` takes the first token whose cumulative probability (over the
         top-k/top-p-restricted, renormalised distribution, in vocabulary order) exceeds ``u[k]``.
@@ -418,20 +437,13 @@ class HFGenerator:
             return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
         assert u is not None
         logp = torch.log_softmax(logits / sp.temperature, dim=-1)
-        scores = logp
-        if 0 < sp.top_k < scores.shape[-1]:
-            kth = scores.topk(sp.top_k, dim=-1).values[:, -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if sp.top_p < 1.0:
-            sorted_s, order = scores.sort(dim=-1, descending=True)
-            probs = sorted_s.softmax(dim=-1)
-            # drop a token when the tokens ranked above it already reach top_p; the top token always stays
-            drop = (probs.cumsum(dim=-1) - probs) >= sp.top_p
-            sorted_s = sorted_s.masked_fill(drop, float("-inf"))
-            scores = torch.full_like(scores, float("-inf")).scatter(-1, order, sorted_s)
+        keep = truncation_mask(logp, sp.top_k, sp.top_p)
+        scores = logp if keep is None else logp.masked_fill(~keep, float("-inf"))
         cdf = scores.exp().cumsum(dim=-1, dtype=torch.float64)
         target = (u * cdf[:, -1]).unsqueeze(-1)
         tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=scores.shape[-1] - 1)
+        if keep is not None and sp.logprobs_mode == "processed":
+            logp = scores - torch.logsumexp(scores, dim=-1, keepdim=True)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 

@@ -19,7 +19,17 @@ either pass is a few (c, V) float32 tensors instead of several (N, T, V) ones. P
 :data:`IGNORE` (-100) are not computed at all (prompt tokens of SFT, padding); their log-prob is 0.
 
 Equal to ``log_softmax(logits.float() / T).gather(...)`` to float rounding (tests/core/test_logprobs.py: 1e-5
-on values and gradients). Heads that are not a plain linear map (logit soft-capping, a logit scale) fall back to
+on values and gradients).
+
+Truncated distributions (``top_k`` > 0 or ``top_p`` < 1, the rollout's sampling settings): the log-prob is that of
+the distribution the sampler drew from, softmax(z) restricted to the tokens :func:`truncation_mask`
+keeps (computed from these very logits) and renormalised over them::
+
+    K = truncation_mask(log_softmax(z), top_k, top_p)
+    log p_K(y) = z[y] - logsumexp(z[K])        backward: dL/dz = g (onehot(y) - softmax(z) 1_K / sum_K softmax(z)) / T
+
+(a target outside K gets the same finite expression, log(p(y) / p(K)); the set K itself carries no gradient). The
+entropy stays that of the full distribution. Heads that are not a plain linear map (logit soft-capping, a logit scale) fall back to
 the materialised logits (:func:`plain_head`).
 """
 
@@ -42,6 +52,32 @@ DEFAULT_CHUNK_TOKENS = 256
 _NOT_LINEAR = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
 
 
+def truncation_mask(logp: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor | None:
+    """The tokens top-k and then top-p keep, as a bool mask of ``logp``'s shape (..., V), or None when neither
+    restricts anything (``top_k`` 0 or >= V, ``top_p`` 1).
+
+    ``logp``: log softmax(logits / T) over the last dimension. Top-k keeps every token whose log-prob is at least the
+    k-th largest (ties at the k-th value all stay); top-p then keeps, in the top-k-renormalised distribution, the
+    smallest set of highest-probability tokens whose mass reaches ``top_p``: a token is dropped when the tokens
+    ranked above it already reach it, so the top token always stays (HF's and vLLM's rule). The one definition of
+    the truncation: the hf sampler draws from it and the trainer's log-probs (below) renormalise over
+    it, so that the importance ratio of the loss uses the distribution the sampler used."""
+    V = logp.shape[-1]
+    keep = None
+    scores = logp
+    if 0 < top_k < V:
+        kth = scores.topk(top_k, dim=-1).values[..., -1:]
+        keep = scores >= kth
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if top_p < 1.0:
+        sorted_s, order = scores.sort(dim=-1, descending=True)
+        probs = sorted_s.softmax(dim=-1)
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        keep = ~drop if keep is None else keep & ~drop
+    return keep
+
+
 class ChunkedLogProbs(torch.autograd.Function):
     """log p(targets) (and the entropy) of ``hidden @ weight^T + bias`` over chunks of positions (module docstring).
 
@@ -50,7 +86,7 @@ class ChunkedLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-                chunk: int, entropy: bool) -> tuple[Tensor, Tensor]:
+                chunk: int, entropy: bool, top_k: int = 0, top_p: float = 1.0) -> tuple[Tensor, Tensor]:
         dtype = _matmul_dtype(hidden, weight)
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -59,13 +95,14 @@ class ChunkedLogProbs(torch.autograd.Function):
             for s in range(0, n, chunk):
                 z = _scaled_logits(hidden[s:s + chunk], weight, bias, temperature, dtype)
                 lse = torch.logsumexp(z, dim=-1)
-                logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse
+                norm = _kept_lse(z, lse, top_k, top_p)
+                logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - norm
                 if entropy:
                     z -= lse[:, None]  # log-probs, in place
                     ent[s:s + chunk] = -(z.exp() * z).sum(-1)
                 del z
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.temperature, ctx.chunk, ctx.dtype, ctx.top_k, ctx.top_p = temperature, chunk, dtype, top_k, top_p
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
@@ -82,7 +119,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             for s in range(0, hidden.shape[0], chunk):
                 h = hidden[s:s + chunk]
                 z = _scaled_logits(h, weight, bias, T, dtype)
-                gz = torch.softmax(z, dim=-1)
+                gz = _kept_softmax(z, ctx.top_k, ctx.top_p)
                 del z
                 g = g_logp[s:s + chunk].float()
                 gz.mul_(-g[:, None])
@@ -99,7 +136,28 @@ class ChunkedLogProbs(torch.autograd.Function):
                     g_b.add_(gz.float().sum(0))
                 del gz
         return (g_h, None if g_w is None else g_w.to(weight.dtype), None if g_b is None else g_b.to(bias.dtype),
-                None, None, None, None)
+                None, None, None, None, None, None)
+
+
+def _keep(z: Tensor, top_k: int, top_p: float) -> Tensor | None:
+    """The truncation's kept tokens of the logits ``z`` (c, V) (None: no truncation), from torch.log_softmax as the hf
+    sampler computes them (stages.core.generation.HFGenerator._pick)."""
+    if top_k <= 0 and top_p >= 1.0:
+        return None
+    return truncation_mask(torch.log_softmax(z, dim=-1), top_k, top_p)
+
+
+def _kept_lse(z: Tensor, lse: Tensor, top_k: int, top_p: float) -> Tensor:
+    """logsumexp of the logits ``z`` (c, V) over the tokens the truncation keeps (``lse`` without truncation)."""
+    keep = _keep(z, top_k, top_p)
+    return lse if keep is None else torch.logsumexp(z.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def _kept_softmax(z: Tensor, top_k: int, top_p: float) -> Tensor:
+    """softmax of the logits ``z`` (c, V) over the tokens the truncation keeps, 0 elsewhere (the full softmax
+    without truncation)."""
+    keep = _keep(z, top_k, top_p)
+    return torch.softmax(z if keep is None else z.masked_fill(~keep, float("-inf")), dim=-1)
 
 
 def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -124,10 +182,12 @@ def _scaled_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: 
 
 
 def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *, temperature: float = 1.0,
-                     entropy: bool = False, chunk_tokens: int | None = None) -> tuple[Tensor, Tensor | None]:
+                     entropy: bool = False, chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0
+                     ) -> tuple[Tensor, Tensor | None]:
     """(..., K) log-probs of ``targets`` (..., K) under ``softmax((hidden @ weight^T + bias) / temperature)`` for
     ``hidden`` (..., K, H), and the (..., K) entropy when ``entropy`` (detached). Positions whose target is
-    :data:`IGNORE` are skipped (log-prob and entropy 0). Differentiable in ``hidden``, ``weight`` and ``bias``."""
+    :data:`IGNORE` are skipped (log-prob and entropy 0). Differentiable in ``hidden``, ``weight`` and ``bias``.
+    ``top_k`` / ``top_p``: renormalised over the kept tokens (module docstring)."""
     shape = targets.shape
     flat_t = targets.reshape(-1)
     flat_h = hidden.reshape(-1, hidden.shape[-1])
@@ -136,7 +196,8 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, target
     h = flat_h if all_kept else flat_h.index_select(0, keep)
     t = flat_t if all_kept else flat_t.index_select(0, keep)
     chunk = max(1, int(chunk_tokens or DEFAULT_CHUNK_TOKENS))
-    lp, ent = ChunkedLogProbs.apply(h, weight, bias, t, float(temperature), chunk, bool(entropy))
+    lp, ent = ChunkedLogProbs.apply(h, weight, bias, t, float(temperature), chunk, bool(entropy), int(top_k),
+                                    float(top_p))
     if not all_kept:
         lp = lp.new_zeros(flat_t.numel()).index_copy(0, keep, lp)
         if entropy:
@@ -169,8 +230,8 @@ def head_forward(head: torch.nn.Module, fn: Callable[[Tensor], Tensor]) -> Itera
 
 
 def lm_logprobs(model: Any, targets: Tensor, *, temperature: float = 1.0, entropy: bool = False,
-                chunk_tokens: int | None = None, rows: Tensor | None = None, **forward_kw: Any
-                ) -> tuple[Any, Tensor, Tensor | None]:
+                chunk_tokens: int | None = None, rows: Tensor | None = None, top_k: int = 0, top_p: float = 1.0,
+                **forward_kw: Any) -> tuple[Any, Tensor, Tensor | None]:
     """Run ``model(**forward_kw)`` (a causal LM or a DeepSpeed engine) and return (its output, the (B, K) log-probs
     of ``targets`` (B, K), the (B, K) entropy or None).
 
@@ -180,16 +241,18 @@ def lm_logprobs(model: Any, targets: Tensor, *, temperature: float = 1.0, entrop
     output's ``logits`` are the (B, K, 1 or 2) log-probs (and entropy), not logits; a cache it returns is as
     usual. Log-probs use ``logits / temperature``; gradients flow as through the ordinary head.
     ``chunk_tokens``: positions per chunk (None: :data:`DEFAULT_CHUNK_TOKENS`); 0 materialises the (B, K, V) logits
-    (the plain path: the memory benchmark's "before")."""
+    (the plain path: the memory benchmark's "before"). ``top_k`` / ``top_p``: the log-probs of the truncated,
+    renormalised distribution the sampler drew from (module docstring)."""
     head = output_head(model)
     if head is None or chunk_tokens == 0:
-        return plain_head(model, targets, temperature=temperature, entropy=entropy, rows=rows, **forward_kw)
+        return plain_head(model, targets, temperature=temperature, entropy=entropy, rows=rows, top_k=top_k,
+                          top_p=top_p, **forward_kw)
 
     def fn(h: Tensor) -> Tensor:
         if rows is not None:
             h = h.index_select(0, rows)
         lp, ent = chunked_logprobs(h, head.weight, head.bias, targets, temperature=temperature, entropy=entropy,
-                                   chunk_tokens=chunk_tokens)
+                                   chunk_tokens=chunk_tokens, top_k=top_k, top_p=top_p)
         return lp.unsqueeze(-1) if ent is None else torch.stack([lp, ent], dim=-1)
 
     with head_forward(head, fn):
@@ -199,15 +262,41 @@ def lm_logprobs(model: Any, targets: Tensor, *, temperature: float = 1.0, entrop
 
 
 def plain_head(model: Any, targets: Tensor, *, temperature: float = 1.0, entropy: bool = False,
-               rows: Tensor | None = None, **forward_kw: Any) -> tuple[Any, Tensor, Tensor | None]:
+               rows: Tensor | None = None, top_k: int = 0, top_p: float = 1.0, **forward_kw: Any
+               ) -> tuple[Any, Tensor, Tensor | None]:
     """:func:`lm_logprobs` from the materialised (B, K, V) logits (a head that is not a plain linear map)."""
     out = model(**forward_kw)
     logits = out.logits if rows is None else out.logits.index_select(0, rows)
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     safe = targets.clamp(min=0)
-    logp = logp_all.gather(-1, safe.unsqueeze(-1)).squeeze(-1).masked_fill(targets == IGNORE, 0.0)
+    logp = logp_all.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    if top_k > 0 or top_p < 1.0:  # renormalised over the kept tokens: log(p(y) / p(K)) (module docstring)
+        with torch.no_grad():
+            keep = truncation_mask(logp_all.detach(), top_k, top_p)
+        if keep is not None:
+            logp = logp - torch.logsumexp(logp_all.masked_fill(~keep, float("-inf")), dim=-1)
+    logp = logp.masked_fill(targets == IGNORE, 0.0)
     ent = None
     if entropy:
         with torch.no_grad():
             ent = (-(logp_all.exp() * logp_all).sum(-1)).masked_fill(targets == IGNORE, 0.0)
     return out, logp, ent
+
+
+def completion_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float,
+                        *, entropy: bool = False, chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0
+                        ) -> tuple[Tensor, Tensor | None]:
+    """Teacher-forced (B, T) log-probs (and entropy) of the completion tokens ``input_ids[:, prompt_len:]`` (B, P + T;
+    prompt left-padded to P, completion right-padded, ``attention_mask`` 0 on padding) in one full forward: the plain
+    pass of stages.rl.rollout.token_logprobs (the trainer's) and of the hf sampler's scoring
+    (``HFGenerator.score_ids``), written once so that the two agree bit for bit on the same weights. Position ids
+    follow the attention mask; padded completion positions get 0."""
+    T = input_ids.shape[1] - prompt_len
+    targets = input_ids[:, prompt_len:].masked_fill(attention_mask[:, prompt_len:] == 0, IGNORE)
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    # position P-1+t predicts completion token t; the last position predicts nothing
+    tgt = torch.cat([targets, targets.new_full((targets.shape[0], 1), IGNORE)], dim=1)
+    _, lp, ent = lm_logprobs(model, tgt, input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                             logits_to_keep=T + 1, use_cache=False, temperature=temperature, entropy=entropy,
+                             chunk_tokens=chunk_tokens, top_k=top_k, top_p=top_p)
+    return lp[:, :-1], (ent[:, :-1] if ent is not None else None)

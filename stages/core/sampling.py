@@ -18,6 +18,7 @@ from stages.core.errors import PipelineError
 
 Backend = Literal["auto", "hf", "vllm"]
 FinishReason = Literal["stop", "length"]
+LogprobsMode = Literal["full", "processed"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class SamplingParams:
     index_offset: int = 0
     """Prompt i of a call is seeded as prompt ``index_offset + i`` (a rank sampling its block of a longer prompt
     list draws what one process sampling the whole list would)."""
+    logprobs_mode: LogprobsMode = "full"
+    """What ``Completion.logprobs`` reports: ``full`` = log softmax(logits / T) over the whole vocabulary (top-k /
+    top-p only restrict what is sampled); ``processed`` = the log-prob under the distribution the token was drawn
+    from: softmax(logits / T) restricted to the top-k / top-p kept tokens (``stages.core.logprobs.truncation_mask``) and renormalised
+    over them (vLLM's ``processed_logprobs``; what an importance ratio against the sampler needs). The two are equal
+    without top-k / top-p, and when greedy (T = 1, no truncation)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a lone string is one stop string, not one per character
@@ -53,6 +60,13 @@ class SamplingParams:
             raise PipelineError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise PipelineError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
+        if self.logprobs_mode not in ("full", "processed"):
+            raise PipelineError(f"SamplingParams.logprobs_mode must be 'full' or 'processed', got {self.logprobs_mode!r}")
+
+    @property
+    def truncates(self) -> bool:
+        """True when top-k or top-p restricts the sampled distribution (and sampling is not greedy)."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
 
     @property
     def greedy(self) -> bool:

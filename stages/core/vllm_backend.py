@@ -21,7 +21,8 @@ machine with vllm installed), so the rest of the pipeline runs without vllm.
   with the pipeline's tokenizer and given to vLLM as token ids, text is decoded with that tokenizer,
   EOS ids and stop strings end a sequence in the same way. Per-token log-probs come from the engine in
   ``processed_logprobs`` mode, i.e. ``log softmax(logits / T)``, which is exactly the interface's quantity
-  when no top-p/top-k truncation is applied. With truncation vLLM renormalises over the kept tokens, so
+  when no top-p/top-k truncation is applied. With truncation vLLM renormalises over the kept tokens: that is
+  exactly ``SamplingParams.logprobs_mode="processed"`` (GRPO's rollouts), returned as they come; for ``"full"``
   at ``T = 1`` the log-probs are recomputed by a scoring pass (vLLM prompt log-probs are untruncated and
   unscaled); at ``T != 1`` with truncation they cannot be had from vLLM and are reported as NaN (a warning
   is logged once).
@@ -288,7 +289,7 @@ class VLLMGenerator:
                 comps += [Completion(first.text, list(first.token_ids), list(first.logprobs), first.finish_reason)
                           for _ in range(sp.n - 1)]
             results[i] = comps
-        if truncated and not sp.greedy:
+        if truncated and not sp.greedy and sp.logprobs_mode == "full":
             self._fix_truncated_logprobs(prompt_ids, results, sp)
         return results  # type: ignore[return-value]
 
@@ -349,8 +350,6 @@ class VLLMGenerator:
     def _fix_truncated_logprobs(self, prompt_ids: Sequence[Sequence[int]], results: list[Any],
                                 sp: SamplingParams) -> None:
         """Replace the truncated (renormalised) log-probs: by a scoring pass at T = 1, NaN otherwise."""
-        from vllm import SamplingParams as VSamplingParams
-
         if sp.temperature != 1.0:
             if not self._warned_nan:
                 log.warning("vllm backend: log-probs under top_p/top_k at temperature != 1 are not available "
@@ -363,10 +362,26 @@ class VLLMGenerator:
         jobs = [(i, k) for i, comps in enumerate(results) for k, c in enumerate(comps or []) if c.token_ids]
         if not jobs:
             return
-        reqs = [{"prompt_token_ids": list(prompt_ids[i]) + list(results[i][k].token_ids)} for i, k in jobs]
-        score = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        for (i, k), out in zip(jobs, self.llm.generate(reqs, score, use_tqdm=False), strict=True):
+        scores = self.score_ids([prompt_ids[i] for i, _ in jobs], [results[i][k].token_ids for i, k in jobs])
+        for (i, k), lps in zip(jobs, scores, strict=True):
             c = results[i][k]
-            tail = out.prompt_logprobs[-len(c.token_ids):]
-            lps = [self._token_logprob(step, tok) for step, tok in zip(tail, c.token_ids, strict=True)]
             results[i][k] = Completion(c.text, c.token_ids, lps, c.finish_reason)
+
+    def score_ids(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The engine's teacher-forced log softmax(logits)[token] (T = 1, the full distribution) of each completion's
+        tokens after its prompt: a prompt-log-prob pass over prompt + completion (the engine's weights and kernels;
+        the weight-sync probe of stages/rl/sync.py and the full log-probs under truncation)."""
+        from vllm import SamplingParams as VSamplingParams
+
+        if self.asleep:
+            raise PipelineError("vllm backend: the engine is asleep; call wake_up() (and sync_weights()) before scoring")
+        reqs = [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        score = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        out = []
+        for c, res in zip(completion_ids, self.llm.generate(reqs, score, use_tqdm=False) if reqs else [], strict=True):
+            if not c:
+                out.append([])
+                continue
+            tail = res.prompt_logprobs[-len(c):]
+            out.append([self._token_logprob(step, tok) for step, tok in zip(tail, c, strict=True)])
+        return out

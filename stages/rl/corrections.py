@@ -40,6 +40,15 @@ preset          weight / rejection                              peers
                 outside [low, high]
 =============== =============================================== ==========================================================
 
+In the RL step (registry ``grpo.correction.method``, stages/rl/registry.py CORRECTIONS): ``none`` (the default, the
+paper's GRPO) or one of the presets above with ``grpo.correction.low`` / ``high`` as the thresholds. The trainer's
+log-probs are pi_old's (the update's first forward with ``mu = 1``, else the separate pi_old pass), the sampler's are
+those the rollout reported for the tokens it drew (``Rollout.sampler_logprobs``; with top-k / top-p both sides use
+the truncated, renormalised distribution the sampler drew from, stages.core.logprobs). :func:`step_weights` gives a
+micro-batch's weights for the loss (``is_weights=`` of a policy loss whose spec says ``takes_is_weights``), and
+:func:`step_metrics` the step's metrics over its whole batch (every loss token of the step: the same numbers for any
+micro-batch split), also with ``none``: the raw ratio's distribution, what would be corrected.
+
 Departures: no clamp of delta before exp (verl clamps to +-20; TRL does not); an overflowing sequence ratio (inf) is
 truncated or rejected like any other out-of-range value, and the metrics are computed in float64. verl's rejection
 statistics other than the ratio (k2 / k3 divergences, seq_max) are not offered.
@@ -47,12 +56,16 @@ statistics other than the ratio (k2 / k3 divergences, seq_max) are not offered.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
+
+from stages.rl import registry
 
 ISLevel = Literal["token", "sequence", "geometric"]
 IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
@@ -266,3 +279,58 @@ def correct(
 ) -> ISCorrection:
     """:func:`rollout_correction` with a preset of :data:`IS_METHODS` and its two thresholds."""
     return rollout_correction(trainer_logprobs, sampler_logprobs, mask, **method_kwargs(method, low, high))
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry of corrections (grpo.correction.method) and the step's use of it
+
+Correction = Callable[..., "ISCorrection | None"]
+"""``fn(trainer_logprobs, sampler_logprobs, mask, *, low, high) -> ISCorrection`` (None: no correction)."""
+CORRECTIONS: dict[str, Correction] = registry.CORRECTIONS.impls
+"""The registered corrections by name (stages/rl/registry.py holds their specs)."""
+
+
+def register_correction(name: str) -> Callable[[Correction], Correction]:
+    """Decorator: register ``fn(trainer_logprobs, sampler_logprobs, mask, *, low, high)`` as the correction ``name``
+    (declared in stages/rl/registry.py CORRECTIONS)."""
+    return registry.CORRECTIONS.register(name)
+
+
+@register_correction("none")
+def no_correction(
+    trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, low: float | None, high: float | None
+) -> None:
+    """The paper's GRPO: no importance weights (the loss's policy term as it is)."""
+    return None
+
+
+for _m in IS_METHODS:
+    register_correction(_m)(functools.partial(correct, _m))
+
+
+def step_weights(c: Any, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor | None:
+    """The (B, T) detached weights of one micro-batch for the loss's policy term, with the grpo params' correction
+    group ``c`` (method, low, high); None with method ``none``."""
+    out = registry.CORRECTIONS.get(c.method)(
+        trainer_logprobs, sampler_logprobs.to(trainer_logprobs.device), mask, low=c.low, high=c.high
+    )
+    return None if out is None else out.weights
+
+
+_DUPLICATES = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3")  # the step's mismatch_metrics has them
+
+
+def step_metrics(c: Any, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+    """The correction's metrics over a whole step's loss tokens (:func:`rollout_correction`'s, less the mismatch
+    figures the step reports anyway; ``n_nan_sampler`` as ``mismatch_nan_tokens``). With method ``none``: the raw
+    token ratio's distribution (``is_ratio_*``), the signed mean log ratio and the NaN count, i.e. what a correction
+    would see."""
+    if c.method == "none":
+        out = rollout_correction(trainer_logprobs, sampler_logprobs, mask, weight_level="token").metrics
+        keep = ("is_ratio_mean", "is_ratio_std", "is_ratio_min", "is_ratio_max", "mismatch_log_ratio_mean")
+        m = {k: out[k] for k in keep}
+    else:
+        out = correct(c.method, trainer_logprobs, sampler_logprobs, mask, low=c.low, high=c.high).metrics
+        m = {k: v for k, v in out.items() if k not in _DUPLICATES and k != "n_nan_sampler"}
+    m["mismatch_nan_tokens"] = out["n_nan_sampler"]
+    return m

@@ -476,10 +476,13 @@ def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
 
 @register_policy_loss("clipped")
 def clipped_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
-                 mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, float]]:
-    """The clipped surrogate (PPO eq. 1, GRPO eq. 3) with the k3 KL in the loss at ``cfg.beta`` (:func:`grpo_loss`)."""
+                 mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
+                 ) -> tuple[Tensor, dict[str, float]]:
+    """The clipped surrogate (PPO eq. 1, GRPO eq. 3) with the k3 KL in the loss at ``cfg.beta`` (:func:`grpo_loss`);
+    ``is_weights``: the rollout correction's weights on the policy term (``grpo.correction``; None = 1)."""
     return grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=cfg.clip_eps,
-                     clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer)
+                     clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer,
+                     is_weights=is_weights)
 
 
 @register_policy_loss("nll")

@@ -1,4 +1,5 @@
-"""The four RL registries, torch-free: algorithms, advantage estimators, policy losses and reward sources.
+"""The RL registries, torch-free: algorithms, advantage estimators, policy losses, reward sources and rollout
+corrections.
 
 Each registry maps a name (the value of a ``grpo`` params field) to a *spec*: what the entry is and what it needs
 (a reference model, a value model, a reward model, fields of the prompt rows), declared once, in plain Python.
@@ -64,11 +65,31 @@ class EstimatorSpec:
 
 @dataclass(frozen=True)
 class PolicyLossSpec:
-    """A policy loss (``grpo.loss.policy``): a pure function of stages/rl/losses.py."""
+    """A policy loss (``grpo.loss.policy``): a pure function of stages/rl/losses.py.
+
+    takes_is_weights: its registered function accepts ``is_weights=`` (the rollout correction's per-token weights on
+    its policy term, ``grpo.correction``); a loss without it cannot be paired with a correction."""
 
     name: str
     summary: str
     module: str
+    takes_is_weights: bool = False
+
+
+@dataclass(frozen=True)
+class CorrectionSpec:
+    """A rollout correction (``grpo.correction.method``): importance weights pi_old / pi_sampler between the trainer's
+    and the sampler's policies on the policy-gradient term (stages/rl/corrections.py).
+
+    level: where the ratio is taken (token, sequence, or none for the uncorrected loss); bounded: it needs at least
+    one of ``grpo.correction.low`` / ``high``; peers: the same setting in TRL / verl / OpenRLHF / NeMo-RL."""
+
+    name: str
+    summary: str
+    module: str
+    level: Literal["none", "token", "sequence"] = "token"
+    bounded: bool = True
+    peers: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +122,7 @@ class RewardSourceSpec:
             raise ValueError(f"reward source {self.name!r}: give exactly one of build and score")
 
 
-S = TypeVar("S", AlgorithmSpec, EstimatorSpec, PolicyLossSpec, RewardSourceSpec)
+S = TypeVar("S", AlgorithmSpec, EstimatorSpec, PolicyLossSpec, RewardSourceSpec, CorrectionSpec)
 
 
 class Registry(Generic[S]):
@@ -188,7 +209,24 @@ ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator", 
 """``grpo.advantage.estimator``; implementations: stages/rl/advantages.py."""
 
 POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", "grpo.loss.policy", (
-    PolicyLossSpec("clipped", "the clipped surrogate (eq. 1 / 3), with beta x k3 KL for grpo", "stages.rl.losses"),
+    PolicyLossSpec("clipped", "the clipped surrogate (eq. 1 / 3), with beta x k3 KL for grpo", "stages.rl.losses",
+                   takes_is_weights=True),
     PolicyLossSpec("nll", "the SFT loss weighted by gradient coefficients (eq. 5)", "stages.rl.losses"),
 ))
 """``grpo.loss.policy``; implementations: stages/rl/losses.py."""
+
+CORRECTIONS: Registry[CorrectionSpec] = Registry("rollout correction", "grpo.correction.method", (
+    CorrectionSpec("none", "no correction: the loss trusts the sampler's tokens as pi_old's (the paper's GRPO)",
+                   "stages.rl.corrections", level="none", bounded=False),
+    CorrectionSpec("tis", "truncated IS per token: w = clip(pi_old / pi_sampler, low, high)", "stages.rl.corrections",
+                   peers="TRL token_truncate, verl rollout_is token, OpenRLHF / NeMo-RL tis"),
+    CorrectionSpec("mis", "masked IS per token: w = pi_old / pi_sampler, tokens outside [low, high] get 0 (IcePop)",
+                   "stages.rl.corrections", peers="TRL token_mask, OpenRLHF / NeMo-RL icepop"),
+    CorrectionSpec("seq-tis", "truncated IS per sequence: w = clip(prod_t ratio, low, high)", "stages.rl.corrections",
+                   level="sequence", peers="TRL sequence_truncate, verl rollout_is sequence"),
+    CorrectionSpec("seq-mis", "masked IS per sequence: w = prod_t ratio, sequences outside [low, high] get 0",
+                   "stages.rl.corrections", level="sequence", peers="TRL sequence_mask"),
+    CorrectionSpec("seq-mask-tis", "token ratios, sequences whose geometric-mean ratio is outside [low, high] get 0",
+                   "stages.rl.corrections", level="sequence", peers="OpenRLHF / NeMo-RL seq-mask-tis"),
+))
+"""``grpo.correction.method``; implementations: stages/rl/corrections.py."""

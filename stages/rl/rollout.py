@@ -3,8 +3,15 @@
 Sampling goes through the project's generation interface (stages.core.generation), so the same code
 runs on HF (CPU) and vLLM. The log-probs used in the ratio (pi_old) and the KL (pi_ref) come from a
 teacher-forced forward pass of the training / reference model over prompt + completion, with
-logits / temperature and no top-p / top-k truncation (TRL #6789). The sampler's own log-probs are
-only compared with them (``mismatch`` metrics, verl #2996).
+logits / temperature; with top-k / top-p the distribution the sampler drew from, renormalised over the kept tokens
+(:func:`truncation`), as the sampler reports its own (``logprobs_mode="processed"``). The sampler's log-probs feed the
+``mismatch`` metrics (verl #2996) and the optional importance-sampling correction (stages/rl/corrections.py).
+
+Token in, token out: the ids the trainer scores are the ids the sampler saw and produced. The prompts go to the
+generator as token ids (:func:`sample_outputs` tokenises them once; :class:`Sample` keeps them), the completion is the
+generator's ``token_ids`` (with TIR, the tool loop's token carry: generated ids plus the injected output's ids), and
+:func:`build_rollout` lays out exactly those ids; no text is ever re-tokenised (tokenisers whose decode does not
+re-encode to the same ids would otherwise change the sequence: TRL #5224, verl #3720).
 
 Tensor layout of a rollout batch of N = Q * G outputs (row n = q * G + g)::
 
@@ -28,7 +35,7 @@ import torch
 from torch import Tensor
 
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend, sample_seed
-from stages.core.logprobs import IGNORE, lm_logprobs
+from stages.core.logprobs import IGNORE, completion_logprobs, lm_logprobs
 from stages.core.prompts import chat_prompt, prompt_format, rl_prompt
 from stages.core.tool_loop import MODES, LoopStats, Stream, run_loop
 
@@ -174,9 +181,9 @@ def sample_outputs(generator: Any, tokenizer: Any, questions: Sequence[str], mod
             offset = 15_485_863 * MODES.index(mode)
 
             def sampling(round_: int, chunk: int, offset: int = offset) -> SamplingParams:
-                return SamplingParams(temperature=p.rollout.temperature, top_p=p.rollout.top_p, n=p.rollout.group_size,
-                                      max_new_tokens=p.rollout.max_new_tokens,
-                                      seed=seed + offset + 7_919 * chunk + 104_729 * round_)
+                return SamplingParams(temperature=p.rollout.temperature, top_p=p.rollout.top_p, top_k=p.rollout.top_k,
+                                      n=p.rollout.group_size, max_new_tokens=p.rollout.max_new_tokens,
+                                      seed=seed + offset + 7_919 * chunk + 104_729 * round_, logprobs_mode="processed")
 
             streams = run_loop(generator, prompts, mode, sampling, pool, max_rounds=r.tir_max_rounds,
                                exec_timeout_s=r.exec_timeout_s, carry="tokens", tokenizer=tokenizer, chunks=r.chunks,
@@ -251,15 +258,17 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
 
 
 def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float,
-                   *, entropy: bool = False, share_prompts: bool = False, chunk_tokens: int | None = None
-                   ) -> tuple[Tensor, Tensor | None]:
+                   *, entropy: bool = False, share_prompts: bool = False, chunk_tokens: int | None = None,
+                   top_k: int = 0, top_p: float = 1.0) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log pi(o_t | q, o_<t) of the completion tokens, from logits / temperature.
 
     input_ids/attention_mask: (B, P + T), prompt left-padded to P. Returns (B, T) float32 log-probs (with
     gradient if enabled) and, when ``entropy``, the (B, T) entropy of the full-vocabulary
     distribution softmax(logits / T) (detached); both are 0 at padded completion positions (attention mask 0).
     Position ids follow the attention mask, as in generation with left padding. The vocabulary is handled in
-    chunks of ``chunk_tokens`` positions (stages.core.logprobs): no (B, T, V) tensor is made.
+    chunks of ``chunk_tokens`` positions (stages.core.logprobs): no (B, T, V) tensor is made. ``top_k`` / ``top_p``
+    (the rollout's sampling settings): the log-probs of the truncated distribution the sampler drew from,
+    renormalised over the kept tokens (stages.core.logprobs; 0 / 1: the full distribution).
 
     ``share_prompts``: rows with the same prompt (a GRPO group's G outputs) run the prompt through the model
     once: one pass over the U distinct prompts fills a KV cache, whose rows are copied to the B outputs
@@ -269,19 +278,14 @@ def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt
     pass when gradients are on (transformers drops the KV cache of checkpointed layers).
     """
     T = input_ids.shape[1] - prompt_len
-    targets = input_ids[:, prompt_len:].masked_fill(attention_mask[:, prompt_len:] == 0, IGNORE)
-    kw = {"temperature": temperature, "entropy": entropy, "chunk_tokens": chunk_tokens}
+    kw = {"temperature": temperature, "entropy": entropy, "chunk_tokens": chunk_tokens, "top_k": top_k, "top_p": top_p}
     if share_prompts and T > 1 and prompt_len > 0 and not _checkpointing(model):
         prompts = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], dim=1)
         uniq, inverse = torch.unique(prompts, dim=0, return_inverse=True)
         if uniq.shape[0] < input_ids.shape[0]:
+            targets = input_ids[:, prompt_len:].masked_fill(attention_mask[:, prompt_len:] == 0, IGNORE)
             return _shared_prompt_logprobs(model, uniq, inverse, input_ids, attention_mask, prompt_len, targets, kw)
-    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    # position P-1+t predicts completion token t; the last position predicts nothing
-    tgt = torch.cat([targets, targets.new_full((targets.shape[0], 1), IGNORE)], dim=1)
-    _, lp, ent = lm_logprobs(model, tgt, input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                             logits_to_keep=T + 1, use_cache=False, **kw)
-    return lp[:, :-1], (ent[:, :-1] if ent is not None else None)
+    return completion_logprobs(model, input_ids, attention_mask, prompt_len, **kw)
 
 
 def _checkpointing(model: Any) -> bool:
@@ -312,6 +316,12 @@ def _shared_prompt_logprobs(model: Any, uniq: Tensor, inverse: Tensor, input_ids
 def _cache_kwarg(model: Any) -> str:
     fwd = getattr(model, "module", model).forward  # a DeepSpeed engine wraps the model
     return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
+
+
+def truncation(p: Any) -> dict[str, Any]:
+    """The grpo params' top-k / top-p as keywords of :func:`token_logprobs`: every log-prob of the loss is that of the
+    distribution the sampler drew from (``logprobs_mode="processed"`` on the sampler's side)."""
+    return {"top_k": p.rollout.top_k, "top_p": p.rollout.top_p}
 
 
 def mismatch_metrics(sampler_logprobs: Tensor, train_logprobs: Tensor, mask: Tensor) -> dict[str, float]:

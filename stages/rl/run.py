@@ -45,6 +45,7 @@ from stages.rl.rm.model import load_examples, load_reward_model
 from stages.rl.rollout import rollout_generator, rollout_modes
 from stages.rl.sources import REWARD_SOURCES, SourceInputs
 from stages.rl.step import run_step
+from stages.rl.sync import sync_policy
 from stages.rl.types import StepContext
 from stages.rl.update import rl_updater
 from stages.train.update import Updater
@@ -141,8 +142,7 @@ def begin_iteration(ctx: StepContext, iteration: int, ckpt_dir: Path | None) -> 
         ctx.info["trained_parameters"]["value_model"] = n_trainable(ctx.critic.model)
     resume(ctx, ckpt_dir)
     model.eval()
-    _call(ctx.generator, "wake_up")
-    ctx.generator.sync_weights(model)
+    ctx.info.update(sync_policy(ctx, ctx.step))  # checked on the probe (stages/rl/sync.py)
 
 
 def build_source(name: str, inputs: SourceInputs) -> Any:

@@ -14,7 +14,8 @@
                  norm is not finite is skipped (no optimizer update) and counted.
 
 :func:`run_step` reads top to bottom; :class:`PhaseTimer` times each phase (wall and CPU seconds, ``t_<phase>`` and
-``cpu_<phase>``). Log-probs come from a teacher-forced pass (logits / temperature, no top-p: TRL #6789); with
+``cpu_<phase>``). Log-probs come from a teacher-forced pass (logits / temperature; with top-k / top-p the truncated,
+renormalised distribution the sampler drew from: stages.rl.rollout.truncation); with
 ``mu = 1`` and one minibatch the update's first forward is pi_old (old = logp.detach(), the ratio is exactly 1).
 Several ranks: the loss normalisers are summed over ranks and ranks with fewer micro-batches pad with zero-gradient
 passes (stages.train.update.Updater.dummy_backward).
@@ -35,10 +36,12 @@ from torch import Tensor
 
 from stages.core.dist import all_reduce
 from stages.rl import registry
+from stages.rl.corrections import step_metrics, step_weights
 from stages.rl.data import step_questions
 from stages.rl.losses import LossNormalizer, value_loss
 from stages.rl.rewards import Rewards
-from stages.rl.rollout import Rollout, mismatch_metrics, token_logprobs
+from stages.rl.rollout import Rollout, mismatch_metrics, token_logprobs, truncation
+from stages.rl.sync import sync_policy
 from stages.rl.types import Batch, LogProbs, RewardStats, StepContext, Targets
 from stages.rl.update import on_device
 from stages.train.update import Updater, micro_slices
@@ -162,12 +165,14 @@ def logprobs(ctx: StepContext, batch: Batch, tg: Targets) -> LogProbs:
             ids, att, t = trim(ro, sl)
             if out.old is not None:
                 lp, _ = token_logprobs(ctx.model, ids.to(dev), att.to(dev), ro.prompt_len, p.rollout.temperature,
-                                       share_prompts=p.compute.share_prompt_prefix, chunk_tokens=p.compute.logprob_chunk_tokens)
+                                       share_prompts=p.compute.share_prompt_prefix,
+                                       chunk_tokens=p.compute.logprob_chunk_tokens, **truncation(p))
                 out.old[sl, :t] = lp.cpu()
             if out.ref is not None:
                 rdev = next(ctx.ref_model.parameters()).device
                 rlp, _ = token_logprobs(ctx.ref_model, ids.to(rdev), att.to(rdev), ro.prompt_len, p.rollout.temperature,
-                                        share_prompts=p.compute.share_prompt_prefix, chunk_tokens=p.compute.logprob_chunk_tokens)
+                                        share_prompts=p.compute.share_prompt_prefix,
+                                        chunk_tokens=p.compute.logprob_chunk_tokens, **truncation(p))
                 out.ref[sl, :t] = rlp.float().cpu()
             if out.values is not None:
                 assert ctx.critic is not None
@@ -224,7 +229,7 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
     with upd.autocast():
         lp_new, ent = token_logprobs(upd.forward_model, ids.to(dev), att.to(dev), ro.prompt_len, p.rollout.temperature,
                                      entropy=it == 0, share_prompts=p.compute.share_prompt_prefix,
-                                     chunk_tokens=p.compute.logprob_chunk_tokens)
+                                     chunk_tokens=p.compute.logprob_chunk_tokens, **truncation(p))
     lp_new = lp_new.float()
     msk = tg.loss_mask[sl, :t].to(dev)
     old = lp_new.detach() if lp.old is None else lp.old[sl, :t].to(dev)
@@ -232,7 +237,9 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
         mismatch_lp[sl, :t] = old.cpu()
     w = tg.weights[sl] if tg.weights.dim() == 1 else tg.weights[sl, :t]
     ref = None if lp.ref is None else lp.ref[sl, :t].to(dev)
-    loss, lm = registry.POLICY_LOSSES.get(algo.policy_loss(p))(lp_new, old, ref, w.to(dev), msk, algo.loss_config(p), norm)
+    is_w = step_weights(p.correction, old, ro.sampler_logprobs[sl, :t], msk)  # grpo.correction; None: off
+    loss, lm = registry.POLICY_LOSSES.get(algo.policy_loss(p))(lp_new, old, ref, w.to(dev), msk, algo.loss_config(p), norm,
+                                                               **({} if is_w is None else {"is_weights": is_w}))
     out, vm = [loss], None
     if critic is not None:
         assert lp.values is not None and tg.returns is not None
@@ -326,11 +333,8 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
             else:
                 skipped += 1
     ctx.model.eval()
-    wake = getattr(ctx.generator, "wake_up", None)
-    if callable(wake):
-        wake()
-    ctx.generator.sync_weights(ctx.model)
     m: dict[str, Any] = s.metrics(algo.loss_metrics, critic is not None)
+    m.update(sync_policy(ctx, batch.step + 1))  # the sampler takes the new weights, checked on the probe
     m["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else math.nan
     m["loss"] = sum(losses) / len(losses) if losses else math.nan
     m["optimizer_steps"] = n_opt
@@ -342,4 +346,5 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
         trained = torch.zeros_like(tg.loss_mask)
         trained[rows] = (tg.loss_mask[rows] > 0).float()  # the policy's own tokens (no injected tool output)
         m.update(mismatch_metrics(ro.sampler_logprobs, mismatch_lp, trained))
+        m.update(step_metrics(p.correction, mismatch_lp, ro.sampler_logprobs, trained))
     return m

@@ -26,6 +26,7 @@ from stages.rl.sources import REWARD_SOURCES
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 from stages.schema.grpo_lora import GrpoLoraParams, check_lora
 from stages.schema.reward_model import RmDataParams
+from stages.schema.sampler import GrpoCorrectionParams, GrpoLedgerParams, GrpoSyncParams, check_sampler
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
 
 NonNegFloat = Annotated[float, Field(ge=0.0)]
@@ -83,7 +84,13 @@ class GrpoRolloutParams(Section):
     temperature: PosFloat
     """Sampling temperature; log-probs of the ratio and KL use logits / temperature."""
     top_p: Annotated[float, Field(gt=0.0, le=1.0)]
-    """Nucleus sampling top-p (1.0 = off; the ratio's log-probs are untruncated either way)."""
+    """Nucleus sampling top-p (1.0 = off). Handled exactly: the sampler reports, and every log-prob of the loss
+    (pi_theta, pi_old, pi_ref) uses, the distribution the tokens were drawn from: softmax(logits / temperature)
+    truncated to the kept tokens and renormalised over them (stages.core.sampling.truncation_mask; the KL is then
+    that of the truncated policies)."""
+    top_k: NonNegInt
+    """Top-k sampling: only the k most likely tokens can be drawn (0 = off); applied before top_p, handled exactly as
+    top_p."""
     max_new_tokens: PosInt
     """Longest sampled output in tokens (paper: 1024); also L_max of the seq-mean-token-sum-norm aggregation."""
     backend: Literal["auto", "hf", "vllm"]
@@ -428,6 +435,12 @@ class GrpoParams(Section):
     """Continued-SFT baseline for the same steps and data."""
     heldout: GrpoHeldoutParams
     """Periodic held-out greedy accuracy of the policy (every: 0 = off)."""
+    correction: GrpoCorrectionParams
+    """Importance-sampling correction between the sampler's and the trainer's policies (none = the paper's GRPO)."""
+    sync: GrpoSyncParams
+    """The checked weight sync: sampler and trainer agree on a probe after every sync, or the run stops."""
+    ledger: GrpoLedgerParams
+    """The rollout ledger (data/ledger/grpo) that ``python -m stages.rl.replay`` replays."""
     compute: GrpoComputeParams
     """Threads, precision, attention kernel, memory switches."""
     deepspeed: DeepSpeedParams
@@ -453,7 +466,7 @@ class GrpoParams(Section):
 
     @model_validator(mode="after")
     def _check(self) -> GrpoParams:
-        problem = check_run(self) or check_lora(self)
+        problem = check_run(self) or check_sampler(self) or check_lora(self)
         if problem:
             raise ValueError(problem)
         world = self.launcher.world_size

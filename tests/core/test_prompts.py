@@ -97,11 +97,13 @@ def _stage_prompt_ids(model_dir: Path, tmp_path: Path) -> dict[str, list[int]]:
     """The prompt token ids of QUESTION (CoT) as each stage's own code builds them."""
     from stages import sft as sft_stage
     from stages.core.generation import SamplingParams
+    from stages.core.problems import Problem
     from stages.evaluate.benchmarks import build_prompt
     from stages.evaluate.loop import generator_format
-    from stages.grpo import HeldoutEval
-    from stages.rl import reward_model as rm
     from stages.rl.baseline import sft_batch
+    from stages.rl.heldout import HeldoutEval
+    from stages.rl.rm import labels as rm_labels
+    from stages.rl.rm import model as rm_model
     from stages.rl.rollout import build_rollout
     from stages.schema.base import validate_section
     from stages.schema.sft import SftParams
@@ -140,7 +142,7 @@ def _stage_prompt_ids(model_dir: Path, tmp_path: Path) -> dict[str, list[int]]:
 
     # GRPO: the held-out curve's prompts, the rollout's prompt ids, the engine's length budget
     spy = Spy()
-    HeldoutEval([row], every=1, max_new_tokens=4).evaluate(0, spy)
+    HeldoutEval([Problem("q", "generated", QUESTION, "7", 1)], every=1, max_new_tokens=4).evaluate(0, spy)
     out["grpo_heldout"] = tokenize_prompts(tok, spy.prompts)[0]
     prompts = list(spy.prompts)
     ro = build_rollout([row], prompts, spy.generate(prompts, SamplingParams()), tok, mask_truncated=False)
@@ -149,17 +151,15 @@ def _stage_prompt_ids(model_dir: Path, tmp_path: Path) -> dict[str, list[int]]:
 
     # reward model: the labelled examples' prompt part
     cache: dict[str, list[int]] = {}
-    rm._batch([{"question": QUESTION, "completion_ids": [tok.eos_token_id]}], tok, cache)
+    rm_model._batch([{"question": QUESTION, "completion_ids": [tok.eos_token_id]}], tok, cache)
     out["reward_model"] = cache[QUESTION]
     spy = Spy()
-    rm.collect_examples(None, tok, [{**row, "values": [7]}], rm.SampleConfig(samples_per_question=1, temperature=1.0,
-                        max_new_tokens=4, labels="values", rollouts_per_step=1, seed=0, backend="hf"),
-                        origin="test", generator=spy)
+    rm_labels.collect_examples(None, tok, [{**row, "values": [7]}], rm_labels.SampleConfig(
+        samples_per_question=1, temperature=1.0, max_new_tokens=4, labels="values", rollouts_per_step=1, seed=0,
+        backend="hf"), origin="test", generator=spy)
     out["reward_model_sampling"] = tokenize_prompts(tok, spy.prompts)[0]
 
     # evaluation (zero-shot): the prompt built with the generator's model format, tokenised as the backends do
-    from stages.core.problems import Problem
-
     prob = Problem("q", "gsm8k", QUESTION, "7", 1)
     out["evaluate"] = tokenize_prompts(tok, [build_prompt(prob, "cot", "zero_shot", None, generator_format(Spy()))])[0]
     return out

@@ -113,3 +113,41 @@ def test_without_the_allow_list_programs_run_on_a_read_only_host_and_it_is_repor
         assert res.ok and res.stdout == "30\nTrue /tmp\n", res.stderr  # EROFS
     finally:
         ex.close()
+
+
+def test_each_program_runs_under_its_own_cpu_quota():
+    """The CPU limit is a cgroup quota per program (what the [cpu] attack's figure depends on the machine's load to
+    show): while a program runs, its cgroup holds cpus x the 100 ms period; the parent weighs one process per CPU."""
+    import threading
+    import time
+
+    _active("cpu_limit")
+    rep = sandbox.isolation_report()
+    if rep["cpu_limit"] != "cgroup":
+        pytest.skip(f"no cpu cgroup here: programs are pinned to CPUs instead ({rep['reasons'].get('cpu_limit')})")
+    parent = next(d for d in rep["cgroups"] if "/cpu/" in d or "/cpu," in d)
+    assert int(open(os.path.join(parent, "cpu.shares")).read()) == 1024 * len(os.sched_getaffinity(0))
+    seen: dict[str, int] = {}
+
+    def watch(stop: threading.Event) -> None:
+        while not stop.is_set():
+            for e in os.scandir(parent):
+                if e.is_dir():
+                    try:
+                        busy = open(os.path.join(e.path, "cgroup.procs")).read().split()
+                        quota = int(open(os.path.join(e.path, "cpu.cfs_quota_us")).read())
+                    except OSError:
+                        continue
+                    if len(busy) >= 2:  # the sandbox's PID 1 and the program
+                        seen[e.name] = quota
+            time.sleep(0.02)
+
+    for cpus, quota in ((1.0, 100_000), (0.5, 50_000)):
+        seen.clear()
+        stop = threading.Event()
+        t = threading.Thread(target=watch, args=(stop,))
+        t.start()
+        r = sandbox.run_python("import time\ntime.sleep(0.6)", cpus=cpus)
+        stop.set()
+        t.join()
+        assert r.ok and quota in seen.values(), (cpus, seen)

@@ -29,7 +29,7 @@ def tiny_params(**over: Any) -> GrpoParams:
     raw = dict(
         algorithm="grpo", start="sft", template="deepseekmath", seed=0, prompts_file="data/corpus/problems/rl.jsonl",
         steps=2, questions_per_step=3, log_completions_every=1, checkpoint_every=1,
-        rollout=dict(group_size=4, temperature=1.0, top_p=1.0, max_new_tokens=12, backend="hf",
+        rollout=dict(group_size=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12, backend="hf",
                      vllm=dict(gpu_memory_utilization=0.1, tensor_parallel_size=1, enable_sleep_mode=False),
                      mode="cot", mixture=dict(cot=0.5, pot=0.0, tir=0.5), tir_max_rounds=2, exec_timeout_s=10.0,
                      chunks=2, exec_workers=2),
@@ -49,6 +49,9 @@ def tiny_params(**over: Any) -> GrpoParams:
                                              heldout_fraction=0.25, epochs=1, lr=1e-3, batch_size=4)),
         baseline=dict(enabled=True, lr=1e-3),
         heldout=dict(every=0, problems_file="data/generated/problems/test.jsonl", limit=4, max_new_tokens=12),
+        correction=dict(method="none", low=None, high=2.0),
+        sync=dict(probe_tokens=4, tolerance=dict(hf_fp32=0.0, hf_bf16=0.05, vllm_fp32=1e-3, vllm_bf16=0.1)),
+        ledger=dict(enabled=True),
         compute=dict(num_threads=1, precision="fp32", attn_implementation="sdpa", share_prompt_prefix=True,
                      offload_idle_models=True, gradient_checkpointing=False, logprob_chunk_tokens=256),
         deepspeed=dict(enabled=False, zero_stage=2, offload_optimizer=False),
