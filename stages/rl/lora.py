@@ -225,6 +225,21 @@ def plain_copy(model: torch.nn.Module, *, device: Any = None, dtype: torch.dtype
     return out
 
 
+def merged_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain model of ``model``'s architecture on its merged weights without copying the unadapted tensors (they
+    are shared with the policy; only each adapted map's merge is new): for no-gradient forward passes, e.g. the
+    weight-sync check's trainer side (stages/rl/sync.py)."""
+    with torch.device("meta"):
+        out = type(model)(model.config)
+    out.load_state_dict(merged_state_dict(model), assign=True, strict=False)
+    for name, buf in model.named_buffers():
+        if ".lora_" not in name:
+            owner, _, leaf = name.replace(".base_layer", "").rpartition(".")
+            out.get_submodule(owner)._buffers[leaf] = buf
+    out.tie_weights()
+    return out.eval()
+
+
 class MergedSampler:
     """A rollout generator of a LoRA policy: ``sync_weights(policy)`` hands the inner generator the policy's merged
     weights (:class:`MergedWeights`); everything else is the inner generator's."""

@@ -80,6 +80,17 @@ def test_lora_grpo_trains_the_adapter_alone_and_the_sampler_gets_the_merged_weig
     assert all(torch.equal(sampler[k], merged[k]) for k in merged)
     # so the sampler's log-probs are the trainer's (unmerged forward) up to float rounding
     assert max(h["mismatch_abs_max"] for h in hist) < 1e-4
+    # and the checked weight sync (stages/rl/sync.py) passes bit for bit: hf fp32 against the trainer's merge
+    assert ctx.info["sync_probe_max_abs"] == 0.0 and all(h["sync_probe_max_abs"] == 0.0 for h in hist)
+
+
+def test_weight_sync_check_catches_a_skipped_lora_sync(project) -> None:
+    """A LoRA sync that does not take effect (the sampler keeps the start weights) stops the run at the next check."""
+    from stages.rl.sync import WeightSyncError, planted_skip
+
+    model, tok, rows = _load()
+    with planted_skip(1), pytest.raises(WeightSyncError, match="before step 1"):
+        fit(tiny_params(lora=LORA, steps=2, checkpoint_every=0), model, tok, rows=rows, ckpt_dir=None)
 
 
 def test_merged_weights_equal_base_plus_scaled_product(project) -> None:
