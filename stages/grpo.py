@@ -49,7 +49,9 @@ from stages.rl.iterative import run_iterations
 from stages.rl.metrics import PLOT_METRICS, summarize
 from stages.rl.needs import run_needs
 from stages.rl.run import close, setup, train_sft
+from stages.rl.tracking import StepLog
 from stages.rl.update import release_memory, rl_updater
+from stages.rl.validation import Validation, prepare
 from stages.schema.grpo import GrpoParams
 from stages.train.loop import use_bf16
 from stages.train.update import use_deepspeed
@@ -70,11 +72,13 @@ def load_policy(path: Any, p: GrpoParams) -> Any:
 
 
 def train_policy(p: GrpoParams, model: Any, tokenizer: Any, rows: Rows, heldout: HeldoutEval | None,
-                 ckpt_dir: Path | None) -> tuple[Rows, Rows, dict[str, Any]]:
+                 ckpt_dir: Path | None, validation: Validation | None = None,
+                 tracker: StepLog | None = None) -> tuple[Rows, Rows, dict[str, Any]]:
     """``p.algorithm`` on ``model`` in place; returns (metric rows, completion rows, info)."""
     if not get_algorithm(p.algorithm).samples:
         return train_sft(model, tokenizer, rows, p, heldout=heldout)
-    ctx = setup(p, model, tokenizer, rows=rows, heldout=heldout, rm_dir=paths.REWARD_MODEL)
+    ctx = setup(p, model, tokenizer, rows=rows, heldout=heldout, rm_dir=paths.REWARD_MODEL, validation=validation,
+                tracker=tracker)
     try:
         run_iterations(ctx, ckpt_dir=ckpt_dir, out_dir=paths.GRPO_ITERS)
     finally:
@@ -82,20 +86,36 @@ def train_policy(p: GrpoParams, model: Any, tokenizer: Any, rows: Rows, heldout:
     return ctx.history, ctx.samples, ctx.info
 
 
+def _adapter_base(init: Path, iteration: int) -> str:
+    """The base of an adapter trained in ``iteration``: the start model, or (iterative RL folds the adapter into the
+    base at each iteration) the policy after the iteration before, data/models/grpo_iters/iter<k-1>."""
+    return str(init) if iteration == 1 else str(paths.GRPO_ITERS / f"iter{iteration - 1}")
+
+
 def save_policy(p: GrpoParams, init: Path, model: Any, tokenizer: Any, history: Rows, samples: Rows,
-                info: dict[str, Any], heldout: HeldoutEval | None) -> None:
+                info: dict[str, Any], heldout: HeldoutEval | None, validation: Validation | None = None) -> None:
     """data/models/grpo with pipeline.json (the held-out curve and the training signals travel with the DVC-cached
     model; no timings or memory peaks: a cached output is the same bytes for the same inputs) and samples.jsonl; the
-    curves in data/plots/grpo."""
+    curves in data/plots/grpo. The policy saved is the last step's, or with ``validation.select: best`` the best
+    validated checkpoint (``info["validation"]`` says which)."""
+    step, best = validation.selected(len(history)) if validation else (len(history), None)
+    if validation is not None:
+        info["validation"] = validation.metrics(step)
     with atomic_path(paths.GRPO_MODEL) as tmp:
+        out = lora.exported(model.to("cpu"))
+        if best is not None:
+            out.load_state_dict(best["weights"])
         if lora.has_lora(model):  # the adapter (peft's format) beside the merged model
-            lora.save_adapter(model, tmp / lora.ADAPTER_DIR, str(init))
-        lora.exported(model.to("cpu")).save_pretrained(tmp, safe_serialization=True)
+            it = p.iterative.iterations if best is None else best["iteration"]
+            lora.save_adapter(model, tmp / lora.ADAPTER_DIR, _adapter_base(init, it),
+                              state=None if best is None else best["adapter"])
+        out.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "pipeline.json").write_text(json.dumps({
             "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
             "heldout": heldout.metrics() if heldout else None,
             "run": {"trained_parameters": info.get("trained_parameters"), "lora": info.get("lora")},
+            "validation": info.get("validation"),
             "summary": untimed(summarize(history)), "iterations": untimed(info.get("iterations"))}, indent=2) + "\n")
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
             for s in samples:
@@ -142,6 +162,9 @@ def run(p: GrpoParams) -> dict[str, Any]:
         torch.set_num_threads(p.compute.num_threads)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
+    inputs = [START_MODELS[p.start], prompts_path] + ([paths.REWARD_MODEL] if run_needs(p).reward_model else [])
+    ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), inputs)
+    rows, validation = prepare(p, rows, ckpt_dir)  # grpo.validation: a split of the prompts, never trained on
     get_algorithm(p.algorithm).reward_functions(p)  # a bad custom reward path fails here, before any work
     if p.baseline.enabled and any("cot" not in r for r in rows):
         raise PipelineError("grpo.baseline.enabled: the prompt rows have no 'cot' solutions; set it to false or add them")
@@ -153,15 +176,17 @@ def run(p: GrpoParams) -> dict[str, Any]:
     check_compatible(model, tokenizer, str(init))
     torch.manual_seed(p.seed)
     heldout = HeldoutEval.from_params(p.heldout, p.template)
-    inputs = [init, prompts_path] + ([paths.REWARD_MODEL] if run_needs(p).reward_model else [])
-    ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), inputs)
-    history, samples, info = train_policy(p, model, tokenizer, rows, heldout, ckpt_dir)
+    main = is_main_process()
+    tracker = StepLog(paths.DVCLIVE / "grpo", live=p.tracking.live) if main else None
+    history, samples, info = train_policy(p, model, tokenizer, rows, heldout, ckpt_dir, validation, tracker)
+    if tracker is not None:
+        tracker.close(history)  # every step's results as dvclive's metrics and plots (data/dvclive/grpo)
     info["memory"] = peak_memory()  # of the RL part (before the baseline)
     metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summarize(history),
                                "grpo_wall_s": round(time.perf_counter() - t_start, 2), **info}
-    main = is_main_process()
     if main:
-        save_policy(p, init, model, tokenizer, history, samples, info, heldout)
+        save_policy(p, init, model, tokenizer, history, samples, info, heldout, validation)
+        metrics["validation"] = info.get("validation")
         if heldout is not None:
             metrics["heldout"] = heldout.metrics()
     t0 = time.perf_counter()
@@ -173,7 +198,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
-                                     "trained_parameters", "baseline.sft_loss_last", "heldout"])
+                                     "trained_parameters", "baseline.sft_loss_last", "heldout", "validation"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

@@ -300,17 +300,20 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def save_adapter(model: torch.nn.Module, path: str | os.PathLike[str], base: str) -> None:
+def save_adapter(model: torch.nn.Module, path: str | os.PathLike[str], base: str,
+                 state: dict[str, torch.Tensor] | None = None) -> None:
     """Write the adapter in peft's format to the directory ``path``: ``adapter_config.json`` (``base`` as
-    ``base_model_name_or_path``) and ``adapter_model.safetensors``; ``PeftModel.from_pretrained(base model, path)``
-    loads it."""
+    ``base_model_name_or_path``) and ``adapter_model.safetensors`` (``state``: these tensors, an earlier
+    :func:`adapter_state_dict`, instead of the adapter's now); ``PeftModel.from_pretrained(base model, path)`` loads
+    it."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = copy.deepcopy(model.peft_config[ADAPTER])
     cfg.base_model_name_or_path = str(base)
     cfg.inference_mode = True
     cfg.save_pretrained(str(path))
-    save_file(adapter_state_dict(model), str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_file(adapter_state_dict(model) if state is None else state, str(path / "adapter_model.safetensors"),
+              metadata={"format": "pt"})
 
 
 def exported(model: torch.nn.Module) -> torch.nn.Module:

@@ -25,6 +25,7 @@ from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, 
 from stages.rl.sources import REWARD_SOURCES
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 from stages.schema.grpo_lora import GrpoLoraParams, check_lora
+from stages.schema.grpo_validation import GrpoTrackingParams, GrpoValidationParams, check_validation
 from stages.schema.reward_model import RmDataParams
 from stages.schema.sampler import GrpoCorrectionParams, GrpoLedgerParams, GrpoSyncParams, check_sampler
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
@@ -435,6 +436,10 @@ class GrpoParams(Section):
     """Continued-SFT baseline for the same steps and data."""
     heldout: GrpoHeldoutParams
     """Periodic held-out greedy accuracy of the policy (every: 0 = off)."""
+    validation: GrpoValidationParams
+    """A validation split of the RL prompts evaluated during the run; the stage's model is the best or the last."""
+    tracking: GrpoTrackingParams
+    """Every step's metrics logged with dvclive (data/dvclive/grpo: live metrics and plots for dvc exp / plots)."""
     correction: GrpoCorrectionParams
     """Importance-sampling correction between the sampler's and the trainer's policies (none = the paper's GRPO)."""
     sync: GrpoSyncParams
@@ -466,7 +471,7 @@ class GrpoParams(Section):
 
     @model_validator(mode="after")
     def _check(self) -> GrpoParams:
-        problem = check_run(self) or check_sampler(self) or check_lora(self)
+        problem = check_run(self) or check_sampler(self) or check_lora(self) or check_validation(self)
         if problem:
             raise ValueError(problem)
         world = self.launcher.world_size

@@ -49,6 +49,8 @@ def tiny_params(**over: Any) -> GrpoParams:
                                              heldout_fraction=0.25, epochs=1, lr=1e-3, batch_size=4)),
         baseline=dict(enabled=True, lr=1e-3),
         heldout=dict(every=0, problems_file="data/generated/problems/test.jsonl", limit=4, max_new_tokens=12),
+        validation=dict(size=0, every=1, max_new_tokens=12, select="last", metric="accuracy", keep_top_k=1),
+        tracking=dict(live=True),
         correction=dict(method="none", low=None, high=2.0),
         sync=dict(probe_tokens=4, tolerance=dict(hf_fp32=0.0, hf_bf16=0.05, vllm_fp32=1e-3, vllm_bf16=0.1)),
         ledger=dict(enabled=True),
