@@ -59,16 +59,39 @@ METHODS: dict[str, dict[str, str]] = {
     # replay in between) against the 40-step one-iteration grpo_ps_rm runs: equal total steps
     "grpo_ps_rm_iter2": {"grpo.algorithm": "grpo", "grpo.reward.source": "process_rm",
                          "grpo.iterative.iterations": "2", "grpo.steps": "20"},
+    # issue 32: today's recipes against the paper's GRPO (grpo_os), same data, steps and rollouts per step. GSPO, CISPO
+    # and DAPO's clip-higher act only when the ratio moves off 1: they run with 4 minibatches (4 optimizer steps per
+    # rollout batch, as DAPO's 16 and verl's ppo_mini_batch_size), against the same GRPO (grpo_mb4) as well
+    "grpo_mb4": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.optim.minibatches": "4"},
+    "grpo_ds": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.dynamic_sampling.enabled": "true"},
+    "dapo": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.loss.clip_eps_high": "0.28",
+             "grpo.loss.aggregation": "token-mean", "grpo.dynamic_sampling.enabled": "true",
+             "grpo.reward.overlong.factor": "1.0", "grpo.kl.beta": "0.0", "grpo.optim.minibatches": "4"},
+    "gspo": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.loss.policy": "gspo",
+             "grpo.loss.clip_eps": "0.0003", "grpo.loss.clip_eps_high": "0.0004", "grpo.optim.minibatches": "4"},
+    "cispo": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.loss.policy": "cispo",
+              "grpo.loss.aggregation": "token-mean", "grpo.optim.minibatches": "4"},
+    "dr_grpo": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.advantage.scale_rewards": "none",
+                "grpo.loss.aggregation": "seq-mean-token-sum-norm"},
+    "grpo_entropy": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.loss.entropy_coef": "0.01"},
+    "grpo_curriculum": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.curriculum.enabled": "true"},
 }
 LABELS = {"rft": "RFT", "online_rft": "Online RFT", "grpo_os": "GRPO+OS", "grpo_ps": "GRPO+PS",
           "grpo_os_rm": "GRPO+OS(RM)", "grpo_ps_rm": "GRPO+PS(RM)", "ppo_os": "PPO+OS",
-          "grpo_zero": "GRPO-Zero (R1)", "grpo_ps_rm_iter2": "GRPO+PS(RM), 2 iterations"}
+          "grpo_zero": "GRPO-Zero (R1)", "grpo_ps_rm_iter2": "GRPO+PS(RM), 2 iterations",
+          "grpo_mb4": "GRPO, 4 minibatches", "grpo_ds": "GRPO + dynamic sampling", "dapo": "DAPO", "gspo": "GSPO",
+          "cispo": "CISPO", "dr_grpo": "Dr. GRPO", "grpo_entropy": "GRPO + entropy bonus",
+          "grpo_curriculum": "GRPO + curriculum"}
 PAPER_ORDER = ("grpo_ps", "grpo_os", "online_rft", "rft")  # Figure 5, best first (exact labels as the supervision)
 # the same order with trained reward models as the supervision, as in the paper's runs
 PAPER_ORDER_RM = ("grpo_ps_rm", "grpo_os_rm", "online_rft", "rft")
 CHAINS = {"exact": PAPER_ORDER, "reward_model": PAPER_ORDER_RM}
 _RANK = ("grpo_ps", "grpo_ps_rm", "grpo_ps_rm_iter2", "grpo_os", "grpo_os_rm", "online_rft", "rft", "ppo_os",
-         "grpo_zero")  # tie-break
+         "grpo_zero", "grpo_mb4", "grpo_ds", "dapo", "gspo", "cispo", "dr_grpo", "grpo_entropy",
+         "grpo_curriculum")  # tie-break
+RECIPES = ("grpo_os", "grpo_mb4", "grpo_ds", "dapo", "gspo", "cispo", "dr_grpo", "grpo_entropy", "grpo_curriculum",
+           "grpo_zero")
+"""Issue 32's comparison (``--methods`` of its runs): each against the paper's GRPO (:func:`versus`)."""
 FIGURE6 = ("grpo_ps_rm", "grpo_ps_rm_iter2")  # (one iteration, two iterations at equal total steps)
 # the grpo stage's inputs, as directories: DVC's -C copies a file only into an existing directory
 UPSTREAM = ("data", "corpus", "sft", "reward_model")  # the stages whose outputs the grpo stage reads
@@ -231,7 +254,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             sds.append(sd)
         out[method] = {"seeds": [r["seed"] for r in done], "steps": common, "mean": means, "sd": sds,
                        "final_mean": means[-1] if means else math.nan, "final_sd": sds[-1] if sds else math.nan}
-        for key in ("step_s_mean", "peak_rss_mib", "peak_cuda_allocated_mib"):
+        for key in ("step_s_mean", "grpo_wall_s", "peak_rss_mib", "peak_cuda_allocated_mib", "load_mean"):
             vals = [r[key] for r in done if r.get(key) is not None]
             if vals:
                 out[method][key] = _mean_sd(vals)[0]
@@ -328,6 +351,25 @@ def compare_with_paper(summary: dict[str, dict[str, Any]], chain: Sequence[str] 
             "matches_paper": bool(pairs) and all(p["verdict"] == "agree" for p in pairs)}
 
 
+def versus(summary: dict[str, dict[str, Any]], base: str = "grpo_os") -> list[dict[str, Any]]:
+    """Each method against ``base`` (the paper's GRPO): the difference of the final mean held-out accuracies, whether
+    it is beyond the seed spread (larger than the two sds added), and the wall time of a run relative to base's."""
+    if base not in summary:
+        return []
+    b = summary[base]
+    out = []
+    for m, v in summary.items():
+        if m == base:
+            continue
+        diff = v["final_mean"] - b["final_mean"]
+        spread = (v["final_sd"] or 0.0) + (b["final_sd"] or 0.0)
+        wall = v.get("grpo_wall_s") / b["grpo_wall_s"] if v.get("grpo_wall_s") and b.get("grpo_wall_s") else None
+        out.append({"method": m, "vs": base, "diff": round(diff, 6), "spread": round(spread, 6),
+                    "verdict": ("better" if diff > 0 else "worse") if abs(diff) > spread else "within spread",
+                    "wall_ratio": None if wall is None else round(wall, 3)})
+    return out
+
+
 def table(summary: dict[str, dict[str, Any]]) -> str:
     """A text table: method, seeds, held-out accuracy per step (mean +- sd), final."""
     steps = sorted({s for v in summary.values() for s in v["steps"]})
@@ -347,14 +389,14 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
 
 def cost_table(summary: dict[str, dict[str, Any]]) -> str:
     """Per method: seconds per step, peak resident memory and trained parameters (means over its runs)."""
-    lines = [f"{'method':<16}{'s/step':>8}{'peak RSS MiB':>14}{'trained params':>26}"]
+    lines = [f"{'method':<26}{'s/step':>8}{'run wall s':>11}{'load':>6}{'peak RSS MiB':>14}{'trained params':>26}"]
     for m, v in summary.items():
         tp = v.get("trained_parameters") or {}
         params = " + ".join(f"{k} {n / 1e6:.2f}M" for k, n in tp.items()) or "-"
-        s = v.get("step_s_mean")
+        s, w, ld = v.get("step_s_mean"), v.get("grpo_wall_s"), v.get("load_mean")
         rss = v.get("peak_rss_mib")
-        lines.append(f"{LABELS[m]:<16}{'-' if s is None else f'{s:.2f}':>8}{'-' if rss is None else f'{rss:.0f}':>14}"
-                     f"{params:>26}")
+        lines.append(f"{LABELS[m]:<26}{'-' if s is None else f'{s:.2f}':>8}{'-' if w is None else f'{w:.0f}':>11}"
+                     f"{'-' if ld is None else f'{ld:.1f}':>6}{'-' if rss is None else f'{rss:.0f}':>14}{params:>26}")
     return "\n".join(lines)
 
 
@@ -365,20 +407,21 @@ def plot(summary: dict[str, dict[str, Any]], path: Path, title: str, methods: Se
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for m in _RANK:
-        if m not in summary or (methods is not None and m not in methods):
-            continue
+    shown = [m for m in _RANK if m in summary and (methods is None or m in methods)]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2) if len(shown) <= 6 else (8.0, 5.6))
+    colors = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors
+    for i, m in enumerate(shown):
         v = summary[m]
         lo = [a - b for a, b in zip(v["mean"], v["sd"], strict=True)]
         hi = [a + b for a, b in zip(v["mean"], v["sd"], strict=True)]
-        ax.plot(v["steps"], v["mean"], marker="o", label=f"{LABELS[m]} (n={len(v['seeds'])})")
-        ax.fill_between(v["steps"], lo, hi, alpha=0.2)
+        c = colors[i % len(colors)]
+        ax.plot(v["steps"], v["mean"], marker="o", color=c, label=f"{LABELS[m]} (n={len(v['seeds'])})")
+        ax.fill_between(v["steps"], lo, hi, alpha=0.12 if len(shown) > 6 else 0.2, color=c)
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out greedy accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small" if len(shown) > 6 else None)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -459,14 +502,21 @@ def queue_states(project: Path, names: Sequence[str]) -> tuple[dict[str, str], i
     return parse_queue_status(dvc(project, "queue", "status", check=False).stdout, names)
 
 
-def wait_for(project: Path, names: Sequence[str], poll_s: float, timeout_s: float, jobs: int) -> dict[str, str]:
+def wait_for(project: Path, names: Sequence[str], poll_s: float, timeout_s: float, jobs: int,
+             loads: dict[str, list[float]] | None = None) -> dict[str, str]:
     """Poll the queue until none of ``names`` is queued or running (or ``timeout_s`` passes). Workers stop when
     they find the queue empty, which can happen while a task is still being queued: tasks left queued with no
-    worker get new workers."""
+    worker get new workers. ``loads``: the machine's 1-minute load average at each poll, appended per task while it
+    runs (the load each run was measured under)."""
     t0 = time.monotonic()
     last = ""
     while True:
         st, workers = queue_states(project, names)
+        if loads is not None:
+            now = os.getloadavg()[0]
+            for n in names:
+                if st.get(n) == "Running":
+                    loads.setdefault(n, []).append(now)
         active = [n for n in names if st.get(n) in ("Queued", "Running")]
         if workers == 0 and any(st.get(n) == "Queued" for n in names):
             start_workers(project, jobs)
@@ -507,6 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     done = {(r["method"], r["seed"]) for r in reused}
     names = {exp_name(args.tag, m, s): (m, s) for m in args.methods for s in args.seeds if (m, s) not in done}
     t0 = time.perf_counter()
+    loads: dict[str, list[float]] = {}
     copy = copy_inputs(project) if args.copy_inputs else []
     if args.run:
         check_lock(project)
@@ -523,7 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         heldout_limit=args.heldout_limit, sets=args.set, copy_paths=copy))
             print(f"queued {name}", flush=True)
         start_workers(project, args.jobs)
-        states = wait_for(project, list(names), args.poll, args.timeout, args.jobs)
+        states = wait_for(project, list(names), args.poll, args.timeout, args.jobs, loads)
         dvc(project, "queue", "stop", check=False)  # workers stop by themselves on an empty queue; make sure
     else:
         states = {}
@@ -532,6 +583,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     read_model_curves(project, runs)
     for r in runs:
         r["queue_status"] = states.get(r["name"])
+        if loads.get(r["name"]):
+            ld = loads[r["name"]]
+            r["load_mean"], r["load_max"] = round(sum(ld) / len(ld), 2), round(max(ld), 2)
     runs = sorted(reused + runs, key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
     missing = sorted(set(names) - {r["name"] for r in runs if r.get("accuracy")})
     summary = aggregate(runs)
@@ -543,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tag": args.tag, "project": str(project), "methods": [m for m in METHODS if m in summary or m in args.methods],
         "seeds": args.seeds, "reused_from": sorted({r["reused_from"] for r in reused}) or None,
         "overrides": args.set, "heldout_every": args.heldout_every, "runs": runs, "missing_or_failed": missing,
-        "summary": summary, "comparison": cmps,
+        "summary": summary, "comparison": cmps, "versus_grpo": versus(summary),
         "plot": str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png),
         "wall_s": round(time.perf_counter() - t0, 1), "note": "shared 2-core machine; timings noisy",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -569,6 +623,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(summary) if summary else "(no finished run)")
     print("\n" + cost_table(summary))
     print(f"\nmeasured order: {order_text(summary)}")
+    for v in versus(summary):
+        print(f"  {LABELS[v['method']]} vs {LABELS[v['vs']]}: {v['diff']:+.3f} (seed spread {v['spread']:.3f}: "
+              f"{v['verdict']}); run wall time x{v['wall_ratio']}")
     for k, cmp in cmps.items():
         print(f"\n[{k}] paper order: {' > '.join(LABELS[m] for m in cmp['paper_order'])}; measured: "
               f"{' > '.join(LABELS[m] for m in cmp['measured_order'])}")

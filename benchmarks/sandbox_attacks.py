@@ -949,8 +949,8 @@ def markdown(result: dict) -> str:
         cells = []
         for c in cols:
             ok, ev = r.get(c, (None, ""))
-            mark = "n/a" if ok is None else ("contained" if ok else "**NOT contained**")
-            cells.append(f"{mark}: {ev}".replace("|", "/"))
+            cell = ev if ok is None else ("contained: " if ok else "**NOT contained**: ") + ev
+            cells.append(cell.replace("|", "/"))
         tag = " (issue 28)" if r["finding"] else ""
         out.append(f"| `{r['key']}`{tag}: {r['technique']} | " + " | ".join(cells) + " |")
     return "\n".join(out)

@@ -70,7 +70,13 @@ def _paths(entries: Any, ctx: dict[str, Any]) -> tuple[str, ...]:
 def stages(root: str | Path = ".", params_file: str = "params.yaml") -> list[StageInfo]:
     """Every stage of ``root/dvc.yaml`` in file order."""
     root = Path(root)
-    doc = load_yaml(root / "dvc.yaml", what="dvc.yaml") or {}  # no anchors / aliases (stages/schema/base.py)
+    path = root / "dvc.yaml"
+    if not path.is_file():
+        path.read_text(encoding="utf-8")  # the OSError its callers report
+    try:
+        doc = load_yaml(path, what="dvc.yaml") or {}  # no anchors / aliases (stages/schema/base.py)
+    except PipelineError as e:
+        raise ValueError(str(e)) from None  # its callers report a bad dvc.yaml (ValueError) in one line
     try:
         params = load_yaml(root / params_file, what="params file") or {}
     except PipelineError:

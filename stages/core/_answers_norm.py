@@ -20,8 +20,8 @@ _CM_UNITS = re.compile(r"\{(?:c|m)?m\}(?:\^(?:2|3))?")
 _PM_AT_END = re.compile(r"p\.m\.$")
 _DIGIT_T_AT_END = re.compile(r"(\d)\s*t$")
 _VAR_IN_PREFIX = re.compile(r"^[a-zA-Z]\s*\\in\s*")
-_TRAILING_ZEROS_MID = re.compile(r"(\d+)\.0+([^\d])")
-_TRAILING_ZEROS_END = re.compile(r"(\d+)\.0+$")
+_TRAILING_ZEROS_MID = re.compile(r"(?<!\d)(\d+)\.0+(?=\D)")  # lookbehind: one attempt per digit run (linear)
+_TRAILING_ZEROS_END = re.compile(r"(?<!\d)(\d+)\.0+$")
 _SQRT_BARE = re.compile(r"\\sqrt(-?[0-9.a-zA-Z]+)")
 _SQRT_SPACE = re.compile(r"\\sqrt\s+(\w+)")
 _TAN_BARE = re.compile(r"\\tan(-?[0-9.a-zA-Z]+)")
@@ -31,7 +31,10 @@ _LATEX_SPACES = re.compile(r"(?<!\\)\\(?:[,;:> ]|quad|qquad)")
 # A space is dropped unless it separates a LaTeX command from a following letter (``\sin x``).
 _SPACES = re.compile(r"\s+")
 _CMD_SPACE_LETTER = re.compile(r"(\\[a-zA-Z]+) (?=[a-zA-Z])")
-_TRAILING_PUNCT = re.compile(r"(\\|,|\.)+$")
+# ``45, 135`` (two answers) must not become ``45,135`` (one number with a thousands separator): a comma followed by
+# a space and exactly three digits keeps its space
+_THIN_COMMA = re.compile(r",\\!\s*")
+_LIST_COMMA = re.compile(r"(?<=\d),\s+(?=\d{3}(?!\d))")
 
 
 def _matching_brace(s: str, open_idx: int) -> int:
@@ -109,7 +112,10 @@ def strip_string(s: object) -> str:
     between a command and a letter is kept (``\\sin x`` stays parseable); the ``x \\in`` prefix is
     recognised with spaces; a whole ``\\text{..}`` is unwrapped only when it is one balanced group;
     a trailing unit may carry ``^2``/``^3`` (``440\\text{ cm}^2``); ``\\sqrt 2`` is fixed anywhere,
-    not only at the end; a whole ``$...$`` is unwrapped first.
+    not only at the end; a whole ``$...$`` is unwrapped first; a comma followed by a space and three digits keeps
+    its space (``45^\\circ, 135^\\circ`` is the list ``45, 135``, not the number 45135 the reference reads).
+    Every regex here runs in linear time (no nested quantifier can backtrack over a long digit run), and callers
+    refuse answers longer than ``answers.MAX_ANSWER_CHARS`` before calling it.
     The function is idempotent on the MATH test answers (a test).
     """
     s = str(s).strip()
@@ -117,6 +123,7 @@ def strip_string(s: object) -> str:
     s = s.rstrip(".")
     if len(s) > 1 and s[0] == "$" and s[-1] == "$" and not s.endswith("\\$"):
         s = s.strip("$").strip()  # a whole ``$...$`` (``The answer is $x$.``)
+    s = _THIN_COMMA.sub(",", s)  # ``11,\\! 111`` (LaTeX's thousands separator, then source spacing)
     s = s.replace("\\!", "")
     s = s.replace("{,}", ",")
     s = _LATEX_SPACES.sub(" ", s).strip()
@@ -145,7 +152,7 @@ def strip_string(s: object) -> str:
     s = _MBOX.sub("", s)
     if "j" in s and "i" not in s:
         s = s.replace("j", "i")
-    s = _TRAILING_ZEROS_MID.sub(r"\1\2", s)
+    s = _TRAILING_ZEROS_MID.sub(r"\1", s)
     s = _TRAILING_ZEROS_END.sub(r"\1", s)
     s = s.strip()
     if not s:
@@ -158,11 +165,11 @@ def strip_string(s: object) -> str:
     s = _TAN_SPACE.sub(r"\\tan{\1}", s)
     s = _SPACES.sub(" ", s)
     s = _CMD_SPACE_LETTER.sub(r"\1\0", s)  # protect ``\cmd x`` with a NUL while spaces are removed
+    s = _LIST_COMMA.sub(",\0", s)
     s = s.replace(" ", "").replace("\0", " ")
     s = _fix_fracs(s)
     s = _fix_a_slash_b(s)
-    s = _TRAILING_PUNCT.sub("", s)
-    return s
+    return s.rstrip("\\,.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,23 +228,30 @@ def parse_number(s: str) -> float | None:
     return value / 100.0 if pct else value
 
 
+_DIGITS = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\\?%?")
+
+
+def is_digits(s: str) -> bool:
+    """The reference's ``is_digit``: a plain decimal once commas are removed, with an optional trailing ``%`` (not
+    ``\\frac{a}{b}``, not a mixed number)."""
+    return len(s) <= 64 and _DIGITS.fullmatch(s.replace(",", "")) is not None
+
+
 def numbers_close(pred: str, gold: str, *, percent_variants: bool = True, abs_tol: float = 1e-3) -> bool | None:
     """Numeric rule for two normalised answers; None when either is not a plain number.
 
-    ``percent_variants=True`` (the reference's ``math_equal``): ``isclose(pred, ref, abs_tol=1e-3)``
-    for ref in gold/100, gold, gold*100, with a written ``%`` read as /100 first. ``False``: only a
-    written ``%`` may be dropped (``50%`` matches ``0.5`` and ``50``; ``1800`` does not match ``18``).
+    The reference's ``math_equal``: ``isclose(pred, ref, abs_tol=1e-3)`` with a written ``%`` read as /100 on
+    either side; ``percent_variants=True`` (``include_percentage``) also tries gold/100 and gold*100, only when both
+    sides are plain decimals as in the reference (``is_digit``): a ``\\frac`` gold has no percent forms (before
+    issue 27 they were tried, and ``0`` matched ``\\frac{1}{16}``, ``50`` matched ``\\frac12``). ``False``
+    (``include_percentage=False``): the gold only (``18\\%`` is 0.18, which matches 0.18 and not 18: the earlier
+    "a written % may be dropped" rule let ``18\\%`` match both, a free hedge).
     """
     pv, gv = parse_number(pred), parse_number(gold)
     if pv is None or gv is None:
         return None
-    if percent_variants:
-        refs = [gv / 100.0, gv, gv * 100.0]
-        preds = [pv]
-    else:
-        refs = [gv, gv * 100.0] if gold.endswith("%") else [gv]
-        preds = [pv, pv * 100.0] if pred.endswith("%") else [pv]
-    return any(math.isclose(p, r, rel_tol=1e-9, abs_tol=abs_tol) for p in preds for r in refs)
+    refs = [gv / 100.0, gv, gv * 100.0] if percent_variants and is_digits(pred) and is_digits(gold) else [gv]
+    return any(math.isclose(pv, r, rel_tol=1e-9, abs_tol=abs_tol) for r in refs)
 
 
 # ----------------------------------------------------------------------------------------------

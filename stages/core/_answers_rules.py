@@ -25,6 +25,8 @@ from stages.core._answers_norm import (
 )
 
 Leaf = Callable[[str, str], "bool | None"]
+MAX_ITEMS = 64
+"""Most list items / tuple elements / matrix cells the in-process pass (leaf :func:`never`) compares."""
 
 
 def _all3(results: list[bool | None]) -> bool | None:
@@ -39,6 +41,8 @@ def _match_lists(preds: list[str], golds: list[str], leaf: Leaf, pv: bool, depth
     preds, golds = dedupe(preds), dedupe(golds)
     if len(preds) != len(golds):
         return False
+    if leaf is never and len(preds) > MAX_ITEMS:
+        return None  # the in-process pass stays bounded (the table is quadratic): the worker decides, on a deadline
     table = [[compare(p, g, leaf, percent_variants=pv, _depth=depth + 1) for g in golds] for p in preds]
     pred_ok: list[bool | None] = []
     for row in table:
@@ -53,6 +57,8 @@ def _match_lists(preds: list[str], golds: list[str], leaf: Leaf, pv: bool, depth
 def _elementwise(preds: list[str], golds: list[str], leaf: Leaf, pv: bool, depth: int) -> bool | None:
     if len(preds) != len(golds):
         return False
+    if leaf is never and len(preds) > MAX_ITEMS:
+        return None
     results: list[bool | None] = []
     for p, g in zip(preds, golds, strict=True):
         r = compare(p, g, leaf, percent_variants=pv, _depth=depth + 1)

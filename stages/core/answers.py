@@ -1,4 +1,4 @@
-"""Answer extraction and equivalence, following the DeepSeekMath reference evaluation.
+"""Answer extraction and equivalence: the one answer checker (evaluation, RL rewards, SFT data checks, the report).
 
 Public API (other stages code against these names):
 
@@ -6,147 +6,88 @@ Public API (other stages code against these names):
   (Minerva ``final answer is $...$. I hope``, the last ``\\boxed{}`` with nested braces,
   ``he answer is``, the last ```` ```output ```` block, the last number), then :func:`strip_string`.
 - :func:`extract_answers`: every candidate of the first rule that matches (all boxed answers, say).
+- :func:`final_answers` ``(text, benchmark, mode) -> list[str]``: what a checker mode reads as the prediction of a
+  whole output (``deepseekmath``: the one answer above; ``strict``: every distinct final answer, no last-number
+  fallback).
+- :func:`check` ``(pred, gold, *, mode, timeout_s) -> Outcome``: ``right``, ``wrong``, ``timeout`` (the deadline
+  passed: never right, counted on its own) or ``refused`` (a prediction over :data:`MAX_ANSWER_CHARS`, refused
+  before any normalisation). :func:`check_many` for many pairs at once.
+- :func:`is_equivalent` / :func:`are_equivalent`: the same as booleans (``right`` or not).
+- :func:`math_verify_many`: math-verify's own verdict on whole outputs (its extraction and ``verify``), under
+  the same deadlines: the verdict the evaluation records beside ours.
+- :func:`answer_key`: a canonical text per prediction for grouping maj@k votes (no pairwise checks).
 - :func:`gsm8k_gold` ``(answer_field) -> str``: the gold after ``#### ``, commas removed (the GSM8K file
   readers in :mod:`stages.core.problems` use it; this module imports nothing of that one).
 - :func:`strip_string`: the DeepSeekMath normalisation (see :mod:`stages.core._answers_norm`).
-- :func:`is_equivalent` ``(pred, gold, *, timeout_s=5.0) -> bool``: the DeepSeekMath rules plus
-  math-verify. Safe from any thread: the symbolic part runs in a persistent worker process that is
-  killed (and replaced) when a check runs past ``timeout_s`` seconds of the worker's CPU time (not wall time:
-  the verdict does not depend on the machine's load); a timeout counts as "not equivalent".
-  Plain numbers, exact matches and structures whose parts all match are decided in-process without
-  the worker (the fast path GRPO rewards rely on).
-- :func:`are_equivalent`: the same for many pairs, symbolic checks spread over a few workers.
 - :func:`warm_up` / :func:`shutdown`: start / stop the worker processes explicitly (optional).
+
+Checker modes (:data:`MODES`, chosen per use in params.yaml: ``grpo.reward.checker``,
+``evaluate.common.checker``): ``deepseekmath`` is the reference evaluator's rules (to compare with the paper's
+tables), with the bugs of issue 27 fixed; ``strict`` (:mod:`stages.core._answers_strict`) is the default for RL
+rewards and the evaluation headline. docs/evaluation.md has the table of cases in both modes.
+
+Bounded checking: a prediction longer than :data:`MAX_ANSWER_CHARS` is refused before it is normalised; what the
+calling process does itself is bounded (linear-time regexes on at most that many characters, at most
+:data:`~stages.core._answers_rules.MAX_ITEMS` list items); everything else runs in a worker process under a
+deadline (:mod:`stages.core._answers_pool`). Outcomes are cached per (mode, prediction, gold), timeouts too (with
+the deadline they had: a longer deadline tries again).
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
-import json
-import os
 import re
-import select
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from typing import Literal
 
+from stages.core import _answers_pool, _answers_strict
 from stages.core._answers_norm import _matching_brace, is_thousands_number, parse_number
 from stages.core._answers_norm import strip_string as _strip_string
 from stages.core._answers_rules import compare, never
 
 __all__ = [
+    "CHECKER_VERSION",
+    "MAX_ANSWER_CHARS",
+    "MODES",
+    "OUTCOMES",
+    "answer_key",
     "are_equivalent",
+    "check",
+    "check_many",
     "extract_answer",
     "extract_answers",
+    "final_answers",
     "gsm8k_gold",
     "is_equivalent",
+    "math_verify_many",
     "shutdown",
     "strip_string",
     "warm_up",
 ]
 
 BENCHMARKS = ("math", "gsm8k")
+Mode = Literal["deepseekmath", "strict"]
+MODES: tuple[str, ...] = ("deepseekmath", "strict")
+Outcome = Literal["right", "wrong", "timeout", "refused"]
+RIGHT, WRONG, TIMEOUT, REFUSED = "right", "wrong", "timeout", "refused"
+NO_GOLD = "no_gold"
+"""math_verify_many only: math-verify could not read the gold."""
+OUTCOMES: tuple[str, ...] = (RIGHT, WRONG, TIMEOUT, REFUSED)
+CHECKER_VERSION = "2"
+"""Bumped whenever a verdict of either mode changes (recorded in every evaluation result)."""
+MAX_ANSWER_CHARS = 1000
+"""A prediction longer than this is refused before normalisation (the longest MATH test gold is 81 characters)."""
+MAX_CANDIDATES = 8
+"""strict: an output with more distinct final answers than this is wrong without checking them."""
+MAX_TEXT_CHARS = 200_000
+"""math-verify's own verdict: an output longer than this is refused."""
 
 
 def strip_string(s: object) -> str:
     """DeepSeekMath answer normalisation (``answer_extraction.strip_string``); see ``_answers_norm``."""
     return _strip_string(s)
-
-
-# ----------------------------------------------------------------------------------------------
-# Extraction
-# ----------------------------------------------------------------------------------------------
-
-_MINERVA_OPEN = "final answer is $"
-_MINERVA_CLOSE = "$. I hope"
-_ANSWER_IS = "he answer is"
-_LAST_NUMBER = re.compile(r"-?\d*\.?\d+")
-_BOXED_BARE = re.compile(r"boxed[ \t]+([^\s${}]+)")
-
-
-def _boxed_contents(text: str) -> list[str]:
-    """Contents of every ``\\boxed{...}`` (nested braces matched), in order; a ``%`` right after the
-    closing brace is kept (``\\boxed{50}\\%`` -> ``50%``). ``\\boxed 5`` is read as ``5``."""
-    found: list[tuple[int, str]] = []
-    start = 0
-    while True:
-        i = text.find("boxed", start)
-        if i < 0:
-            break
-        start = i + 5
-        j = i + 5
-        while j < len(text) and text[j] in " \t":
-            j += 1
-        if j < len(text) and text[j] == "{":
-            k = _matching_brace(text, j)
-            if k >= 0:
-                content = text[j + 1 : k]
-                after = text[k + 1 : k + 3]
-                if after.startswith("%") or after.startswith("\\%"):
-                    content += "%"
-                found.append((i, content))
-                start = k + 1
-        else:
-            m = _BOXED_BARE.match(text, i)
-            if m is not None:
-                found.append((i, m.group(1)))
-    return [c for _, c in found]
-
-
-def _program_output(text: str) -> str:
-    """Text of the last ```` ```output ```` block (to its closing fence or the end)."""
-    if "```output" not in text:
-        return ""
-    return text.split("```output")[-1].split("```")[0].strip()
-
-
-def _first_line(ans: str) -> str:
-    """First line of an answer; continued over line breaks while ``{``/``(``/``[`` are unbalanced."""
-    lines = ans.strip().split("\n")
-    out = lines[0]
-    for nxt in lines[1:6]:
-        if out.count("{") <= out.count("}") and out.count("(") + out.count("[") <= out.count(")") + out.count("]"):
-            break
-        out += "\n" + nxt
-    return out
-
-
-def _clean(ans: str) -> str:
-    ans = _first_line(ans)
-    ans = ans.lstrip(":").rstrip(".").rstrip("/")
-    return strip_string(ans)
-
-
-def extract_answers(text: str) -> list[str]:
-    """All answers the first matching reference rule finds, normalised (empty list when none).
-
-    Rules, first match wins (``answer_extraction.extract_answer``): 1. ``final answer is $X$. I hope``
-    (Minerva); 2. every ``\\boxed{}``; 3. the text after the last ``he answer is``; 4. the last
-    ```` ```output ```` block; 5. the last number (commas removed). Departure: a rule that finds only
-    empty answers (``\\boxed{}``, an empty output block) falls through to the next rule instead of
-    giving an empty answer. Each answer is cut to its first line (kept whole while braces are open),
-    stripped of ``:`` / ``.`` / ``/`` at the ends and passed through :func:`strip_string`.
-    """
-    text = str(text)
-    rules = []
-    if _MINERVA_OPEN in text and _MINERVA_CLOSE in text:
-        rules.append(lambda: [text.split(_MINERVA_OPEN, 1)[1].split(_MINERVA_CLOSE, 1)[0].strip()])
-    if "boxed" in text:
-        rules.append(lambda: _boxed_contents(text))
-    if _ANSWER_IS in text:
-        rules.append(lambda: [text.split(_ANSWER_IS)[-1].strip()])
-    rules.append(lambda: [_program_output(text)])
-    rules.append(lambda: _LAST_NUMBER.findall(text.replace(",", ""))[-1:])
-    for rule in rules:
-        answers = [a for a in (_clean(x) for x in rule()) if a]
-        if answers:
-            return answers
-    return []
 
 
 def gsm8k_gold(answer_field: str) -> str:
@@ -157,9 +98,149 @@ def gsm8k_gold(answer_field: str) -> str:
     return s.split("####")[-1].strip().replace(",", "")
 
 
+# ----------------------------------------------------------------------------------------------
+# Extraction (linear time in the output's length: no regex that can backtrack over it)
+# ----------------------------------------------------------------------------------------------
+
+_MINERVA_OPEN = "final answer is $"
+_MINERVA_CLOSE = "$. I hope"
+_ANSWER_IS = "he answer is"
+_LAST_NUMBER = re.compile(r"-?\d*\.?\d+")
+_BOXED_BARE = re.compile(r"boxed[ \t]+([^\s${}]+)")
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+
+
+def _brace_pairs(text: str) -> dict[int, int]:
+    """Index of each ``{`` -> its matching ``}`` (one pass with a stack; unmatched braces are left out)."""
+    stack: list[int] = []
+    pairs: dict[int, int] = {}
+    for i, c in enumerate(text):
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            pairs[stack.pop()] = i
+    return pairs
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}`` (nested braces matched), in order; a ``%`` right after the
+    closing brace is kept (``\\boxed{50}\\%`` -> ``50%``). ``\\boxed 5`` is read as ``5``."""
+    found: list[str] = []
+    pairs: dict[int, int] | None = None
+    many = len(text) > 4096 and text.count("boxed") > 8
+    start = 0
+    while True:
+        i = text.find("boxed", start)
+        if i < 0:
+            break
+        start = i + 5
+        j = i + 5
+        while j < len(text) and text[j] in " \t":
+            j += 1
+        if j < len(text) and text[j] == "{":
+            if pairs is None and many:
+                pairs = _brace_pairs(text)  # one pass for all of them: each scan could run to the end (quadratic)
+            k = pairs.get(j, -1) if pairs is not None else _matching_brace(text, j)
+            if k >= 0:
+                content = text[j + 1 : k]
+                after = text[k + 1 : k + 3]
+                if after.startswith("%") or after.startswith("\\%"):
+                    content += "%"
+                found.append(content)
+                start = k + 1
+        else:
+            m = _BOXED_BARE.match(text, i)
+            if m is not None:
+                found.append(m.group(1))
+    return found
+
+
+def _program_output(text: str) -> str:
+    """Text of the last ```` ```output ```` block (to its closing fence or the end)."""
+    if "```output" not in text:
+        return ""
+    return text.rpartition("```output")[2].partition("```")[0].strip()
+
+
+def _last_number(text: str) -> list[str]:
+    """The last number of the text (commas removed first), as the reference; linear time."""
+    ends = [text.rfind(d) for d in "0123456789"]
+    end = max(ends)
+    if end < 0:
+        return []
+    window = text[max(0, end - 2 * MAX_ANSWER_CHARS) : end + 1].replace(",", "")
+    last = None
+    for last in _LAST_NUMBER.finditer(window):  # noqa: B007 - the last match is wanted
+        pass
+    return [last.group(0)] if last is not None else []
+
+
+def _first_line(ans: str) -> str:
+    """First line of an answer; continued over line breaks while ``{``/``(``/``[`` are unbalanced."""
+    lines = ans.strip().split("\n", 6)
+    out = lines[0]
+    for nxt in lines[1:6]:
+        if out.count("{") <= out.count("}") and out.count("(") + out.count("[") <= out.count(")") + out.count("]"):
+            break
+        out += "\n" + nxt
+    return out
+
+
+def _trim(ans: str) -> str:
+    """The reference's post-processing of one extracted answer before ``strip_string``: its first line, ``:`` /
+    ``.`` / ``/`` stripped at the ends."""
+    return _first_line(ans).lstrip(":").rstrip(".").rstrip("/").strip()
+
+
+def _clean(ans: str) -> str:
+    ans = _trim(ans)
+    return strip_string(ans) if len(ans) <= MAX_ANSWER_CHARS else ans  # too long: kept raw, refused when checked
+
+
+def _raw_candidates(text: str, *, last_number: bool) -> list[str]:
+    """The raw answers of the first matching reference rule (see :func:`extract_answers`)."""
+    rules = []
+    if _MINERVA_OPEN in text and _MINERVA_CLOSE in text:
+        rules.append(lambda: [text.partition(_MINERVA_OPEN)[2].partition(_MINERVA_CLOSE)[0].strip()])
+    if "boxed" in text:
+        rules.append(lambda: _boxed_contents(text))
+    if _ANSWER_IS in text:
+        rules.append(lambda: [text.rpartition(_ANSWER_IS)[2].strip()])
+    rules.append(lambda: [_program_output(text)])
+    if last_number:
+        rules.append(lambda: _last_number(text))
+    for rule in rules:
+        answers = [a for a in (_trim(x) for x in rule()) if a]
+        if answers:
+            return answers
+    return []
+
+
+def extract_answers(text: str) -> list[str]:
+    """All answers the first matching reference rule finds, normalised (empty list when none).
+
+    Rules, first match wins (``answer_extraction.extract_answer``): 1. ``final answer is $X$. I hope``
+    (Minerva); 2. every ``\\boxed{}``; 3. the text after the last ``he answer is``; 4. the last
+    ```` ```output ```` block; 5. the last number (commas removed). Departure: a rule that finds only
+    empty answers (``\\boxed{}``, an empty output block) falls through to the next rule instead of
+    giving an empty answer. Each answer is cut to its first line (kept whole while braces are open),
+    stripped of ``:`` / ``.`` / ``/`` at the ends and passed through :func:`strip_string` (an answer longer than
+    :data:`MAX_ANSWER_CHARS` is kept as it is: :func:`check` refuses it).
+    """
+    text = str(text)
+    out = []
+    for a in _raw_candidates(text, last_number=True):
+        a = strip_string(a) if len(a) <= MAX_ANSWER_CHARS else a
+        if a:
+            out.append(a)
+    return out
+
+
 def _gsm8k_number(ans: str) -> str:
     """A GSM8K answer reduced to a number: thousands separators removed; an answer that is not a
     number (``18dollars``) gives its last number; anything without a number is returned as is."""
+    if len(ans) > MAX_ANSWER_CHARS:
+        return ans
     if is_thousands_number(ans.rstrip("%")):
         return ans.replace(",", "")
     if parse_number(ans) is not None:
@@ -184,6 +265,51 @@ def extract_answer(text: str, benchmark: str = "math") -> str | None:
     if benchmark == "gsm8k":
         ans = _gsm8k_number(ans)
     return ans or None
+
+
+_MATH_SPAN = re.compile(r"\$\$([^$]+?)\$\$|\\\[(.+?)\\\]|\\\(([^\n]+?)\\\)|(?<!\\)\$([^$\n]+?)(?<!\\)\$", re.S)
+
+
+def _whole_answer(text: str) -> list[str]:
+    """strict's last resort, for an output that is nothing but a short answer (at most 100 characters): the content
+    of its last math span (``Answer $ 9 $``, ``$$\\text{...}$$``), else the whole text when it is at most 64
+    characters with at most one word of three or more letters (``18 dollars``)."""
+    t = text.strip()
+    if not t or len(t) > 100:
+        return []
+    spans = [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(t)]
+    if spans:
+        return [_trim(spans[-1])] if spans[-1].strip() else []
+    if len(t) > 64 or "\n" in t or len(_WORD.findall(t)) > 1:
+        return []
+    return [_trim(t)]
+
+
+def final_answers(text: str, benchmark: str = "math", *, mode: str = "deepseekmath") -> list[str]:
+    """What ``mode`` reads as the prediction of a whole output ([] when there is none).
+
+    ``deepseekmath``: ``[extract_answer(text, benchmark)]`` (the reference: the last boxed answer, the last number
+    when nothing else matches). ``strict``: every distinct answer of the first matching rule among Minerva's
+    ``final answer is``, ``\\boxed{}``, ``he answer is`` and the last ```` ```output ```` block, raw (strict
+    normalises while it parses units and lists), at most ``MAX_CANDIDATES + 1``; no last-number fallback (an output
+    that states no answer has none), except an output that is only a short answer. Several distinct answers are
+    judged together by :func:`check` (wrong unless each is right).
+    """
+    _check_mode(mode)
+    if mode == "deepseekmath":
+        a = extract_answer(text, benchmark)
+        return [] if a is None else [a]
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
+    text = str(text)
+    cands = _raw_candidates(text, last_number=False) or _whole_answer(text)
+    out: list[str] = []
+    for c in cands:
+        if c not in out:
+            out.append(c)
+            if len(out) > MAX_CANDIDATES:
+                break
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,320 +337,277 @@ def _is_text_answer(gold: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# The checking workers
+# Checking
 # ----------------------------------------------------------------------------------------------
 
-_ROOT = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = float(os.environ.get("ANSWERS_WORKER_STARTUP_S", "180"))
-WALL_CAP = 20.0
-"""A symbolic check's time limit is CPU time of its worker; a worker that gets no CPU for ``WALL_CAP`` x the limit (a
-stopped or starved process) is given up on all the same."""
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-MAX_WORKERS = int(os.environ.get("ANSWERS_MAX_WORKERS", str(max(2, min(8, os.cpu_count() or 2)))))
-
-
-class _Worker:
-    """One ``stages.core._answers_worker`` process and its line-buffered stdout."""
-
-    def __init__(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stages.core._answers_worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            cwd=str(_ROOT),
-        )
-        self._buf = b""
-        self._ready = False
-        self._next_id = 0
-
-    def _readline(self, deadline: float) -> bytes | None:
-        """One line from the worker, or None on timeout or end of output."""
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            poller = select.poll()  # not select.select: no FD_SETSIZE limit in processes with many files
-            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-            if not poller.poll(max(1, int(left * 1000))):
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return line
-
-    def ensure_ready(self) -> None:
-        if self._ready:
-            return
-        line = self._readline(time.monotonic() + STARTUP_TIMEOUT_S)
-        if line is None or not json.loads(line).get("ready"):
-            self.kill()
-            raise RuntimeError(
-                f"answer-checking worker did not start within {STARTUP_TIMEOUT_S:.0f}s "
-                f"(python -m stages.core._answers_worker; exit code {self.proc.returncode})"
-            )
-        self._ready = True
-
-    def cpu_s(self) -> float | None:
-        """CPU seconds the worker process has used (Linux /proc; None elsewhere)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
-        except (OSError, IndexError, ValueError):
-            return None
-
-    def _reply(self, timeout_s: float) -> bytes | None:
-        """The worker's next line, or None once it has spent ``timeout_s`` seconds of CPU time on the check (its own
-        CPU time, so the verdict does not depend on what else loads the machine: a check that takes 1 s alone
-        is not a timeout beside busy processes), or ``WALL_CAP`` x ``timeout_s`` of wall time (a worker that makes
-        no progress), or when it died. Without /proc, ``timeout_s`` of wall time."""
-        cpu0 = self.cpu_s()
-        now = time.monotonic()
-        if cpu0 is None:
-            return self._readline(now + timeout_s)
-        cap = now + WALL_CAP * timeout_s
-        while True:
-            used = (self.cpu_s() or cpu0) - cpu0
-            left = timeout_s - used
-            if left <= 0 or now >= cap:
-                return None
-            # the worker is one thread: it cannot use more than `left` CPU seconds in `left` wall seconds
-            line = self._readline(min(now + max(left, 0.05), cap))
-            if line is not None or not self.alive():
-                return line
-            now = time.monotonic()
-
-    def check(self, pred: str, gold: str, percent_variants: bool, timeout_s: float) -> bool | None:
-        """The worker's verdict, or None when it ran past ``timeout_s`` of CPU time (:meth:`_reply`) or died (then
-        it is dead)."""
-        self.ensure_ready()
-        self._next_id += 1
-        req = {"id": self._next_id, "pred": pred, "gold": gold, "pv": percent_variants}
-        try:
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self.kill()
-            return None
-        line = self._reply(timeout_s)
-        if line is None:
-            self.kill()
-            return None
-        reply = json.loads(line)
-        if reply.get("id") != self._next_id:
-            self.kill()
-            return None
-        return bool(reply["ok"])
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-
-
-class _Pool:
-    """Idle workers handed out one per check; grows to ``MAX_WORKERS`` (callers wait beyond)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._live = 0
-
-    def acquire(self) -> _Worker:
-        with self._cond:
-            while True:
-                while self._idle:
-                    w = self._idle.pop()
-                    if w.alive():
-                        return w
-                    self._live -= 1
-                    w.kill()
-                if self._live < MAX_WORKERS:
-                    self._live += 1
-                    break
-                self._cond.wait()
-        try:
-            return _Worker()
-        except BaseException:
-            with self._cond:
-                self._live -= 1
-                self._cond.notify()
-            raise
-
-    def release(self, w: _Worker) -> None:
-        """Return a worker; a dead one (timed out and killed) is replaced at once, so the next
-        check does not wait for a fresh start."""
-        replacement = None
-        if not w.alive():
-            try:
-                replacement = _Worker()
-            except OSError:
-                replacement = None
-        with self._cond:
-            if w.alive():
-                self._idle.append(w)
-            elif replacement is not None:
-                self._idle.append(replacement)
-            else:
-                self._live -= 1
-            self._cond.notify()
-
-    def warm(self, n: int) -> None:
-        ws = [self.acquire() for _ in range(max(1, min(n, MAX_WORKERS)))]
-        try:
-            for w in ws:
-                w.ensure_ready()
-        finally:
-            for w in ws:
-                self.release(w)
-
-    def close(self) -> None:
-        with self._cond:
-            idle, self._idle = self._idle, []
-            self._live -= len(idle)
-        for w in idle:
-            w.kill()
-
-
-_POOL = _Pool()
-_POOL_PID = os.getpid()
-atexit.register(lambda: _POOL.close() if os.getpid() == _POOL_PID else None)
-
-
-def _pool() -> _Pool:
-    """This process's pool; a forked child gets a fresh one (it must not share its parent's pipes)."""
-    global _POOL, _POOL_PID
-    if os.getpid() != _POOL_PID:
-        _POOL, _POOL_PID = _Pool(), os.getpid()
-    return _POOL
-
-
 _CACHE_MAX = 200_000
-_cache: collections.OrderedDict[tuple[str, str, bool], bool] = collections.OrderedDict()
+_cache: collections.OrderedDict[tuple, tuple[str, float]] = collections.OrderedDict()
 _cache_lock = threading.Lock()
-stats = collections.Counter()  # "fast", "symbolic", "cached", "timeout": how checks were decided
+stats = collections.Counter()  # "fast", "symbolic", "cached", "timeout", "refused": how checks were decided
 
 
 def warm_up(n: int = 1) -> None:
     """Start ``n`` checking workers now and wait until they are ready (otherwise the first symbolic
     check waits for the start, which is not counted against its timeout)."""
-    _pool().warm(n)
+    _answers_pool.pool().warm(n)
 
 
 def shutdown() -> None:
     """Stop the idle checking workers (they also stop at interpreter exit)."""
-    _pool().close()
+    _answers_pool.pool().close()
 
 
-def _symbolic(p: str, g: str, percent_variants: bool, timeout_s: float) -> bool:
-    key = (p, g, percent_variants)
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown checker mode {mode!r}; expected one of {MODES}")
+
+
+def _cached(key: tuple, timeout_s: float) -> str | None:
     with _cache_lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            stats["cached"] += 1
-            return _cache[key]
-    pool = _pool()
-    w = pool.acquire()
-    try:
-        verdict = w.check(p, g, percent_variants, timeout_s)
-    finally:
-        pool.release(w)
-    if verdict is None:
-        stats["timeout"] += 1
-        return False
-    stats["symbolic"] += 1
+        hit = _cache.get(key)
+        if hit is None:
+            return None
+        outcome, t = hit
+        if outcome == TIMEOUT and t < timeout_s:
+            return None  # timed out under a shorter deadline: try again with this one
+        _cache.move_to_end(key)
+        stats["cached"] += 1
+        return outcome
+
+
+def _store(key: tuple, outcome: str, timeout_s: float) -> None:
     with _cache_lock:
-        _cache[key] = verdict
+        _cache[key] = (outcome, timeout_s)
         if len(_cache) > _CACHE_MAX:
             _cache.popitem(last=False)
-    return verdict
 
 
-def _prepare(pred: str | None, gold: str, percent_variants: bool) -> tuple[bool | None, str, str]:
-    """(verdict or None when the worker must decide, normalised pred, normalised gold)."""
-    if pred is None:
-        return False, "", ""
-    gold = str(gold)
+def _run_worker(key: tuple, req: dict, timeout_s: float) -> str:
+    """A worker's outcome for ``req`` (cached by ``key``, timeouts included)."""
+    got = _cached(key, timeout_s)
+    if got is not None:
+        return got
+    reply = _answers_pool.run(req, timeout_s)
+    if reply is None:
+        stats["timeout"] += 1
+        outcome = TIMEOUT
+    else:
+        stats["symbolic"] += 1
+        outcome = NO_GOLD if reply["ok"] is None else RIGHT if reply["ok"] else WRONG
+    _store(key, outcome, timeout_s)
+    return outcome
+
+
+def _prepare(pred: str | None, gold: str, mode: str, pv: bool) -> tuple[str | None, tuple, dict]:
+    """(outcome, or None when the worker must decide; cache key; worker request) for one (prediction, gold) pair:
+    refusal by length first, then the bounded in-process pass."""
+    if pred is None or not str(pred).strip():
+        return WRONG, (), {}
+    pred, gold = str(pred), str(gold)
+    if len(pred) > MAX_ANSWER_CHARS:
+        stats["refused"] += 1
+        return REFUSED, (), {}
     if _is_text_answer(gold):
-        return _text_key(pred) == _text_key(gold), "", ""
-    p, g = strip_string(pred), strip_string(gold)
-    if not p or not g:
-        return False, p, g
-    return compare(p, g, never, percent_variants=percent_variants), p, g
-
-
-def is_equivalent(pred: str | None, gold: str, *, timeout_s: float = 5.0, percent_variants: bool = True) -> bool:
-    """Whether a predicted answer is mathematically equivalent to the gold answer.
-
-    Both are normalised with :func:`strip_string`, then compared with the DeepSeekMath rules
-    (``eval_script.is_correct`` / ``eval_utils.math_equal``): exact match; numbers within 1e-3 of
-    gold, gold/100 or gold*100 (the reference's percent rule; with ``percent_variants=False`` only a
-    written ``%`` may be dropped: ``50\\%`` matches ``0.5`` and ``50``, ``1800`` no longer matches ``18``); ``\\cup`` pieces, comma-separated multiple answers (unordered) and
-    ``\\text{and}`` lists; tuples and intervals element-wise with the same brackets; matrices
-    cell-wise; ``x=v`` against ``v`` when the left side has at most 2 characters; equations
-    ``a=b``/``c=d`` as ``a-(b)`` = ±``(c-(d))``; and, symbolically, math-verify or sympy
-    ``simplify(a-b)==0`` / numeric values within 1e-3. Text golds (``\\text{Friday}``, ``\\text{(C)}``)
-    compare as case-insensitive text.
-
-    Decided in-process when possible (plain numbers, exact or structurally exact matches); the rest
-    runs in a worker process with a budget of ``timeout_s`` seconds of its CPU time (whatever else loads the
-    machine), after which the worker is killed and replaced and the answer is False. Safe to call from any thread. The first symbolic
-    check of a process also waits for a worker to start (about a second; not counted in
-    ``timeout_s``; :func:`warm_up` does it ahead). Verdicts of the worker are cached per (pred, gold).
-    ``pred=None`` (no answer extracted) is never equivalent.
-    """
-    verdict, p, g = _prepare(pred, gold, percent_variants)
+        return (RIGHT if _text_key(pred) == _text_key(gold) else WRONG), (), {}
+    if mode == "strict":
+        verdict = _answers_strict.compare(pred, gold, never, fast=True)
+        p, g = pred, gold
+    else:
+        p, g = strip_string(pred), strip_string(gold)
+        if not p or not g:
+            return WRONG, (), {}
+        verdict = compare(p, g, never, percent_variants=pv)
     if verdict is not None:
         stats["fast"] += 1
-        return verdict
-    return _symbolic(p, g, percent_variants, timeout_s)
+        return (RIGHT if verdict else WRONG), (), {}
+    key = ("check", mode, p, g, pv if mode == "deepseekmath" else None)
+    return None, key, {"op": "check", "mode": mode, "pred": p, "gold": g, "pv": pv}
+
+
+def _decide(pairs: list[tuple[str | None, str]], mode: str, pv: bool, timeout_s: float, workers: int | None) -> list[str]:
+    out: list[str | None] = []
+    todo: list[tuple[int, tuple, dict]] = []
+    for i, (p, g) in enumerate(pairs):
+        outcome, key, req = _prepare(p, g, mode, pv)
+        out.append(outcome)
+        if outcome is None:
+            todo.append((i, key, req))
+    n = max(1, min(workers or _answers_pool.MAX_WORKERS, _answers_pool.MAX_WORKERS, len(todo)))
+    if n == 1:
+        for i, key, req in todo:
+            out[i] = _run_worker(key, req, timeout_s)
+    elif todo:
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            for (i, _, _), r in zip(todo, ex.map(lambda t: _run_worker(t[1], t[2], timeout_s), todo), strict=True):
+                out[i] = r
+    return [str(o) for o in out]
+
+
+def _candidates(pred: str | Sequence[str] | None, mode: str) -> list[str]:
+    if pred is None:
+        return []
+    cands = [pred] if isinstance(pred, str) else [str(x) for x in pred]
+    if mode == "deepseekmath":
+        return cands[-1:]  # the reference reads the last answer
+    return list(dict.fromkeys(cands))
+
+
+def _combine(outcomes: list[str]) -> str:
+    """Several distinct answers (strict): right only if every one is right; a wrong or refused one makes it wrong;
+    otherwise a timeout stays a timeout."""
+    if all(o == RIGHT for o in outcomes):
+        return RIGHT
+    if any(o in (WRONG, REFUSED) for o in outcomes):
+        return WRONG
+    return TIMEOUT
+
+
+def check_many(
+    preds: Sequence[str | Sequence[str] | None],
+    golds: Sequence[str],
+    *,
+    mode: str = "deepseekmath",
+    timeout_s: float = 5.0,
+    percent_variants: bool = True,
+    workers: int | None = None,
+) -> list[str]:
+    """:func:`check` for each pair (order kept); the worker checks run on up to ``workers`` processes at once."""
+    _check_mode(mode)
+    if len(preds) != len(golds):
+        raise ValueError(f"check_many: {len(preds)} predictions but {len(golds)} golds")
+    pairs: list[tuple[str | None, str]] = []
+    spans: list[tuple[int, int]] = []
+    early: dict[int, str] = {}
+    for i, (pred, gold) in enumerate(zip(preds, golds, strict=True)):
+        cands = _candidates(pred, mode)
+        if not cands:
+            early[i] = WRONG
+        elif len(cands) > MAX_CANDIDATES:
+            early[i] = WRONG
+        spans.append((len(pairs), len(pairs) + (0 if i in early else len(cands))))
+        if i not in early:
+            pairs.extend((c, str(gold)) for c in cands)
+    flat = _decide(pairs, mode, percent_variants, timeout_s, workers)
+    out: list[str] = []
+    joined: list[tuple[int, str, str]] = []
+    for i, (a, b) in enumerate(spans):
+        if i in early:
+            out.append(early[i])
+            continue
+        o = flat[a] if b - a == 1 else _combine(flat[a:b])
+        out.append(o)
+        if b - a > 1 and o != RIGHT and _answers_strict.parse(str(golds[i])).kind in ("list", "set"):
+            joined.append((i, ", ".join(p for p, _ in pairs[a:b]), str(golds[i])))  # \boxed{2} and \boxed{3} for "2, 3"
+    if joined:
+        for (i, _, _), o in zip(joined, _decide([(p, g) for _, p, g in joined], mode, percent_variants, timeout_s,
+                                               workers), strict=True):
+            if o == RIGHT:
+                out[i] = RIGHT
+    return out
+
+
+def check(
+    pred: str | Sequence[str] | None,
+    gold: str,
+    *,
+    mode: str = "deepseekmath",
+    timeout_s: float = 5.0,
+    percent_variants: bool = True,
+) -> str:
+    """The outcome of a prediction against the gold answer under checker ``mode``: ``right``, ``wrong``,
+    ``timeout`` or ``refused``.
+
+    ``pred``: one answer, or (strict) the distinct final answers of one output (:func:`final_answers`): right only
+    when each is right, or, for a list gold, when together they are the list; more than ``MAX_CANDIDATES`` is
+    wrong. ``deepseekmath`` reads the last one. None or empty: wrong (no answer).
+
+    ``deepseekmath`` (the reference's ``eval_script.is_correct`` / ``eval_utils.math_equal`` on
+    :func:`strip_string`'d answers): exact match; numbers within 1e-3 of gold, and with ``percent_variants`` gold/100
+    and gold*100 when both sides are plain decimals; ``\\cup`` pieces, comma-separated multiple answers
+    (unordered) and ``\\text{and}`` lists; tuples and intervals element-wise with the same brackets; matrices
+    cell-wise; ``x=v`` against ``v`` when the left side has at most 2 characters; equations ``a=b``/``c=d`` as
+    ``a-(b)`` = ±``(c-(d))``; and, symbolically, math-verify or sympy ``simplify(a-b)==0`` / numeric values within
+    1e-3. ``strict``: :mod:`stages.core._answers_strict` (``percent_variants`` unused: percent forms only where a
+    ``%`` is written). In both, text golds (``\\text{Friday}``, ``\\text{(C)}``) compare as case-insensitive text.
+
+    A prediction over :data:`MAX_ANSWER_CHARS` characters is ``refused`` before normalisation. What the bounded
+    in-process pass cannot decide runs in a worker process with a deadline of ``timeout_s`` seconds; past it the
+    worker is killed and replaced and the outcome is ``timeout``. Safe to call from any thread. Outcomes of the
+    worker (timeouts included) are cached.
+    """
+    return check_many([pred], [gold], mode=mode, timeout_s=timeout_s, percent_variants=percent_variants, workers=1)[0]
+
+
+def is_equivalent(
+    pred: str | Sequence[str] | None,
+    gold: str,
+    *,
+    timeout_s: float = 5.0,
+    percent_variants: bool = True,
+    mode: str = "deepseekmath",
+) -> bool:
+    """Whether :func:`check` says ``right`` (a timeout or a refusal is not equivalent)."""
+    return check(pred, gold, mode=mode, timeout_s=timeout_s, percent_variants=percent_variants) == RIGHT
 
 
 def are_equivalent(
-    preds: Sequence[str | None],
+    preds: Sequence[str | Sequence[str] | None],
     golds: Sequence[str],
     *,
     timeout_s: float = 5.0,
     percent_variants: bool = True,
     workers: int | None = None,
+    mode: str = "deepseekmath",
 ) -> list[bool]:
-    """:func:`is_equivalent` for each pair (order kept); the symbolic checks run on up to
-    ``workers`` worker processes at once (default: ``MAX_WORKERS``)."""
+    """:func:`is_equivalent` for each pair (order kept); the worker checks run on up to ``workers`` processes."""
     if len(preds) != len(golds):
         raise ValueError(f"are_equivalent: {len(preds)} predictions but {len(golds)} golds")
-    out: list[bool | None] = []
-    todo: list[tuple[int, str, str]] = []
-    for i, (pred, gold) in enumerate(zip(preds, golds, strict=True)):
-        verdict, p, g = _prepare(pred, gold, percent_variants)
-        out.append(verdict)
-        if verdict is None:
-            todo.append((i, p, g))
+    return [o == RIGHT for o in check_many(preds, golds, mode=mode, timeout_s=timeout_s,
+                                           percent_variants=percent_variants, workers=workers)]
+
+
+def math_verify_many(texts: Sequence[str | None], golds: Sequence[str], *, timeout_s: float = 5.0,
+                     workers: int | None = None) -> list[str]:
+    """math-verify's own verdict on each whole output (its extraction, then ``verify`` against the gold read as
+    LaTeX): ``right`` / ``wrong`` / ``timeout`` / ``refused`` (an output over :data:`MAX_TEXT_CHARS`) / ``no_gold``
+    (math-verify reads nothing in the gold), each under the deadline ``timeout_s`` in a worker, cached."""
+    if len(texts) != len(golds):
+        raise ValueError(f"math_verify_many: {len(texts)} outputs but {len(golds)} golds")
+    out: list[str | None] = []
+    todo: list[tuple[int, tuple, dict]] = []
+    for i, (t, g) in enumerate(zip(texts, golds, strict=True)):
+        if t is None or not str(t).strip():
+            out.append(WRONG)
+        elif len(str(t)) > MAX_TEXT_CHARS:
+            stats["refused"] += 1
+            out.append(REFUSED)
         else:
-            stats["fast"] += 1
-    n = max(1, min(workers or MAX_WORKERS, MAX_WORKERS, len(todo)))
-    if n == 1:
-        for i, p, g in todo:
-            out[i] = _symbolic(p, g, percent_variants, timeout_s)
-    elif todo:
-        with ThreadPoolExecutor(max_workers=n) as ex:
-            results = ex.map(lambda t: _symbolic(t[1], t[2], percent_variants, timeout_s), todo)
-            for (i, _, _), r in zip(todo, results, strict=True):
-                out[i] = r
-    return [bool(v) for v in out]
+            out.append(None)
+            todo.append((i, ("mv", str(t), str(g)), {"op": "mv", "text": str(t), "gold": str(g)}))
+    n = max(1, min(workers or _answers_pool.MAX_WORKERS, _answers_pool.MAX_WORKERS, len(todo)))
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        for (i, _, _), r in zip(todo, ex.map(lambda t: _run_worker(t[1], t[2], timeout_s), todo), strict=True):
+            out[i] = r
+    return [str(o) for o in out]
+
+
+def answer_key(pred: str | Sequence[str] | None, mode: str = "deepseekmath") -> str | None:
+    """A canonical text of a prediction for grouping maj@k votes, computed in-process without any pairwise check:
+    numbers by value, lists and sets sorted, units kept (strict), several final answers as one sorted group; None
+    for no answer. Equal keys mean equivalent answers; equivalent answers written differently (``2\\sqrt{2}``,
+    ``\\sqrt{8}``) may get different keys (the maj@k grouping merges every answer judged right into one class)."""
+    _check_mode(mode)
+    cands = _candidates(pred, mode)
+    if not cands:
+        return None
+    keys = []
+    for c in cands:
+        if len(c) > MAX_ANSWER_CHARS:
+            keys.append("refused:" + str(hash(c)))
+        elif mode == "strict":
+            keys.append(_answers_strict.key(c))
+        else:
+            s = strip_string(c)
+            n = parse_number(s)
+            keys.append(f"#{n:.12g}" if n is not None else s)
+    return keys[0] if len(keys) == 1 else "multi:" + "|".join(sorted(keys))

@@ -11,8 +11,9 @@ head's weight is read inside its own forward, so module hooks (DeepSpeed ZeRO-3 
 for the ordinary head, and the engine's forward is the one called. Per chunk of c positions::
 
     z = (h W^T + b) / T                       (c, V), float32 (the matmul in the head's dtype, as the model's)
-    log p(y) = z[y] - logsumexp(z)            entropy = -sum_v p_v log p_v  (no gradient)
+    log p(y) = z[y] - logsumexp(z)            entropy H = -sum_v p_v log p_v  (a gradient only when asked)
     backward: dL/dz = g (onehot(y) - softmax(z)) / T;  dL/dh = dL/dz W;  dL/dW += dL/dz^T h;  dL/db += sum dL/dz
+              (with the entropy's gradient g_H: dL/dz += -g_H p (log p + H) / T; an entropy bonus, stages/rl/losses.py)
 
 The backward recomputes z chunk by chunk (only the (N, H) hidden states are kept), so the peak extra memory of
 either pass is a few (c, V) float32 tensors instead of several (N, T, V) ones. Positions whose target is
@@ -81,12 +82,14 @@ def truncation_mask(logp: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 class ChunkedLogProbs(torch.autograd.Function):
     """log p(targets) (and the entropy) of ``hidden @ weight^T + bias`` over chunks of positions (module docstring).
 
-    forward(hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) long, temperature, chunk, entropy)
-    -> (logp (N,) float32, entropy (N,) float32, empty when not asked). Only logp has a gradient."""
+    forward(hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) long, temperature, chunk, entropy,
+    entropy_grad) -> (logp (N,) float32, entropy (N,) float32, empty when not asked). logp has a gradient; the
+    entropy too with ``entropy_grad``."""
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-                chunk: int, entropy: bool, top_k: int = 0, top_p: float = 1.0) -> tuple[Tensor, Tensor]:
+                chunk: int, entropy: bool, top_k: int = 0, top_p: float = 1.0,
+                entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
         dtype = _matmul_dtype(hidden, weight)
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -101,15 +104,19 @@ class ChunkedLogProbs(torch.autograd.Function):
                     z -= lse[:, None]  # log-probs, in place
                     ent[s:s + chunk] = -(z.exp() * z).sum(-1)
                 del z
-        ctx.save_for_backward(hidden, weight, bias, targets)
+        ent_grad = bool(entropy and entropy_grad)
+        ctx.save_for_backward(hidden, weight, bias, targets, ent if ent_grad else None)
         ctx.temperature, ctx.chunk, ctx.dtype, ctx.top_k, ctx.top_p = temperature, chunk, dtype, top_k, top_p
-        ctx.mark_non_differentiable(ent)
+        if not ent_grad:
+            ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
-    def backward(ctx: Any, g_logp: Tensor, _g_ent: Tensor) -> tuple[Tensor | None, ...]:
-        hidden, weight, bias, targets = ctx.saved_tensors
+    def backward(ctx: Any, g_logp: Tensor, g_ent: Tensor | None) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, ent = ctx.saved_tensors
         T, chunk, dtype = ctx.temperature, ctx.chunk, ctx.dtype
+        if ent is None or g_ent is None:
+            g_ent = None
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         g_h = torch.empty_like(hidden) if need_h else None
         g_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
@@ -119,11 +126,19 @@ class ChunkedLogProbs(torch.autograd.Function):
             for s in range(0, hidden.shape[0], chunk):
                 h = hidden[s:s + chunk]
                 z = _scaled_logits(h, weight, bias, T, dtype)
+                extra = None
+                if g_ent is not None:  # dH/dz = -p (log p + H), the full distribution's entropy
+                    logq = z - torch.logsumexp(z, dim=-1, keepdim=True)
+                    extra = logq.exp() * (logq + ent[s:s + chunk, None]) * (-g_ent[s:s + chunk].float()[:, None])
+                    del logq
                 gz = _kept_softmax(z, ctx.top_k, ctx.top_p)
                 del z
                 g = g_logp[s:s + chunk].float()
                 gz.mul_(-g[:, None])
                 gz[rows[:h.shape[0]], targets[s:s + chunk]] += g
+                if extra is not None:
+                    gz.add_(extra)
+                    del extra
                 gz = (gz / T).to(dtype)  # dL/d(h W^T + b)
                 if g_h is not None:
                     g_h[s:s + chunk] = (gz @ weight.to(dtype)).to(hidden.dtype)
@@ -136,7 +151,7 @@ class ChunkedLogProbs(torch.autograd.Function):
                     g_b.add_(gz.float().sum(0))
                 del gz
         return (g_h, None if g_w is None else g_w.to(weight.dtype), None if g_b is None else g_b.to(bias.dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 def _keep(z: Tensor, top_k: int, top_p: float) -> Tensor | None:
@@ -182,12 +197,13 @@ def _scaled_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: 
 
 
 def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *, temperature: float = 1.0,
-                     entropy: bool = False, chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0
-                     ) -> tuple[Tensor, Tensor | None]:
+                     entropy: bool = False, chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0,
+                     entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """(..., K) log-probs of ``targets`` (..., K) under ``softmax((hidden @ weight^T + bias) / temperature)`` for
-    ``hidden`` (..., K, H), and the (..., K) entropy when ``entropy`` (detached). Positions whose target is
-    :data:`IGNORE` are skipped (log-prob and entropy 0). Differentiable in ``hidden``, ``weight`` and ``bias``.
-    ``top_k`` / ``top_p``: renormalised over the kept tokens (module docstring)."""
+    ``hidden`` (..., K, H), and the (..., K) entropy when ``entropy`` (detached, unless ``entropy_grad``: the entropy
+    of the full distribution, whatever the truncation). Positions whose target is :data:`IGNORE` are skipped
+    (log-prob and entropy 0). Differentiable in ``hidden``, ``weight`` and ``bias``. ``top_k`` / ``top_p``:
+    renormalised over the kept tokens (module docstring)."""
     shape = targets.shape
     flat_t = targets.reshape(-1)
     flat_h = hidden.reshape(-1, hidden.shape[-1])
@@ -197,7 +213,7 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, target
     t = flat_t if all_kept else flat_t.index_select(0, keep)
     chunk = max(1, int(chunk_tokens or DEFAULT_CHUNK_TOKENS))
     lp, ent = ChunkedLogProbs.apply(h, weight, bias, t, float(temperature), chunk, bool(entropy), int(top_k),
-                                    float(top_p))
+                                    float(top_p), bool(entropy_grad))
     if not all_kept:
         lp = lp.new_zeros(flat_t.numel()).index_copy(0, keep, lp)
         if entropy:
@@ -229,8 +245,28 @@ def head_forward(head: torch.nn.Module, fn: Callable[[Tensor], Tensor]) -> Itera
         del head.forward
 
 
+def select_cache_rows(cache: Any, index: Tensor) -> None:
+    """Re-index the batch rows of a transformers KV cache in place (the U distinct prompts' rows to the B outputs that
+    share them), differentiably and deterministically: every layer's keys and values go through ``index_select``,
+    whose backward (``index_add_``) sums the gradients of repeated rows in index order at any thread count.
+    transformers' ``batch_select_indices`` uses advanced indexing, whose CPU backward (``index_put_`` with
+    ``accumulate``) sums them in an order that depends on thread timing: 8 copies of one prompt's row, 2 threads
+    beside a busy process, torch 2.13: 20 different gradients in 30 runs (the same at 1 thread). That was the
+    run-to-run difference of GRPO's update whenever a micro-batch held a single prompt's group (issue 29)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # an older cache class: its own method (advanced indexing)
+        cache.batch_select_indices(index)
+        return
+    for layer in layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, Tensor) and keys.numel() and isinstance(values, Tensor):
+            layer.keys = keys.index_select(0, index)
+            layer.values = values.index_select(0, index)
+
+
 def lm_logprobs(model: Any, targets: Tensor, *, temperature: float = 1.0, entropy: bool = False,
                 chunk_tokens: int | None = None, rows: Tensor | None = None, top_k: int = 0, top_p: float = 1.0,
+                entropy_grad: bool = False,
                 **forward_kw: Any) -> tuple[Any, Tensor, Tensor | None]:
     """Run ``model(**forward_kw)`` (a causal LM or a DeepSpeed engine) and return (its output, the (B, K) log-probs
     of ``targets`` (B, K), the (B, K) entropy or None).
@@ -239,30 +275,33 @@ def lm_logprobs(model: Any, targets: Tensor, *, temperature: float = 1.0, entrop
     ``logits_to_keep=K``, all of them without it); :data:`IGNORE` skips a position. ``rows``: the head's input rows
     are first re-indexed by it (a forward over U distinct prompts whose B = len(rows) outputs share them). The
     output's ``logits`` are the (B, K, 1 or 2) log-probs (and entropy), not logits; a cache it returns is as
-    usual. Log-probs use ``logits / temperature``; gradients flow as through the ordinary head.
+    usual. Log-probs use ``logits / temperature``; gradients flow as through the ordinary head (into the entropy too
+    with ``entropy_grad``: an entropy bonus; else it is detached).
     ``chunk_tokens``: positions per chunk (None: :data:`DEFAULT_CHUNK_TOKENS`); 0 materialises the (B, K, V) logits
     (the plain path: the memory benchmark's "before"). ``top_k`` / ``top_p``: the log-probs of the truncated,
     renormalised distribution the sampler drew from (module docstring)."""
     head = output_head(model)
     if head is None or chunk_tokens == 0:
         return plain_head(model, targets, temperature=temperature, entropy=entropy, rows=rows, top_k=top_k,
-                          top_p=top_p, **forward_kw)
+                          top_p=top_p, entropy_grad=entropy_grad, **forward_kw)
 
     def fn(h: Tensor) -> Tensor:
         if rows is not None:
             h = h.index_select(0, rows)
         lp, ent = chunked_logprobs(h, head.weight, head.bias, targets, temperature=temperature, entropy=entropy,
-                                   chunk_tokens=chunk_tokens, top_k=top_k, top_p=top_p)
+                                   chunk_tokens=chunk_tokens, top_k=top_k, top_p=top_p, entropy_grad=entropy_grad)
         return lp.unsqueeze(-1) if ent is None else torch.stack([lp, ent], dim=-1)
 
     with head_forward(head, fn):
         out = model(**forward_kw)
     res = out.logits
-    return out, res[..., 0], (res[..., 1].detach() if entropy else None)
+    ent = res[..., 1] if entropy and entropy_grad else (res[..., 1].detach() if entropy else None)
+    return out, res[..., 0], ent
 
 
 def plain_head(model: Any, targets: Tensor, *, temperature: float = 1.0, entropy: bool = False,
-               rows: Tensor | None = None, top_k: int = 0, top_p: float = 1.0, **forward_kw: Any
+               rows: Tensor | None = None, top_k: int = 0, top_p: float = 1.0, entropy_grad: bool = False,
+               **forward_kw: Any
                ) -> tuple[Any, Tensor, Tensor | None]:
     """:func:`lm_logprobs` from the materialised (B, K, V) logits (a head that is not a plain linear map)."""
     out = model(**forward_kw)
@@ -278,19 +317,20 @@ def plain_head(model: Any, targets: Tensor, *, temperature: float = 1.0, entropy
     logp = logp.masked_fill(targets == IGNORE, 0.0)
     ent = None
     if entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = (-(logp_all.exp() * logp_all).sum(-1)).masked_fill(targets == IGNORE, 0.0)
     return out, logp, ent
 
 
 def completion_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float,
-                        *, entropy: bool = False, chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0
-                        ) -> tuple[Tensor, Tensor | None]:
+                        *, entropy: bool = False, chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0,
+                        entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced (B, T) log-probs (and entropy) of the completion tokens ``input_ids[:, prompt_len:]`` (B, P + T;
     prompt left-padded to P, completion right-padded, ``attention_mask`` 0 on padding) in one full forward: the plain
     pass of stages.rl.rollout.token_logprobs (the trainer's) and of the hf sampler's scoring
     (``HFGenerator.score_ids``), written once so that the two agree bit for bit on the same weights. Position ids
-    follow the attention mask; padded completion positions get 0."""
+    follow the attention mask; padded completion positions get 0. ``entropy_grad``: the entropy keeps its gradient
+    (an entropy bonus)."""
     T = input_ids.shape[1] - prompt_len
     targets = input_ids[:, prompt_len:].masked_fill(attention_mask[:, prompt_len:] == 0, IGNORE)
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -298,5 +338,5 @@ def completion_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, p
     tgt = torch.cat([targets, targets.new_full((targets.shape[0], 1), IGNORE)], dim=1)
     _, lp, ent = lm_logprobs(model, tgt, input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
                              logits_to_keep=T + 1, use_cache=False, temperature=temperature, entropy=entropy,
-                             chunk_tokens=chunk_tokens, top_k=top_k, top_p=top_p)
+                             chunk_tokens=chunk_tokens, top_k=top_k, top_p=top_p, entropy_grad=entropy_grad)
     return lp[:, :-1], (ent[:, :-1] if ent is not None else None)

@@ -19,7 +19,9 @@ What the next TIR round continues from (``carry``):
 - ``"text"`` (the evaluation stage; the reference evaluator's way): the prompt + the response text so far,
   re-tokenised by the generator; the text before the stop word loses the stop word and its trailing whitespace,
   then ``tir_output_block`` (``\\n```output\\n{out}\\n```\\n``) is appended.
-- ``"tokens"`` (RL rollouts): the exact ids: the prompt's ids + every token generated so far (the ```` ```output ````
+- ``"tokens"`` (RL rollouts): the exact ids: the prompt is tokenised once (``Stream.prompt_ids``) and every round,
+  the first included, goes to the generator as ids (``generate_ids``, both backends have it; a generator without it
+  gets the text in round 1); then the prompt's ids + every token generated so far (the ```` ```output ````
   the policy wrote included) + the tokenised rest of the output block (``\\n{out}\\n```\\n``, less any characters
   that the token completing the stop word already carried). The sequence the update trains on is then, token for
   token, the one the sampler saw: every policy token keeps the log-prob it was sampled with, and
@@ -132,15 +134,16 @@ def strip_stops(text: str, stops: Sequence[str]) -> str:
 class Stream:
     """One output: sample ``sample`` of prompt ``prompt``, over all its rounds.
 
-    ``token_ids`` / ``logprobs`` / ``policy_mask`` (``carry="tokens"`` only; empty with ``"text"``): every completion
-    token in order, generated and injected; the sampler's log-prob of each generated token (0.0 on injected ones);
-    1 on generated tokens, 0 on injected ones. ``n_tokens``: generated tokens over all rounds. ``finish_reason``:
+    ``prompt_ids`` / ``token_ids`` / ``logprobs`` / ``policy_mask`` (``carry="tokens"`` only; empty with ``"text"``):
+    the prompt's ids as the generator got them; every completion token in order, generated and injected; the
+    sampler's log-prob of each generated token (0.0 on injected ones); 1 on generated tokens, 0 on injected ones. ``n_tokens``: generated tokens over all rounds. ``finish_reason``:
     the last generation's ("stop" / "length"), or "tool" when the last round stopped for a program.
     ``exec_status`` / ``program_answer``: PoT's program run (its status; ``str(solution())`` or None)."""
 
     prompt: int
     sample: int
     text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     policy_mask: list[int] = field(default_factory=list)
@@ -225,7 +228,9 @@ class _Loop:
         self.tokens = carry == "tokens"
         if self.tok is None:  # text carry: the generator's tokenizer tells which strings are special
             self.tok = getattr(generator, "tokenizer", None)
-        self.prompt_ids = tokenize_prompts(tokenizer, self.prompts) if self.tokens and mode == "tir" else None
+        ids_ok = callable(getattr(generator, "generate_ids", None)) and tokenizer is not None
+        self.prompt_ids = tokenize_prompts(tokenizer, self.prompts) if self.tokens and (ids_ok or mode == "tir") \
+            else None
         self.streams: list[list[Stream]] = [[] for _ in self.prompts]
         self.stops: tuple[str, ...] = ()
         self._extras: dict[int, str] = {}
@@ -235,9 +240,13 @@ class _Loop:
         that were generated for."""
         t0 = time.perf_counter()
         if todo is None:
-            outs = self.generator.generate(self.prompts[lo:hi], sp)
+            if self.prompt_ids is not None:  # token in: the ids the rollout will lay out, tokenised once
+                outs = self.generator.generate_ids(self.prompt_ids[lo:hi], sp)
+            else:
+                outs = self.generator.generate(self.prompts[lo:hi], sp)
             for i, group in zip(range(lo, hi), outs, strict=True):
-                self.streams[i] = [Stream(i, j) for j in range(len(group))]
+                pids = list(self.prompt_ids[i]) if self.prompt_ids is not None else []
+                self.streams[i] = [Stream(i, j, prompt_ids=list(pids)) for j in range(len(group))]
                 for st, c in zip(self.streams[i], group, strict=True):
                     st.add(c, self.tokens)
             todo = [st for i in range(lo, hi) for st in self.streams[i]]

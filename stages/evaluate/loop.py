@@ -8,7 +8,7 @@ resumed run draws the same samples as an uninterrupted one (given a deterministi
 
 Generation and execution go through the loop shared with RL rollouts, stages/core/tool_loop.py (``run_loop``,
 text carry as the reference evaluator, one chunk per batch). Modes:
-- ``cot``: the completion is the answer text (extract_answer).
+- ``cot``: the completion is the answer text (what each checker mode reads in it: stages.core.answers.final_answers).
 - ``pot``: the completion is a ``def solution()`` program (or holds one in a ```python block); it runs in
   the sandbox and ``str(solution())`` is the answer.
 - ``tir``: DeepSeekMath's tool-integrated loop: generate until ```` ```output ````, run the code written so far
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stages.core.answers import are_equivalent, extract_answer
+from stages.core.answers import MODES, RIGHT, check_many, final_answers, math_verify_many
 from stages.core.generation import SamplingParams
 from stages.core.io import iter_jsonl
 from stages.core.problems import Problem
@@ -74,6 +74,9 @@ class LoopSettings:
     tir_max_rounds: int
     exec_timeout_s: float
     exec_workers: int
+    checker: str = "strict"  # the headline mode: "correct" is its verdict
+    check_timeout_s: float = 5.0  # deadline of one answer check
+    math_verify: bool = True  # also math-verify's own verdict on each completion
 
 
 def sampling_params(spec: RunSpec, s: LoopSettings, stops: tuple[str, ...], batch_index: int, n: int | None = None,
@@ -109,18 +112,8 @@ def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s
                        lambda r, _c: sampling_params(spec, s, stops, batch_index, n=None if r == 0 else 1, round_=r),
                        pool, max_rounds=s.tir_max_rounds, exec_timeout_s=s.exec_timeout_s)
     comps = [[completion_record(st, spec.mode) for st in group] for group in streams]
-    flat = [c for cs in comps for c in cs]
-    bench = "math" if spec.family == "math" else "gsm8k"
-    if spec.mode != "pot":
-        for c in flat:
-            c["answer"] = extract_answer(c["text"], bench)
-    golds = [p.gold for p, cs in zip(problems, comps, strict=True) for _ in cs]
-    # the reference's percent rule (gold x 100 or / 100 accepted) only for the real benchmarks it was made for;
-    # on the generated integer problems it would count 200 as right for a gold of 2
-    checks = are_equivalent([c["answer"] for c in flat], golds, workers=s.exec_workers,
-                            percent_variants=spec.family != "generated")
-    for c, ok in zip(flat, checks, strict=True):
-        c["correct"] = bool(ok)
+    judge([c for cs in comps for c in cs], [p.gold for p, cs in zip(problems, comps, strict=True) for _ in cs],
+          spec.family, spec.mode, s)
     records = []
     for p, cs in zip(problems, comps, strict=True):
         records.append({
@@ -129,6 +122,36 @@ def evaluate_batch(generator: Any, problems: Sequence[Problem], spec: RunSpec, s
             "n_correct": sum(c["correct"] for c in cs), "completions": cs,
         })
     return records
+
+
+def judge(flat: list[dict[str, Any]], golds: list[str], family: str, mode: str, s: LoopSettings) -> None:
+    """Judge every completion record in place, in each checker mode and by math-verify alone.
+
+    Each record gets ``verdicts`` (``strict`` / ``deepseekmath`` / ``math_verify``: right, wrong, timeout or
+    refused), ``answer`` (what the headline mode read: its one answer, or the last of several; a PoT program's
+    answer as it returned it), ``answers`` (strict: every distinct final answer when there are several) and
+    ``correct`` (the headline verdict is right). The percent rule of the deepseekmath mode (gold x 100 or / 100) is
+    on for the real benchmarks it was made for; on the generated integer problems it would count 200 as right for a
+    gold of 2."""
+    bench = "math" if family == "math" else "gsm8k"
+    preds: dict[str, list[list[str]]] = {}
+    for m in MODES:
+        if mode == "pot":
+            preds[m] = [[] if c.get("answer") is None else [str(c["answer"])] for c in flat]
+        else:
+            preds[m] = [final_answers(c["text"], bench, mode=m) for c in flat]
+    verdicts = {m: check_many(preds[m], golds, mode=m, timeout_s=s.check_timeout_s, workers=s.exec_workers,
+                              percent_variants=family != "generated") for m in MODES}
+    if s.math_verify:
+        texts = [c.get("answer") if mode == "pot" else c["text"] for c in flat]
+        verdicts["math_verify"] = math_verify_many(texts, golds, timeout_s=s.check_timeout_s, workers=s.exec_workers)
+    for i, c in enumerate(flat):
+        head = preds[s.checker][i]
+        c["answer"] = head[-1] if head else None
+        if len(preds["strict"][i]) > 1:
+            c["answers"] = preds["strict"][i]
+        c["verdicts"] = {k: v[i] for k, v in verdicts.items()}
+        c["correct"] = verdicts[s.checker][i] == RIGHT
 
 
 def read_checkpoint(path: Path) -> dict[str, dict[str, Any]]:

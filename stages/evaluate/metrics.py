@@ -1,18 +1,24 @@
-"""Sampling metrics: pass@k (unbiased, from n samples) and maj@k (majority voting over k-subsets).
+"""Evaluation statistics: pass@k (unbiased, from n samples), maj@k (majority voting over k-subsets), avg@n, standard
+errors over problems, and the paired bootstrap over problems that compares two models.
 
-Both are per-problem functions; a benchmark's score is their mean over problems.
+pass@k and maj@k are per-problem functions; a benchmark's score is their mean over problems, and its standard error
+is the sample standard deviation of the per-problem values over sqrt(number of problems) (:func:`mean_se`).
 
 - pass@k (Chen et al. 2021, the Codex paper, eq. 1): with ``n`` samples of which ``c`` are correct,
   ``pass@k = 1 - C(n - c, k) / C(n, k)``, the probability that a random k-subset of the n samples holds
   at least one correct one. Computed as a running product, which never overflows.
 - maj@k: the accuracy of majority voting over ``k`` samples, averaged over k-subsets of the ``n``
   samples (all of them when there are at most ``max_subsets``, else ``max_subsets`` drawn at random
-  without replacement). Votes go to *answer classes*: samples whose extracted answers are
-  :func:`stages.core.answers.is_equivalent` to one another (greedy clustering against each class's
-  first member); a sample with no extracted answer does not vote. A subset in which nobody votes
-  scores 0; a tie between classes scores the fraction of tied classes that are correct (the expected
-  accuracy of breaking the tie uniformly at random). A class is correct when its first member was
-  judged correct against the gold answer.
+  without replacement). Votes go to *answer classes* (:func:`answer_classes`): every sample judged right is in
+  one class (right answers are equivalent to the gold, hence to one another), the others are grouped by a
+  canonical key of their answer (:func:`stages.core.answers.answer_key`: numbers by value, lists sorted, ...),
+  computed without any pairwise check, so maj@64 over 64 adversarial answers costs 64 checks against the gold
+  (each under its deadline), not 64 x 63 / 2. A sample with no extracted answer does not vote. A subset in which
+  nobody votes scores 0; a tie between classes scores the fraction of tied classes that are correct (the expected
+  accuracy of breaking the tie uniformly at random).
+- avg@n: the mean correctness of the n samples of a problem (pass@1 from n samples), with its standard error.
+- Standard errors and the paired bootstrap over problems (:func:`mean_se`, :func:`paired_bootstrap`) are in
+  :mod:`stages.core.stats` (the report uses them too), re-exported here.
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
+from stages.core.stats import mean_se, paired_bootstrap
+
+__all__ = ["answer_classes", "default_ks", "maj_at_k", "majority_correct", "mean_se", "paired_bootstrap", "pass_at_k",
+           "sample_metrics"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -39,26 +50,20 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
-def answer_classes(answers: Sequence[str | None], equivalent: Callable[[str, str], bool]) -> list[int | None]:
-    """Cluster extracted answers into equivalence classes; return each sample's class id (None: no answer).
-
-    Greedy: a sample joins the first existing class whose first member it is equivalent to (identical
-    strings short-circuit), else it opens a new class. ``equivalent(a, b)`` is called with the new answer
-    first.
-    """
-    reps: list[str] = []
+def answer_classes(keys: Sequence[str | None], correct: Sequence[bool]) -> list[int | None]:
+    """Each sample's answer class (None: no answer, it does not vote). Samples judged right form one class (class 0
+    when there is one); the others share a class when their answer keys are equal."""
+    if len(keys) != len(correct):
+        raise ValueError("keys and correct must have the same length")
+    ids: dict[object, int] = {}
     out: list[int | None] = []
-    for a in answers:
-        if a is None:
+    for k, ok in zip(keys, correct, strict=True):
+        if ok:
+            out.append(ids.setdefault(("right",), len(ids)))
+        elif k is None:
             out.append(None)
-            continue
-        for cid, rep in enumerate(reps):
-            if a.strip() == rep.strip() or equivalent(a, rep):
-                out.append(cid)
-                break
         else:
-            reps.append(a)
-            out.append(len(reps) - 1)
+            out.append(ids.setdefault(("key", k), len(ids)))
     return out
 
 
@@ -110,27 +115,25 @@ def default_ks(n: int) -> list[int]:
     return ks
 
 
-def sample_metrics(answers: Sequence[str | None], correct: Sequence[bool], equivalent: Callable[[str, str], bool],
-                   ks: Sequence[int], *, max_subsets: int = 256, seed: int = 0) -> dict[str, float]:
-    """pass@k and maj@k of one problem's n samples for every k in ``ks``.
+def sample_metrics(keys: Sequence[str | None], correct: Sequence[bool], ks: Sequence[int], *, max_subsets: int = 256,
+                   seed: int = 0) -> dict[str, float]:
+    """avg@n, pass@k and maj@k of one problem's n samples for every k in ``ks``.
 
-    ``answers[i]`` is sample i's extracted answer (None when nothing was extracted), ``correct[i]`` its
-    verdict against the gold answer. Returns ``{"pass@k": ..., "maj@k": ...}`` for each k.
+    ``keys[i]`` is sample i's answer key (:func:`stages.core.answers.answer_key`; None when nothing was extracted),
+    ``correct[i]`` its verdict against the gold answer. Returns ``{"avg@n": ..., "pass@k": ..., "maj@k": ...}``.
     """
-    if len(answers) != len(correct):
-        raise ValueError("answers and correct must have the same length")
-    n = len(answers)
-    classes = answer_classes(answers, equivalent)
+    if len(keys) != len(correct):
+        raise ValueError("keys and correct must have the same length")
+    n = len(keys)
+    classes = answer_classes(keys, correct)
     n_classes = max((c for c in classes if c is not None), default=-1) + 1
     class_correct = [False] * n_classes
-    seen: set[int] = set()
     for cid, ok in zip(classes, correct, strict=True):
-        if cid is not None and cid not in seen:
-            seen.add(cid)
-            class_correct[cid] = bool(ok)
+        if cid is not None and ok:
+            class_correct[cid] = True
     rng = random.Random(seed)
     c = sum(bool(x) for x in correct)
-    out: dict[str, float] = {}
+    out: dict[str, float] = {f"avg@{n}": c / n if n else 0.0}
     for k in ks:
         out[f"pass@{k}"] = pass_at_k(n, c, k)
         out[f"maj@{k}"] = maj_at_k(classes, class_correct, k, max_subsets=max_subsets, rng=rng)

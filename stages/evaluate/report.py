@@ -19,7 +19,7 @@ def rows(metrics: dict[str, dict[str, Any]]) -> list[list[str]]:
     out = []
     for model, m in metrics.items():
         for bench, modes in m.items():
-            if not isinstance(modes, dict) or bench in {"model", "prompting"}:
+            if not isinstance(modes, dict) or bench in {"model", "prompting", "checker", "seeds"}:
                 continue
             for mode, decs in modes.items():
                 if not isinstance(decs, dict):

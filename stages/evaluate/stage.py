@@ -4,7 +4,12 @@ Outputs (``<model>`` is a key of ``evaluate.models``):
 - ``data/eval/<model>/<benchmark>_<mode>_<greedy|sample>.jsonl``: one row per problem with every
   completion, its extracted answer and verdict; ``prompts.txt``: the first prompt of each run;
 - ``data/metrics/evaluate_<model>.json`` (dvc metrics): per benchmark, mode and decoding: greedy
-  accuracy, or pass@k / maj@k for k = 1, 2, 4, ... n; each also per difficulty; ``wall_s``;
+  accuracy with its standard error, or avg@n / pass@k / maj@k (k = 1, 2, 4, ... n) with theirs, under the headline
+  checker mode; ``wall_s``; the checker's mode and version;
+- ``data/details/evaluate_<model>.json``: all of that, per difficulty, the verifier-sensitivity table of every run
+  (accuracy under each checker mode and under math-verify alone, disagreements and samples of each kind), the
+  per-problem scores the report's paired comparisons need, and what produced the numbers (checker mode and version,
+  prompt template hash, sampling parameters and seeds);
 - ``data/plots/evaluate/<model>/<benchmark>_<mode>.tsv`` (dvc plots): k, pass@k, maj@k per sampled run.
 
 Resumable: each run appends finished batches to ``checkpoints/evaluate/<hash>/<run>.jsonl``, where the
@@ -26,7 +31,7 @@ from typing import Any
 import torch
 
 from stages.core import generation, paths
-from stages.core.answers import is_equivalent
+from stages.core.answers import CHECKER_VERSION, MODES, OUTCOMES, RIGHT, answer_key
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import resolve_model
@@ -34,7 +39,7 @@ from stages.core.plots import write_table
 from stages.core.problems import Problem, load_problem_file
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
 from stages.evaluate.loop import LoopSettings, RunSpec, generator_format, run_one
-from stages.evaluate.metrics import default_ks, sample_metrics
+from stages.evaluate.metrics import default_ks, mean_se, sample_metrics
 from stages.schema.evaluate import EvalCommonParams, EvalModelParams, EvaluateParams
 
 _CODE_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "core")
@@ -106,35 +111,91 @@ def fingerprint(model: str, m: EvalModelParams, c: EvalCommonParams, data_files:
     return h.hexdigest()[:16]
 
 
+def _candidates(x: dict[str, Any]) -> list[str]:
+    if x.get("answers"):
+        return list(x["answers"])
+    return [] if x.get("answer") is None else [str(x["answer"])]
+
+
 def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams | None) -> dict[str, Any]:
-    """Metrics of one run: greedy accuracy, or pass@k / maj@k (``c``: the sampling settings; a greedy run needs
-    none, GRPO's held-out curve passes None); overall and per difficulty."""
+    """Metrics of one run under the headline checker mode: greedy accuracy, or avg@n / pass@k / maj@k, each with its
+    standard error over problems; overall and per difficulty; the verifier-sensitivity table; per-problem scores.
+    ``c``: the evaluation's settings (a greedy run needs none: GRPO's held-out curve passes None, and its records were
+    judged with the loop's default headline mode, strict)."""
+    mode = c.checker.headline if c is not None else "strict"
     if spec.decoding == "greedy":
-        return _greedy_summary(records, spec)
-    assert c is not None
-    ks = default_ks(spec.n)
-    per_problem = []
-    for i, r in enumerate(records):
-        comps = r["completions"]
-        per_problem.append(sample_metrics(
-            [x["answer"] for x in comps], [x["correct"] for x in comps],
-            lambda a, b: is_equivalent(a, b), ks, max_subsets=c.maj_subsets, seed=c.seed + i,
-        ))
-    out: dict[str, Any] = {"n": len(records), "n_samples": spec.n, "temperature": c.temperature}
-    out.update(_mean_dicts(per_problem))
+        out = _greedy_summary(records, spec)
+    else:
+        assert c is not None
+        ks = default_ks(spec.n)
+        per_problem = []
+        for i, r in enumerate(records):
+            comps = r["completions"]
+            per_problem.append(sample_metrics([answer_key(_candidates(x), mode) for x in comps],
+                                              [x["correct"] for x in comps], ks, max_subsets=c.maj_subsets,
+                                              seed=c.seed + i))
+        out = {"n": len(records), "n_samples": spec.n, "temperature": c.temperature}
+        out.update(_mean_dicts(per_problem))
+        for k in per_problem[0] if per_problem else ():
+            out[f"{k}_se"] = round(mean_se([pm[k] for pm in per_problem])[1], 4)
+        comps_all = [x for r in records for x in r["completions"]]
+        out["no_answer"] = _frac(x["answer"] is None for x in comps_all)
+        by: dict[str, list[dict[str, float]]] = {}
+        for r, pm in zip(records, per_problem, strict=True):
+            by.setdefault(str(r["difficulty"]), []).append(pm)
+        out["by_difficulty"] = {d: {"n": len(v), **_mean_dicts(v)} for d, v in sorted(by.items())}
+        top = ks[-1]
+        out["per_problem"] = {"ids": [r["id"] for r in records],
+                              f"avg@{spec.n}": [round(pm[f"avg@{spec.n}"], 4) for pm in per_problem],
+                              f"pass@{top}": [round(pm[f"pass@{top}"], 4) for pm in per_problem],
+                              f"maj@{top}": [round(pm[f"maj@{top}"], 4) for pm in per_problem]}
     comps_all = [x for r in records for x in r["completions"]]
-    out["no_answer"] = _frac(x["answer"] is None for x in comps_all)
-    by: dict[str, list[dict[str, float]]] = {}
-    for r, pm in zip(records, per_problem, strict=True):
-        by.setdefault(str(r["difficulty"]), []).append(pm)
-    out["by_difficulty"] = {d: {"n": len(v), **_mean_dicts(v)} for d, v in sorted(by.items())}
+    out["timeouts"] = sum(x.get("verdicts", {}).get(mode) == "timeout" for x in comps_all)
+    out["refused"] = sum(x.get("verdicts", {}).get(mode) == "refused" for x in comps_all)
+    out["verifiers"] = verifier_table(records)
+    return out
+
+
+VERIFIERS = (*MODES, "math_verify")
+"""The verdicts every completion gets (stages/evaluate/loop.py judge): each checker mode and math-verify alone."""
+
+
+def verifier_table(records: list[dict[str, Any]], n_examples: int = 3) -> dict[str, Any]:
+    """The verifier-sensitivity table of one run: per verifier (each checker mode, math-verify alone) its accuracy
+    over all completions and its outcome counts; per pair of verifiers the number of completions they disagree on
+    (right vs not right); per kind of disagreement (which verifiers say right) its count and up to ``n_examples``
+    samples (problem id, answer, gold, verdicts)."""
+    comps = [(r, x) for r in records for x in r["completions"]]
+    names = [v for v in VERIFIERS if any(v in x.get("verdicts", {}) for _, x in comps)]
+    out: dict[str, Any] = {"n": len(comps)}
+    for v in names:
+        got = [x["verdicts"].get(v) for _, x in comps]
+        out[v] = {"acc": _frac(g == RIGHT for g in got), **{o: got.count(o) for o in OUTCOMES if o != RIGHT}}
+    pairs = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            pairs[f"{a}/{b}"] = sum((x["verdicts"].get(a) == RIGHT) != (x["verdicts"].get(b) == RIGHT) for _, x in comps)
+    out["disagreements"] = pairs
+    kinds: dict[str, dict[str, Any]] = {}
+    for r, x in comps:
+        right = [v for v in names if x["verdicts"].get(v) == RIGHT]
+        if 0 < len(right) < len(names):
+            kind = "right only by " + " + ".join(right) if right else ""
+            k = kinds.setdefault(kind, {"count": 0, "samples": []})
+            k["count"] += 1
+            if len(k["samples"]) < n_examples:
+                k["samples"].append({"id": r["id"], "answer": x.get("answers") or x.get("answer"), "gold": r["gold"],
+                                     "verdicts": dict(x["verdicts"]), "tail": x.get("text", "")[-160:]})
+    out["kinds"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]["count"]))
     return out
 
 
 def _greedy_summary(records: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
     comps = [r["completions"][0] for r in records]
+    acc, se = mean_se([float(x["correct"]) for x in comps])
     out: dict[str, Any] = {
-        "acc": _frac(x["correct"] for x in comps),
+        "acc": round(acc, 4),
+        "acc_se": round(se, 4),
         "n": len(records),
         "no_answer": _frac(x["answer"] is None for x in comps),
         "truncated": _frac(x["finish_reason"] == "length" for x in comps),
@@ -148,6 +209,7 @@ def _greedy_summary(records: list[dict[str, Any]], spec: RunSpec) -> dict[str, A
     for r, x in zip(records, comps, strict=True):
         by.setdefault(str(r["difficulty"]), []).append(x["correct"])
     out["by_difficulty"] = {d: {"acc": _frac(v), "n": len(v)} for d, v in sorted(by.items())}
+    out["per_problem"] = {"ids": [r["id"] for r in records], "acc": [int(x["correct"]) for x in comps]}
     return out
 
 
@@ -205,9 +267,11 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     if generator is None:
         generator = make_generator(c, m.path, rows=c.batch_size * (m.n_samples if m.sample_modes else 1))
     settings = LoopSettings(c.batch_size, c.max_new_tokens, c.temperature, c.top_p, c.seed, c.tir_max_rounds,
-                            c.exec_timeout_s, c.exec_workers)
+                            c.exec_timeout_s, c.exec_workers, c.checker.headline, c.checker.timeout_s,
+                            c.checker.math_verify)
 
-    metrics: dict[str, Any] = {"model": model, "prompting": m.prompting}
+    metrics: dict[str, Any] = {"model": model, "prompting": m.prompting, "checker": checker_record(c),
+                               "seeds": {"sampling": c.seed, "maj_subsets": c.seed}}
     outputs: dict[str, list[dict[str, Any]]] = {}
     prompt_examples: list[str] = []
     resumed_total = 0
@@ -220,6 +284,8 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
                      if m.prompting == "few_shot" and spec.family == "generated" else None)
         prompt_examples.append(f"===== {spec.name} =====\n"
                                f"{build_prompt(problems[0], spec.mode, m.prompting, exemplars, generator_format(generator))}")
+        template = build_prompt(Problem("template", spec.family, "{question}", None, None), spec.mode, m.prompting,
+                                exemplars, generator_format(generator))  # the run's template: its hash is recorded
         t_run = time.perf_counter()
         records, resumed = run_one(generator, problems, spec, settings, m.prompting, exemplars,
                                    ckpt_dir / f"{spec.name}.jsonl", progress=_progress(f"{model}:{spec.name}"))
@@ -227,6 +293,8 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
         gen_tokens += sum(x["n_tokens"] for r in records for x in r["completions"])
         outputs[spec.name] = records
         summary = summarize(records, spec, c)
+        summary["prompt_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
+        summary["sampling"] = sampling_record(spec, settings, m.prompting)
         summary["wall_s"] = round(time.perf_counter() - t_run, 2)
         metrics.setdefault(spec.benchmark, {}).setdefault(spec.mode, {})[spec.decoding] = summary
 
@@ -241,10 +309,35 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     metrics["resumed_problems"] = resumed_total
     metrics["generated_tokens"] = gen_tokens
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
-    write_metrics(f"evaluate_{model}", metrics, ["model", "*.greedy.acc", "*.greedy.exec_ok", "*.sample.pass@*",
-                                                 "*.sample.maj@*"])
+    write_metrics(f"evaluate_{model}", metrics, ["model", "checker.headline", "checker.version", "*.greedy.acc",
+                                                 "*.greedy.acc_se", "*.greedy.exec_ok", "*.sample.avg@*",
+                                                 "*.sample.pass@*", "*.sample.maj@*"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return metrics
+
+
+def checker_record(c: EvalCommonParams) -> dict[str, Any]:
+    """What judged the answers: the headline and report modes, the checker's version, the deadline, math-verify's
+    version (every result file records it)."""
+    try:
+        from importlib.metadata import version
+
+        mv = version("math-verify")
+    except Exception:  # noqa: BLE001 - not installed: recorded as such
+        mv = None
+    return {"headline": c.checker.headline, "report": c.checker.report, "version": CHECKER_VERSION,
+            "timeout_s": c.checker.timeout_s, "math_verify": mv if c.checker.math_verify else None}
+
+
+def sampling_record(spec: RunSpec, s: LoopSettings, prompting: str) -> dict[str, Any]:
+    """The decoding parameters of one run (greedy: temperature 0), with its stop strings and seed."""
+    from stages.evaluate.benchmarks import stop_strings
+
+    greedy = spec.decoding == "greedy"
+    return {"temperature": 0.0 if greedy else s.temperature, "top_p": 1.0 if greedy else s.top_p, "n": spec.n,
+            "max_new_tokens": s.max_new_tokens, "seed": s.seed, "stop": list(stop_strings(spec.family, spec.mode,
+                                                                                         prompting)),
+            "tir_max_rounds": s.tir_max_rounds if spec.mode == "tir" else None}
 
 
 def write_plots(model: str, metrics: dict[str, Any]) -> None:

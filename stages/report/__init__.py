@@ -4,8 +4,9 @@ Reads every stage's metrics (data/details/*.json), the training curves (data/plo
 data/plots/grpo/*.csv) and the committed comparison results (benchmarks/results/paradigm.json, iterative_rl.json;
 ``report.benchmark_results``): the exact list is :func:`stages.report.inputs.input_files`. Writes
 
-- ``data/report/index.html``: a headline table of held-out accuracy per model, the paper's reference numbers
-  beside ours (stages/report/paper.py, each with its table or figure), a stages overview, then one section per
+- ``data/report/index.html``: a headline table of held-out accuracy per model (± standard errors), every model
+  comparison with its paired-bootstrap interval (stages/report/uncertainty.py), the verifier-sensitivity table (each
+  checker mode and math-verify), the paper's reference numbers beside ours (stages/report/paper.py, each with its table or figure), a stages overview, then one section per
   stage with its key metrics, its curves (matplotlib PNGs inlined as ``data:`` URIs: the page fetches nothing)
   and every metric in a collapsed table;
 - ``data/report/summary.md``: the headline, the paper comparison and the stages as markdown (the flow publishes
@@ -26,6 +27,7 @@ from stages.core import paths
 from stages.core.io import atomic_path, write_metrics
 from stages.report import page
 from stages.report.inputs import STAGES, load
+from stages.report.uncertainty import comparisons
 from stages.schema.report import ReportParams
 
 
@@ -44,8 +46,10 @@ def run(p: ReportParams) -> dict[str, Any]:
     """Build the page and its markdown summary from the current outputs; return (and write) the report metrics."""
     t0 = time.perf_counter()
     inputs = load(p)
-    html = page.html_page(p.title, inputs, p.benchmark_results)
-    md = page.markdown_summary(p.title, inputs, str(paths.REPORT_HTML))
+    comps = comparisons(inputs.evaluate, p.bootstrap_resamples, p.bootstrap_seed)
+    html = page.html_page(p.title, inputs, p.benchmark_results, bootstrap_resamples=p.bootstrap_resamples,
+                          bootstrap_seed=p.bootstrap_seed, comps=comps)
+    md = page.markdown_summary(p.title, inputs, str(paths.REPORT_HTML), comps)
     with atomic_path(paths.REPORT) as tmp:
         tmp.mkdir(parents=True)
         (tmp / paths.REPORT_HTML.name).write_text(html, encoding="utf-8")
@@ -60,6 +64,8 @@ def run(p: ReportParams) -> dict[str, Any]:
         "stages_not_run": not_run,
         "missing_inputs": inputs.missing,
         "figures": html.count('<img src="data:image/png;base64,'),
+        "comparisons": len(comps),
+        "comparisons_beyond_noise": sum(c.beyond_noise for c in comps),
         "html_bytes": len(html.encode("utf-8")),
         "wall_s": round(time.perf_counter() - t0, 2),
     }

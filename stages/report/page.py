@@ -16,6 +16,7 @@ from typing import Any
 
 from stages.report import figures, paper
 from stages.report.inputs import STAGES, Inputs, get, mapping, num, seq
+from stages.report.uncertainty import Comparison, comparisons, find, interval_text, verifier_rows
 
 NOT_RUN = "not run"
 DASH = "—"
@@ -58,6 +59,12 @@ def acc(v: Any) -> str:
     return DASH if x is None else f"{x:.3f}"
 
 
+def acc_se(v: Any, se: Any) -> str:
+    """An accuracy with its standard error: ``0.506 ± 0.022`` (the accuracy alone when there is no SE)."""
+    x, e = num(v), num(se)
+    return acc(v) if x is None or e is None else f"{x:.3f} ± {e:.3f}"
+
+
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """Nested metrics as ``{"a.b": value}`` (lists kept as values)."""
     out: dict[str, Any] = {}
@@ -89,6 +96,9 @@ class HeadRow:
     k: int | None
     pass_k: float | None
     maj_k: float | None
+    cot_se: float | None = None
+    pass_se: float | None = None
+    maj_se: float | None = None
 
 
 BENCHMARK_ORDER = ("generated", "gsm8k", "math")
@@ -114,7 +124,8 @@ def headline(inputs: Inputs) -> list[HeadRow]:
             out.append(HeadRow(
                 model, get(m, "prompting"), b, num(get(m, f"{b}.cot.greedy.acc")), num(get(m, f"{b}.pot.greedy.acc")),
                 num(get(m, f"{b}.tir.greedy.acc")), k, num(get(s, f"pass@{k}")) if k else None,
-                num(get(s, f"maj@{k}")) if k else None))
+                num(get(s, f"maj@{k}")) if k else None, num(get(m, f"{b}.cot.greedy.acc_se")),
+                num(get(s, f"pass@{k}_se")) if k else None, num(get(s, f"maj@{k}_se")) if k else None))
     return out
 
 
@@ -127,8 +138,8 @@ def _head_cells(r: HeadRow) -> list[str]:
         return [r.model, paper.MODEL_NAMES.get(r.model, ""), NOT_RUN, "", "", "", "", "", ""]
     kk = f" (k={r.k})" if r.k else ""
     return [r.model, paper.MODEL_NAMES.get(r.model, ""), (r.prompting or DASH).replace("_", "-"), r.benchmark,
-            acc(r.cot), acc(r.pot), acc(r.tir), acc(r.pass_k) + (kk if r.pass_k is not None else ""),
-            acc(r.maj_k) + (kk if r.maj_k is not None else "")]
+            acc_se(r.cot, r.cot_se), acc(r.pot), acc(r.tir), acc_se(r.pass_k, r.pass_se) + (kk if r.pass_k is not None else ""),
+            acc_se(r.maj_k, r.maj_se) + (kk if r.maj_k is not None else "")]
 
 
 def headline_lines(inputs: Inputs, report_path: str | None) -> list[str]:
@@ -179,13 +190,31 @@ ACC_COLUMNS = (("gsm8k", "cot"), ("math", "cot"), ("gsm8k", "tool"), ("math", "t
 """The comparison's columns; "tool" is PoT for the base model (Table 3) and tool-integrated for the others."""
 
 
+def report_mode(inputs: Inputs) -> str | None:
+    """The checker mode whose accuracies are set beside the paper's (``evaluate.common.checker.report``, recorded
+    in every evaluation's details), or None for evaluations older than the checker modes."""
+    for m in inputs.evaluate.values():
+        r = get(m, "checker.report")
+        if isinstance(r, str):
+            return r
+    return None
+
+
+def greedy_acc(m: dict[str, Any] | None, path: str, mode: str | None) -> float | None:
+    """A greedy run's accuracy (``path``: ``<benchmark>.<mode>``) under checker ``mode`` (its verifier table), or
+    the headline accuracy when the run has no verdict of that mode."""
+    v = num(get(m, f"{path}.greedy.verifiers.{mode}.acc")) if mode else None
+    return v if v is not None else num(get(m, f"{path}.greedy.acc"))
+
+
 def _our_accuracy(inputs: Inputs, a: paper.Accuracy) -> AccCell:
     m = inputs.evaluate.get(a.model)
-    v = num(get(m, f"{a.benchmark}.{a.mode}.greedy.acc"))
+    mode = report_mode(inputs)
+    v = greedy_acc(m, f"{a.benchmark}.{a.mode}", mode)
     if v is not None:
         return AccCell(a.percent, 100 * v, False, get(m, f"{a.benchmark}.{a.mode}.greedy.n"))
     if a.benchmark == "gsm8k":  # the tiny default's word problems stand in for GSM8K (marked)
-        v = num(get(m, f"generated.{a.mode}.greedy.acc"))
+        v = greedy_acc(m, f"generated.{a.mode}", mode)
         if v is not None:
             return AccCell(a.percent, 100 * v, True, get(m, f"generated.{a.mode}.greedy.n"))
     return AccCell(a.percent, None, False, None)
@@ -225,18 +254,24 @@ def _pick(evals: dict[str, Any], model: str, bench_first: Sequence[str], path: s
     return None, None
 
 
-def paper_rows(inputs: Inputs) -> list[PaperRow]:
-    """The paper's findings (stages/report/paper.py) beside what we measured."""
+def paper_rows(inputs: Inputs, comps: list[Comparison] | None = None) -> list[PaperRow]:
+    """The paper's findings (stages/report/paper.py) beside what we measured (with the paired bootstrap interval
+    of each model comparison, ``comps``)."""
     out = []
     c = paper.CLAIMS
     ev = inputs.evaluate
+    comps = comps if comps is not None else comparisons(ev)
 
     # RL over SFT, CoT greedy, on the same benchmark
     cot_s, b1 = _pick(ev, "sft", ("gsm8k", "generated"), "cot.greedy.acc")
     cot_g, b2 = _pick(ev, "grpo", (b1,) if b1 else (), "cot.greedy.acc")
     ours = None if cot_s is None or cot_g is None else f"{100 * (cot_g - cot_s):+.1f} points"
+    cmp = find(comps, "sft", "grpo", b2, "cot greedy", "acc")
+    if ours and cmp is not None:
+        ours = interval_text(cmp)
     out.append(PaperRow("RL over SFT (CoT greedy)", c["rl_gain"].text, c["rl_gain"].source, ours,
-                        f"grpo - sft on {b2}" if ours else "needs evaluate@sft and evaluate@grpo"))
+                        f"grpo - sft on {b2}, paired bootstrap over problems" if ours else
+                        "needs evaluate@sft and evaluate@grpo"))
 
     # Figure 7: maj@K vs pass@K gain of RL over SFT
     ours, note = None, "needs sampled CoT runs of sft and grpo"
@@ -250,6 +285,10 @@ def paper_rows(inputs: Inputs) -> list[PaperRow]:
             if None not in dp + dm:
                 gp, gm = dp[0] - dp[1], dm[0] - dm[1]
                 ours = f"maj@{k} {gm:+.3f}, pass@{k} {gp:+.3f}"
+                cm, cp = (find(comps, "sft", "grpo", b, "cot sample", f"{x}@{k}") for x in ("maj", "pass"))
+                if cm is not None and cp is not None:
+                    ours = (f"maj@{k} {gm:+.3f} [{cm.lo:+.3f}, {cm.hi:+.3f}], pass@{k} {gp:+.3f} "
+                            f"[{cp.lo:+.3f}, {cp.hi:+.3f}] (95% CIs)")
                 note = f"grpo - sft on {b}, T = {get(s, 'temperature')}; maj@k " + (
                     "gains more than pass@k" if gm > gp else "does not gain more than pass@k")
                 break
@@ -466,13 +505,20 @@ def _any_stand_in(inputs: Inputs) -> bool:
     return any(c is not None and c.stand_in for _, _, cells in accuracy_table(inputs) for c in cells)
 
 
-def markdown_summary(title: str, inputs: Inputs, report_path: str) -> str:
-    """The report's summary as markdown: headline, the paper beside ours, the stages."""
+def markdown_summary(title: str, inputs: Inputs, report_path: str, comps: list[Comparison] | None = None) -> str:
+    """The report's summary as markdown: headline, the model comparisons, the verifier table, the paper beside ours,
+    the stages."""
+    comps = comps if comps is not None else comparisons(inputs.evaluate)
     return "\n\n".join([
         f"# {title}",
         f"Full report (self-contained HTML): `{report_path}`",
         "## Held-out accuracy per model",
         _md_table(HEAD_COLUMNS, [_head_cells(r) for r in headline(inputs)]),
+        checker_note(inputs) + "; ± one standard error over problems.",
+        "## Model comparisons (paired bootstrap over problems, 95% intervals)",
+        _md_table(COMPARISON_COLUMNS, comparison_rows(comps)) if comps else NOT_RUN,
+        "## Verifier sensitivity",
+        _md_table(VERIFIER_COLUMNS, verifier_table_rows(inputs)) if verifier_table_rows(inputs) else NOT_RUN,
         f"## The paper beside ours ({paper.PAPER})",
         "Top-1 greedy accuracy, percent (paper / ours):",
         _md_table(["model", "source"] + [f"{b.upper()} {k}" for b, k in ACC_COLUMNS],
@@ -480,7 +526,7 @@ def markdown_summary(title: str, inputs: Inputs, report_path: str) -> str:
                    for label, src, cells in accuracy_table(inputs)]),
         STAND_IN_NOTE if _any_stand_in(inputs) else "",
         _md_table(("finding", "paper", "source", "ours", "our measurement"),
-                  [(r.what, r.paper, r.source, r.ours or NOT_RUN, r.note) for r in paper_rows(inputs)]),
+                  [(r.what, r.paper, r.source, r.ours or NOT_RUN, r.note) for r in paper_rows(inputs, comps)]),
         "## Stages",
         _md_table(("stage", "status", "result"), overview_rows(inputs)),
         TIMINGS_NOTE,
@@ -636,8 +682,15 @@ def _evaluate_section(inputs: Inputs) -> str:
             body.append(html_table(["model"] + [f"difficulty {d}" for d in diffs], drows,
                                    numeric=range(1, len(diffs) + 1)))
     for k, v in ev.items():
-        body.append(all_metrics(v, f"data/details/evaluate_{k}.json"))
+        body.append(all_metrics(_without(v, ("per_problem", "verifiers")), f"data/details/evaluate_{k}.json"))
     return _section("evaluate", TITLES["evaluate"], True, "\n".join(body))
+
+
+def _without(d: Any, keys: tuple[str, ...]) -> Any:
+    """``d`` without the nested keys ``keys`` (the per-problem scores and verifier tables have their own tables)."""
+    if not isinstance(d, dict):
+        return d
+    return {k: _without(v, keys) for k, v in d.items() if k not in keys}
 
 
 def _one(v: Any) -> str:
@@ -663,6 +716,112 @@ def run_rows(ev: dict[str, dict[str, Any]]) -> list[list[str]]:
                                 fmt(k), acc(r.get("no_answer")), acc(r.get("truncated")),
                                 _one(r.get("mean_tokens"))])
     return out
+
+
+COMPARISON_COLUMNS = ("step", "before → after", "benchmark", "run", "metric", "problems", "before", "after",
+                      "difference", "95% interval", "p", "beyond noise")
+
+
+def comparison_rows(comps: list[Comparison]) -> list[list[str]]:
+    """One row per model comparison: both means, the difference, its paired-bootstrap interval and p-value."""
+    return [[c.what, f"{c.before} → {c.after}", c.benchmark, c.run, c.metric, fmt(c.n), f"{c.before_mean:.3f}",
+             f"{c.after_mean:.3f}", f"{c.diff:+.3f}", f"[{c.lo:+.3f}, {c.hi:+.3f}]", f"{c.p_value:.3f}",
+             "yes" if c.beyond_noise else "no"] for c in comps]
+
+
+def checker_note(inputs: Inputs) -> str:
+    """Which checker judged the numbers (recorded in the evaluations' details)."""
+    rec = next((get(m, "checker") for m in inputs.evaluate.values() if isinstance(get(m, "checker"), dict)), None)
+    if not isinstance(rec, dict):
+        return "answer checker: not recorded (an evaluation older than the checker modes)"
+    return (f"answer checker: headline mode {rec.get('headline')}, the paper comparison in {rec.get('report')} mode "
+            f"(checker version {rec.get('version')}, deadline {fmt(rec.get('timeout_s'))} s per check"
+            + (f", math-verify {rec.get('math_verify')} beside" if rec.get("math_verify") else "") + ")")
+
+
+def seeds_note(inputs: Inputs, resamples: int, seed: int) -> str:
+    """The seeds behind the numbers on the page."""
+    s = next((get(m, "seeds.sampling") for m in inputs.evaluate.values() if num(get(m, "seeds.sampling")) is not None),
+             None)
+    g = get(inputs.metrics.get("grpo"), "seed")
+    parts = [f"evaluation sampling seed {fmt(s)} (batch b samples with seed + b; maj@k subsets with seed + problem)"
+             if s is not None else "evaluation sampling seed: not recorded"]
+    if num(g) is not None:
+        parts.append(f"GRPO seed {fmt(g)}")
+    parts.append(f"paired bootstrap: {fmt(resamples)} resamples of the problems, seed {seed}")
+    return "Seeds: " + "; ".join(parts) + "."
+
+
+VERIFIER_COLUMNS = ("model", "benchmark", "run", "completions", "strict", "deepseekmath", "math-verify",
+                    "strict ≠ deepseekmath", "strict ≠ math-verify", "deepseekmath ≠ math-verify", "timeouts")
+
+
+def verifier_table_rows(inputs: Inputs) -> list[list[str]]:
+    """The verifier-sensitivity table: per model, benchmark and run, the accuracy under each checker mode and under
+    math-verify alone, the completions each pair disagrees on, and the timeouts (any verifier)."""
+    out = []
+    for r in verifier_rows(inputs.evaluate):
+        v = r["v"]
+        d = mapping(v.get("disagreements"))
+        out.append([r["model"], r["benchmark"], r["run"], fmt(v.get("n")), acc(get(v, "strict.acc")),
+                    acc(get(v, "deepseekmath.acc")), acc(get(v, "math_verify.acc")),
+                    fmt(d.get("deepseekmath/strict")), fmt(d.get("strict/math_verify")),
+                    fmt(d.get("deepseekmath/math_verify")),
+                    fmt(sum(num(get(v, f"{k}.timeout")) or 0 for k in ("strict", "deepseekmath", "math_verify")))])
+    return out
+
+
+def _verifier_samples_html(inputs: Inputs) -> str:
+    parts = []
+    for r in verifier_rows(inputs.evaluate):
+        kinds = mapping(r["v"].get("kinds"))
+        if not kinds:
+            continue
+        rows = []
+        for kind, k in kinds.items():
+            for smp in seq(get(k, "samples")):
+                verdicts = ", ".join(f"{a}: {b}" for a, b in mapping(get(smp, "verdicts")).items())
+                rows.append([f"{kind} ({fmt(get(k, 'count'))})", str(get(smp, "id")), fmt(get(smp, "answer")),
+                             str(get(smp, "gold")), verdicts, str(get(smp, "tail") or "")[-120:]])
+        parts.append(f"<details><summary>{esc(r['model'])} · {esc(r['benchmark'])} · {esc(r['run'])}: "
+                     f"{len(kinds)} kind(s) of disagreement</summary>"
+                     + html_table(("kind (count)", "problem", "answer", "gold", "verdicts", "end of the output"), rows,
+                                  cls="small") + "</details>")
+    return "\n".join(parts) if parts else '<p class="note">No disagreement between the verifiers.</p>'
+
+
+def _uncertainty_section(inputs: Inputs, comps: list[Comparison], resamples: int, seed: int) -> str:
+    ran = any(v is not None for v in inputs.evaluate.values())
+    if not ran:
+        return _section("uncertainty", "Model comparisons with their uncertainty", False,
+                        _not_run("evaluate", "data/details/evaluate_<model>.json"))
+    body = ['<p class="note">Each step of the pipeline and each RL variant, on the problems both models were scored '
+            "on: the difference of the mean scores (after − before) and its 95% paired-bootstrap interval over "
+            "problems (stages/core/stats.py). Beyond noise: the interval excludes 0. Greedy runs compare per-problem "
+            "correctness; sampled runs avg@n (mean correctness of the n samples), pass@n and maj@n.</p>"]
+    if comps:
+        body.append(html_table(COMPARISON_COLUMNS, comparison_rows(comps), numeric=range(5, 11), cls="small"))
+    else:
+        body.append(f'<p class="na">{NOT_RUN}: no two evaluated models with per-problem scores to compare '
+                    "(evaluations older than the checker modes carry none).</p>")
+    body.append(f'<p class="note">{esc(seeds_note(inputs, resamples, seed))}</p>')
+    return _section("uncertainty", "Model comparisons with their uncertainty", bool(comps), "\n".join(body))
+
+
+def _verifier_section(inputs: Inputs) -> str:
+    rows = verifier_table_rows(inputs)
+    if not rows:
+        return _section("verifiers", "Answer checking: verifier sensitivity", False,
+                        '<p class="na">not run: no evaluation with per-verifier verdicts '
+                        "(data/details/evaluate_&lt;model&gt;.json, verifiers).</p>")
+    body = ['<p class="note">Every completion is judged three ways: the strict checker (the headline), the '
+            "reference's rules (deepseekmath mode, the paper comparison) and math-verify alone (its own extraction "
+            "and verify). Accuracy over all completions of the run under each, the completions each pair disagrees "
+            "on, and the checks that hit their deadline (never counted right). docs/evaluation.md has the rules.</p>",
+            f'<p class="note">{esc(checker_note(inputs))}.</p>',
+            html_table(VERIFIER_COLUMNS, rows, numeric=range(3, 11), cls="small"),
+            "<h3>Samples of each kind of disagreement</h3>", _verifier_samples_html(inputs)]
+    return _section("verifiers", "Answer checking: verifier sensitivity", True, "\n".join(body))
 
 
 def _comparisons_section(inputs: Inputs, enabled: bool) -> str:
@@ -716,9 +875,14 @@ def _paradigm_block(body: list[str], d: dict[str, Any] | None, name: str) -> boo
     return True
 
 
-def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at: datetime | None = None) -> str:
-    """The whole page: headline, the paper beside ours, the stages overview, one section per stage."""
+def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at: datetime | None = None,
+              bootstrap_resamples: int = 2000, bootstrap_seed: int = 0,
+              comps: list[Comparison] | None = None) -> str:
+    """The whole page: headline (with standard errors), the model comparisons with their paired-bootstrap intervals,
+    the verifier-sensitivity table, the paper beside ours, the stages overview, one section per stage."""
     when = (generated_at or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
+    if comps is None:
+        comps = comparisons(inputs.evaluate, bootstrap_resamples, bootstrap_seed)
     head_rows = headline(inputs)
     seps = ["model-sep" if i and r.model != head_rows[i - 1].model else "" for i, r in enumerate(head_rows)]
     parts = [
@@ -727,26 +891,29 @@ def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at:
         f'<code>data/details</code>, <code>data/plots</code> and <code>benchmarks/results</code>. Paper: '
         f'<a href="{paper.PAPER_URL}">{esc(paper.PAPER)}</a>.</p>',
         "<nav>" + "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
-            ("headline", "Headline"), ("paper", "Paper vs ours"), ("stages", "Stages"), ("data", "data"),
+            ("headline", "Headline"), ("uncertainty", "Comparisons"), ("verifiers", "Verifiers"),
+            ("paper", "Paper vs ours"), ("stages", "Stages"), ("data", "data"),
             ("corpus", "corpus"), ("base_model", "base_model"), ("pretrain", "pretrain"), ("sft", "sft"),
             ("reward_model", "reward_model"), ("grpo", "grpo"), ("evaluate", "evaluate"),
             ("comparisons", "comparisons"))) + "</nav></header>",
         '<section id="headline"><h2>Held-out accuracy per model</h2>',
         '<p class="note">Greedy top-1 accuracy on each benchmark the evaluate stage ran; pass@k and maj@k from k '
-        "sampled CoT solutions per problem. The tiny default's benchmark is <code>generated</code>: held-out "
-        "word problems made by the data stage (GSM8K and MATH when <code>evaluate.common</code> gives their files)."
-        "</p>",
+        "sampled CoT solutions per problem; ± one standard error over problems. The tiny default's benchmark is "
+        "<code>generated</code>: held-out word problems made by the data stage (GSM8K and MATH when "
+        f"<code>evaluate.common</code> gives their files). {esc(checker_note(inputs))}.</p>",
         html_table(HEAD_COLUMNS, [_head_cells(r) for r in head_rows], numeric=range(4, 9), cls="head",
                    row_classes=seps),
         "</section>",
+        _uncertainty_section(inputs, comps, bootstrap_resamples, bootstrap_seed),
+        _verifier_section(inputs),
         '<section id="paper"><h2>The paper beside ours</h2><p class="note">The paper\'s numbers and findings with '
         "their table or figure (stages/report/paper.py); ours from this run, or from the committed benchmark "
         "results. Paper: 7B models on GSM8K / MATH; ours: the models of this run on the benchmark named.</p>",
-        "<h3>Top-1 greedy accuracy, percent</h3>",
+        f"<h3>Top-1 greedy accuracy, percent ({esc(report_mode(inputs) or 'headline')} rules)</h3>",
         accuracy_html(inputs),
         "<h3>Findings</h3>",
         html_table(("finding", "paper", "source", "ours", "our measurement"),
-                   [(r.what, r.paper, r.source, r.ours or NOT_RUN, r.note) for r in paper_rows(inputs)],
+                   [(r.what, r.paper, r.source, r.ours or NOT_RUN, r.note) for r in paper_rows(inputs, comps)],
                    numeric=()),
         "</section>",
         '<section id="stages"><h2>Stages</h2>',

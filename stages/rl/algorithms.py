@@ -78,7 +78,7 @@ class Algorithm:
         """The rule / custom reward functions of the run (the rewards of ``reward.source: rule``, and the accuracy
         metric with every source)."""
         return RewardSet.from_params(p.reward.accuracy_weight, p.reward.format_weight, p.reward.custom,
-                                     p.reward.custom_weights, template=p.template)
+                                     p.reward.custom_weights, template=p.template, checker=p.reward.checker)
 
     def uses_reference(self, p: Any) -> bool:
         """Whether the step needs the frozen reference model pi_ref (the spec: a KL with beta > 0)."""
@@ -94,7 +94,8 @@ class Algorithm:
 
     def loss_config(self, p: Any) -> LossConfig:
         return LossConfig(clip_eps=p.loss.clip_eps, clip_eps_high=p.loss.clip_eps_high, beta=0.0,
-                          aggregation=p.loss.aggregation)
+                          aggregation=p.loss.aggregation, cispo_max_ratio=p.loss.cispo.max_ratio,
+                          cispo_min_ratio=p.loss.cispo.min_ratio)
 
     def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Critic | None:
         """A value model with its updater (PPO), or None."""
@@ -118,15 +119,20 @@ class Algorithm:
         return tg
 
 
-def sample_rollout(ctx: StepContext, step: int, questions: list[int]) -> Rollout:
+ROUND_SEED = 1_000_000_007
+"""Extra round r of a step samples with seed ``seed * 1_000_003 + step + ROUND_SEED * r`` (r = 0: the step's own)."""
+
+
+def sample_rollout(ctx: StepContext, step: int, questions: list[int], round_: int = 0) -> Rollout:
     """G outputs per question from the current policy, each question in its rollout mode (``grpo.rollout``; the tool
-    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step."""
+    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step (and
+    ``round_``, dynamic sampling's extra generation rounds of the step: stages/rl/recipes.py)."""
     p = ctx.p
     batch = [ctx.rows[i] for i in questions]
     modes = question_modes(p.rollout, p.seed, step, questions)
     ctx.model.eval()
     samples, metrics = sample_outputs(ctx.generator, ctx.tokenizer, [r["question"] for r in batch], modes, p,
-                                      seed=p.seed * 1_000_003 + step, pool=ctx.sandbox_pool)
+                                      seed=p.seed * 1_000_003 + step + ROUND_SEED * round_, pool=ctx.sandbox_pool)
     sleep = getattr(ctx.generator, "sleep", None)
     if callable(sleep):
         sleep()  # vllm sleep mode: the engine's memory goes to the update
@@ -180,9 +186,10 @@ class Sft(Algorithm):
     driver runs stages.rl.baseline.continued_sft for it)."""
 
 
-def rule_reward_set() -> RewardSet:
-    """The paper's "Rule" reward of RFT / online RFT: answer correctness alone (accuracy_reward, weight 1)."""
-    return RewardSet.from_params(1.0, 0.0, [], [])
+def rule_reward_set(checker: str = "strict") -> RewardSet:
+    """The paper's "Rule" reward of RFT / online RFT: answer correctness alone (accuracy_reward, weight 1) under answer
+    checker mode ``checker`` (``grpo.reward.checker``)."""
+    return RewardSet.from_params(1.0, 0.0, [], [], checker=checker)
 
 
 @register_algorithm("rft")
@@ -192,7 +199,7 @@ class Rft(Algorithm):
     loss_metrics = ("nll",)
 
     def reward_functions(self, p: Any) -> RewardSet:
-        return rule_reward_set()
+        return rule_reward_set(p.reward.checker)
 
     def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
         if ctx.pool is None:
@@ -214,7 +221,8 @@ class Rft(Algorithm):
         outs, _ = sample_outputs(generator, getattr(generator, "tokenizer", None), [rows[q]["question"] for q in qidx],
                                  question_modes(p.rollout, p.seed, -1, qidx), p, seed=p.seed * 1_000_003 - 1)
         return rft_pool_from_samples(rows, qidx, outs, lambda row, c: accuracy_reward(
-            completion=c.text, answer=row["answer"], mode=c.mode, program_answer=c.program_answer) == 1.0)
+            completion=c.text, answer=row["answer"], mode=c.mode, program_answer=c.program_answer,
+            checker=p.reward.checker) == 1.0)
 
     def score(self, ctx: StepContext, batch: Batch) -> Rewards:
         n = 0 if batch.rollout is None else len(batch.rollout.texts)
@@ -240,7 +248,7 @@ class OnlineRft(Algorithm):
     loss_metrics = ("nll",)
 
     def reward_functions(self, p: Any) -> RewardSet:
-        return rule_reward_set()
+        return rule_reward_set(p.reward.checker)
 
     def targets(self, ctx: StepContext, batch: Batch, rewards: Rewards) -> Targets:
         assert batch.rollout is not None

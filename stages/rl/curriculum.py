@@ -1,5 +1,7 @@
 """A pass-rate curriculum: prompts scored by their recent group accuracy, sampled away from the always- and
-never-solved ones (issue 32 item 4). Pure, seeded, deterministic functions; the driver keeps the table of rates.
+never-solved ones (issue 32 item 4). Pure, seeded, deterministic functions, and :class:`PassRateCurriculum`, the table
+of rates a run keeps (``grpo.curriculum``; the step draws from it in stages/rl/recipes.py, the driver saves it in the
+resumable checkpoint).
 
 A prompt the policy solves in every sample, or in none, gives a group with all-equal rewards: zero advantage, no
 gradient, a wasted rollout. The curriculum keeps one number per prompt, its recent pass rate p (NaN until first
@@ -33,6 +35,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -150,3 +153,59 @@ def curriculum_sample(
     seen = seen[~torch.isnan(seen)]
     metrics["sampled_pass_rate_mean"] = float(seen.mean()) if seen.numel() else math.nan
     return chosen, metrics
+
+
+class PassRateCurriculum:
+    """The curriculum of a run (``grpo.curriculum``): the (N,) table of pass rates of the prompt rows and the draws of
+    the steps' questions from it. Deterministic in (rates, seed, step): :meth:`state_dict` goes into the resumable
+    checkpoint, so a resumed run draws the questions the uninterrupted one would have.
+
+    ``questions(step, n)``: step ``step``'s n prompts (:func:`curriculum_sample`); ``more(step, round_, n, exclude)``:
+    n further prompts of the step for dynamic sampling's extra round ``round_`` (the same weights, drawn among the
+    prompts the step has not used yet); ``observe(prompts, accuracies)``: the update after a step (every generated
+    group, in order)."""
+
+    def __init__(self, n_rows: int, cfg: CurriculumConfig, seed: int) -> None:
+        if n_rows < 1:
+            raise ValueError("the curriculum needs at least one prompt")
+        self.cfg = cfg
+        self.seed = seed
+        self.rates = torch.full((n_rows,), math.nan, dtype=torch.float64)
+
+    @classmethod
+    def from_params(cls, c: Any, n_rows: int, seed: int) -> PassRateCurriculum:
+        """From the ``grpo.curriculum`` params group ``c``."""
+        names = ("low", "high", "hard_weight", "easy_weight", "normal_weight", "unseen_weight", "ema")
+        return cls(n_rows, CurriculumConfig(**{k: getattr(c, k) for k in names}), seed)
+
+    def questions(self, step: int, n: int) -> tuple[list[int], dict[str, float]]:
+        """The ``n`` prompts of step ``step`` and the pools' metrics (``curriculum_<metric>``)."""
+        chosen, m = curriculum_sample(self.rates, n, self.cfg, seed=self.seed, step=step)
+        return chosen, {f"curriculum_{k}": v for k, v in m.items()}
+
+    def more(self, step: int, round_: int, n: int, exclude: set[int]) -> list[int]:
+        """Up to ``n`` prompts not in ``exclude``, drawn by the pools' weights (zero weights last, as
+        :func:`weighted_sample`), for round ``round_`` >= 1 of step ``step``."""
+        free = [i for i in range(self.rates.shape[0]) if i not in exclude]
+        w = pass_rate_weights(self.rates[free], self.cfg).tolist() if free else []
+        picks = weighted_sample(w, min(n, len(free)), (self.seed * 1_000_003 + step) * 7_919 + round_)
+        return [free[k] for k in picks]
+
+    def observe(self, prompts: Sequence[int], accuracies: Sequence[float]) -> None:
+        """Update the pass rates with the group accuracies of ``prompts`` (NaN: no scored output, no change)."""
+        if prompts:
+            self.rates = update_pass_rates(
+                self.rates,
+                torch.tensor(list(prompts), dtype=torch.long),
+                torch.tensor(list(accuracies), dtype=torch.float64),
+                ema=self.cfg.ema,
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rates": self.rates.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rates = torch.tensor(state["rates"], dtype=torch.float64)
+        if rates.shape != self.rates.shape:
+            raise ValueError(f"curriculum state has {rates.shape[0]} prompts, the run {self.rates.shape[0]}")
+        self.rates = rates

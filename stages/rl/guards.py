@@ -94,11 +94,13 @@ class GuardedSource:
     """A reward model source with the guards of this module applied to its rewards (module docstring).
 
     ``inner``: the RM source (``rewards(ro) -> Rewards``; per-step for process supervision). ``cfg``: the
-    ``grpo.reward.rm_guards`` params. ``length_target``: T in tokens (resolved by the caller when the param is null)."""
+    ``grpo.reward.rm_guards`` params. ``length_target``: T in tokens (resolved by the caller when the param is null).
+    ``checker``: the answer checker mode of the mixed reward's correctness (``grpo.reward.checker``)."""
 
-    def __init__(self, inner: Any, cfg: Any, length_target: float | None) -> None:
+    def __init__(self, inner: Any, cfg: Any, length_target: float | None, checker: str = "strict") -> None:
         self.inner = inner
         self.cfg = cfg
+        self.checker = checker
         self.length_target = length_target
         self.stats = RunningStats()
 
@@ -129,7 +131,8 @@ class GuardedSource:
         Q, G = base.output.shape
         delta = torch.zeros(Q, G, dtype=torch.float64)
         if cfg.rule_weight:
-            acc = [accuracy_reward(completion=t, answer=r["answer"]) for t, r in zip(ro.texts, ro.rows, strict=True)]
+            acc = [accuracy_reward(completion=t, answer=r["answer"], checker=self.checker)
+                   for t, r in zip(ro.texts, ro.rows, strict=True)]
             delta += cfg.rule_weight * torch.tensor(acc, dtype=torch.float64).view(Q, G)
         if cfg.length_penalty and self.length_target:
             pen = length_term(ro.completion_lengths.view(Q, G), self.length_target, cfg.length_penalty)
@@ -148,7 +151,7 @@ def rm_sft_length(examples: list[dict[str, Any]]) -> float | None:
     return sum(lens) / len(lens) if lens else None
 
 
-def guarded(source: Any, cfg: Any, examples: list[dict[str, Any]]) -> Any:
+def guarded(source: Any, cfg: Any, examples: list[dict[str, Any]], checker: str = "strict") -> Any:
     """``source`` wrapped in :class:`GuardedSource` when any guard of ``cfg`` (``grpo.reward.rm_guards``) is on, else
     ``source`` itself. ``examples``: the RM's training examples (the length target when ``cfg.length_target`` is
     null)."""
@@ -158,4 +161,4 @@ def guarded(source: Any, cfg: Any, examples: list[dict[str, Any]]) -> Any:
     if cfg.length_penalty and target is None:
         raise PipelineError("grpo.reward.rm_guards.length_target: null needs the RM's SFT training samples (examples.jsonl "
                             "with origin 'sft') to measure the length; give length_target in tokens")
-    return GuardedSource(source, cfg, target)
+    return GuardedSource(source, cfg, target, checker)

@@ -7,9 +7,9 @@ losses of eq. 5). Registered: ``clipped`` (:func:`grpo_loss`: the clipped surrog
 when the algorithm puts beta in the loss) and ``nll`` (:func:`weighted_nll_loss`, RFT / online RFT). A new loss is
 one function decorated with ``@register_policy_loss("name")``.
 
-Not in the paper, pure functions not registered yet (issue 32): :func:`gspo_loss` (sequence-level ratio, GSPO),
-:func:`cispo_loss` (clipped stop-gradient IS weights, CISPO) and :func:`entropy_bonus`, each with the same
-aggregations. Every policy-gradient loss takes ``is_weights``, the sampler / trainer correction of
+Not in the paper (issue 32): :func:`gspo_loss` (sequence-level ratio, GSPO; registered ``gspo``),
+:func:`cispo_loss` (clipped stop-gradient IS weights, CISPO; registered ``cispo``), each with the same aggregations,
+and :func:`entropy_bonus`, which the step adds to any policy loss when ``grpo.loss.entropy_coef`` > 0. Every policy-gradient loss takes ``is_weights``, the sampler / trainer correction of
 :mod:`stages.rl.corrections` (TIS / MIS), on its policy term.
 
 The GRPO loss (paper eq. 3 with the k3 KL of eq. 4):
@@ -453,13 +453,16 @@ def entropy_bonus(
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Settings a policy loss may read: the clip (eq. 1 / 3), the KL coefficient in the loss (beta; 0 for PPO, whose
-    KL is in the reward) and the aggregation mode."""
+    """Settings a policy loss may read: the clip (eq. 1 / 3; GSPO's clip of the sequence ratio), the KL coefficient in
+    the loss (beta; 0 for PPO, whose KL is in the reward), the aggregation mode and CISPO's weight bounds
+    (``grpo.loss.cispo``)."""
 
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     beta: float = 0.0
     aggregation: Aggregation = "seq-mean-token-mean"
+    cispo_max_ratio: float = 5.0
+    cispo_min_ratio: float | None = None
 
 
 PolicyLoss = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, LossConfig, LossNormalizer],
@@ -490,3 +493,26 @@ def nll_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None
              cfg: LossConfig, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, float]]:
     """-GC log pi (eq. 5 with a gradient coefficient per output: RFT / online RFT; :func:`weighted_nll_loss`)."""
     return weighted_nll_loss(logprobs, coefficients, mask, aggregation=cfg.aggregation, normalizer=normalizer)
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
+                     mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
+                     ) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (:func:`gspo_loss`): the clip of the sequence ratio is ``cfg.clip_eps`` / ``clip_eps_high``, the k3 KL at
+    ``cfg.beta``, ``is_weights`` the rollout correction's (``grpo.correction``; None = 1). On-policy (mu = 1, one
+    minibatch: every ratio is 1) its gradient is the clipped loss's."""
+    return gspo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=cfg.clip_eps,
+                     clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer,
+                     is_weights=is_weights)
+
+
+@register_policy_loss("cispo")
+def cispo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
+                      mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
+                      ) -> tuple[Tensor, dict[str, float]]:
+    """CISPO (:func:`cispo_loss`) with the weight bounds ``cfg.cispo_min_ratio`` / ``cispo_max_ratio``, the k3 KL at
+    ``cfg.beta``, ``is_weights`` the rollout correction's. On-policy its gradient is the clipped loss's."""
+    return cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, max_ratio=cfg.cispo_max_ratio,
+                      min_ratio=cfg.cispo_min_ratio, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer,
+                      is_weights=is_weights)

@@ -21,6 +21,10 @@ PLOT_METRICS = (
     "value_loss", "vf_clip_frac", "value_mean", "value_grad_norm", "return_mean", "adv_abs_mean",
     "tool_programs", "tool_programs_per_s", "tool_wait_s", "tool_exec_s", "tool_wait_frac", "tir_rounds_mean",
     "accuracy_cot", "accuracy_pot", "accuracy_tir",
+    # the recipes of issue 32 (stages/rl/recipes.py, the gspo / cispo losses, the entropy bonus), when on
+    "ds_rounds", "ds_generated_groups", "ds_kept_groups", "ds_shortfall", "ds_accuracy_generated",
+    "overlong_penalty_mean", "overlong_frac", "entropy_bonus", "seq_ratio_mean", "clip_frac_high_pos",
+    "curriculum_sampled_hard", "curriculum_sampled_easy", "curriculum_sampled_unseen", "curriculum_sampled_pass_rate_mean",
 )
 """The per-step metrics drawn as curves (data/plots/grpo/<metric>.csv), besides the baseline's."""
 
@@ -89,6 +93,11 @@ def summarize(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
             if out["tool_wall_s_total"] else 0.0
         out["tool_wait_share_of_step"] = round(out["tool_wait_s_total"] / out["step_s_total"], 4) \
             if out["step_s_total"] else 0.0
+    if any("ds_rounds" in r for r in history):  # dynamic sampling: the extra generation it cost
+        for k in ("ds_rounds", "ds_generated_groups", "ds_kept_groups", "ds_shortfall"):
+            out[f"{k}_total"] = round(sum(r.get(k, 0.0) for r in history), 2)
+        out[f"ds_accuracy_generated_first{window}"] = mean_finite([r.get("ds_accuracy_generated") for r in first])
+        out[f"ds_accuracy_generated_last{window}"] = mean_finite([r.get("ds_accuracy_generated") for r in last])
     out["n_reward_failures"] = sum(r.get("n_reward_failures", 0) for r in history)
     out["skipped_nonfinite"] = sum(r.get("skipped_nonfinite", 0) for r in history)
     out["mismatch_abs_mean"] = mean_finite([r.get("mismatch_abs_mean") for r in history])

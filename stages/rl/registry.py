@@ -67,12 +67,14 @@ class EstimatorSpec:
 class PolicyLossSpec:
     """A policy loss (``grpo.loss.policy``): a pure function of stages/rl/losses.py.
 
-    takes_is_weights: its registered function accepts ``is_weights=`` (the rollout correction's per-token weights on
-    its policy term, ``grpo.correction``); a loss without it cannot be paired with a correction."""
+    metrics: the loss's own metrics the step logs besides kl, clip fractions and ratio_mean (means over the loss
+    tokens). takes_is_weights: its registered function accepts ``is_weights=`` (the rollout correction's per-token
+    weights on its policy term, ``grpo.correction``); a loss without it cannot be paired with a correction."""
 
     name: str
     summary: str
     module: str
+    metrics: tuple[str, ...] = ()
     takes_is_weights: bool = False
 
 
@@ -212,6 +214,10 @@ POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", "grpo.loss.pol
     PolicyLossSpec("clipped", "the clipped surrogate (eq. 1 / 3), with beta x k3 KL for grpo", "stages.rl.losses",
                    takes_is_weights=True),
     PolicyLossSpec("nll", "the SFT loss weighted by gradient coefficients (eq. 5)", "stages.rl.losses"),
+    PolicyLossSpec("gspo", "GSPO: the clipped surrogate on the length-normalised sequence ratio (arXiv:2507.18071; not "
+                   "in the paper)", "stages.rl.losses", metrics=("seq_ratio_mean",), takes_is_weights=True),
+    PolicyLossSpec("cispo", "CISPO: REINFORCE with clipped stop-gradient IS weights (MiniMax-M1, arXiv:2506.13585; not "
+                   "in the paper)", "stages.rl.losses", metrics=("clip_frac_high_pos",), takes_is_weights=True),
 ))
 """``grpo.loss.policy``; implementations: stages/rl/losses.py."""
 

@@ -1,12 +1,17 @@
 """Reward parts computed from a rollout's token counts rather than its text: DAPO's soft overlong penalty.
 
-Pure functions of tensors; the reward functions of text are in :mod:`stages.rl.rewards`.
+Pure functions of tensors (:func:`overlong_penalty`) and of a source's rewards (:func:`with_overlong_penalty`, the
+reward part ``grpo.reward.overlong`` adds to every output in the step, stages/rl/recipes.py); the reward functions of
+text are in :mod:`stages.rl.rewards`.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from stages.rl.guards import add_to_last_step
+from stages.rl.rewards import Rewards
 
 
 def overlong_penalty(lengths: Tensor, *, max_len: int, buffer_len: int, factor: float = 1.0) -> Tensor:
@@ -56,3 +61,24 @@ def overlong_penalty(lengths: Tensor, *, max_len: int, buffer_len: int, factor: 
     out = torch.where(L <= start, torch.zeros_like(L), ramp)
     out = torch.where(L > max_len, torch.full_like(L, -1.0), out)
     return out * factor
+
+
+def with_overlong_penalty(
+    rewards: Rewards, lengths: Tensor, *, max_len: int, buffer_len: int, factor: float
+) -> Rewards:
+    """``rewards`` with :func:`overlong_penalty` of the (N,) completion ``lengths`` added, N = Q x G in row order: to
+    every output's reward and, for a per-step source, to its last scored step (so the process advantages see it too);
+    a NaN (unscored) output stays NaN. The penalty is the ``overlong`` part (``parts["overlong"]``, per output) and
+    its mean the metric ``overlong_penalty_mean``; ``overlong_frac`` is the share of outputs it touched."""
+    Q, G = rewards.output.shape
+    pen = overlong_penalty(lengths.long(), max_len=max_len, buffer_len=buffer_len, factor=factor).view(Q, G)
+    pen = pen.to(rewards.output.dtype)
+    steps = add_to_last_step(rewards.steps, pen) if rewards.steps is not None else None
+    output = torch.nanmean(steps, dim=-1) if steps is not None else rewards.output + pen
+    parts = {**rewards.parts, "overlong": pen.reshape(-1).tolist()}
+    metrics = {
+        **rewards.metrics,
+        "overlong_penalty_mean": float(pen.mean()) if pen.numel() else 0.0,
+        "overlong_frac": float((pen < 0).double().mean()) if pen.numel() else 0.0,
+    }
+    return Rewards(output, steps, rewards.step_ends, parts, metrics)

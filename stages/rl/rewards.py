@@ -26,6 +26,7 @@ statistics and from the loss, and counted (``n_reward_failures``); the rest of t
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import re
@@ -83,18 +84,28 @@ _BOXED = re.compile(r"\\boxed\{")
 
 
 def accuracy_reward(*, completion: str, answer: str, mode: str = "cot", program_answer: str | None = None,
-                    **_: Any) -> float:
-    """1.0 when the final answer equals the gold answer, else 0.0. The final answer: the one extracted from the text
-    (DeepSeekMath's extraction order; a TIR output's last ```output block counts, as in the evaluation), or for a PoT
-    output (``mode`` pot) ``program_answer``, what its ``solution()`` returned in the sandbox (0.0 when it failed).
+                    checker: str = "strict", timeout_value: float = 0.0, **_: Any) -> float:
+    """1.0 when the final answer equals the gold answer under answer-checker mode ``checker`` (stages/core/answers.py:
+    ``strict``, the default, or ``deepseekmath``), else 0.0. The final answer: what the mode reads in the text
+    (:func:`~stages.core.answers.final_answers`; strict: every distinct final answer, each must be right, no
+    last-number fallback; a TIR output's last ```output block counts, as in the evaluation), or for a PoT output
+    (``mode`` pot) ``program_answer``, what its ``solution()`` returned in the sandbox (0.0 when it failed).
 
-    Departs from the reference evaluator on purpose: its percent rule (a prediction equal to gold x 100
-    or gold / 100 counts as right) is off here, since as a reward it would pay 200 for a gold of 2.
+    A check past its deadline scores ``timeout_value``: NaN in the GRPO reward set (the sample is excluded from its
+    group and counted in ``n_reward_failures``: a timeout is never right nor silently wrong), 0.0 for other callers.
+    The deepseekmath mode departs from the reference evaluator on purpose: its percent rule (a prediction equal to
+    gold x 100 or gold / 100 counts as right) is off here, since as a reward it would pay 200 for a gold of 2.
     """
-    from stages.core.answers import extract_answer, is_equivalent
+    from stages.core.answers import TIMEOUT, check, final_answers
 
-    pred = program_answer if mode == "pot" else extract_answer(completion, "math")
-    return 1.0 if pred is not None and is_equivalent(pred, answer, percent_variants=False) else 0.0
+    if mode == "pot":
+        pred = [] if program_answer is None else [program_answer]
+    else:
+        pred = final_answers(completion, "math", mode=checker)
+    outcome = check(pred, answer, mode=checker, percent_variants=False)
+    if outcome == TIMEOUT:
+        return timeout_value
+    return 1.0 if outcome == "right" else 0.0
 
 
 def format_reward(*, completion: str, finish_reason: str, **_: Any) -> float:
@@ -139,16 +150,19 @@ class RewardSet:
 
     @classmethod
     def from_params(cls, accuracy_weight: float, format_weight: float, custom: Sequence[str],
-                    custom_weights: Sequence[float], *, template: str = "deepseekmath") -> RewardSet:
-        """The rule reward, the format reward of ``template`` (:data:`FORMAT_REWARDS`) and the custom functions,
-        each with its weight (0: left out)."""
+                    custom_weights: Sequence[float], *, template: str = "deepseekmath",
+                    checker: str = "strict") -> RewardSet:
+        """The rule reward (answer correctness under checker mode ``checker``; a check timeout makes the sample's
+        reward NaN: excluded and counted), the format reward of ``template`` (:data:`FORMAT_REWARDS`) and the custom
+        functions, each with its weight (0: left out)."""
         if len(custom) != len(custom_weights):
             raise PipelineError(
                 f"grpo.reward: custom has {len(custom)} entries but custom_weights {len(custom_weights)}; give one weight per function"
             )
         fns: list[tuple[str, RewardFn, float]] = []
         if accuracy_weight:
-            fns.append(("accuracy", accuracy_reward, accuracy_weight))
+            fns.append(("accuracy", functools.partial(accuracy_reward, checker=checker, timeout_value=math.nan),
+                         accuracy_weight))
         if format_weight:
             fns.append(("format", FORMAT_REWARDS[template], format_weight))
         for path, w in zip(custom, custom_weights, strict=True):

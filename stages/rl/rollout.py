@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from stages.core.generation import SamplingParams, make_generator, model_max_length, resolve_backend, sample_seed
-from stages.core.logprobs import IGNORE, completion_logprobs, lm_logprobs
+from stages.core.logprobs import IGNORE, completion_logprobs, lm_logprobs, select_cache_rows
 from stages.core.prompts import chat_prompt, prompt_format, rl_prompt
 from stages.core.tool_loop import MODES, LoopStats, Stream, run_loop
 
@@ -62,12 +62,14 @@ class Sample:
     exec_status: str | None = None
     rounds: int = 1
     executions: int = 0
+    prompt_ids: list[int] | None = None
+    """The prompt's ids as the generator got them (token in; None: :func:`build_rollout` tokenises the prompt)."""
 
     @classmethod
     def from_stream(cls, st: Stream, mode: str) -> Sample:
         """The sample of one stream of the tool loop (token carry)."""
         return cls(st.text, list(st.token_ids), list(st.logprobs), st.finish_reason, list(st.policy_mask), mode,
-                   st.program_answer, st.exec_status, st.rounds, st.executions)
+                   st.program_answer, st.exec_status, st.rounds, st.executions, list(st.prompt_ids) or None)
 
 
 @dataclass
@@ -212,13 +214,15 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
     """Tokenise prompts (with BOS, as the tokenizer adds it) and concatenate the generated ids.
 
     ``completions[q][g]`` follows the generation interface (token_ids, logprobs, text, finish_reason); a
-    :class:`Sample` also brings its ``policy_mask`` (injected tool-output tokens get loss mask 0), mode and program
-    answer. ``mask_written``: the outputs of the modes without a tool loop (cot, pot) also lose the ```output blocks
+    :class:`Sample` also brings its ``policy_mask`` (injected tool-output tokens get loss mask 0), mode, program
+    answer and the prompt ids the generator got (used as they are: token in, token out; without them the prompt is
+    tokenised here, as the generator does). ``mask_written``: the outputs of the modes without a tool loop (cot, pot) also lose the ```output blocks
     they wrote themselves (:func:`written_output_mask`; ``grpo.loss.mask_written_outputs``).
     """
     G = len(completions[0])
     pad = tokenizer.pad_token_id
-    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    prompt_ids = [list(getattr(group[0], "prompt_ids", None) or tokenizer(p)["input_ids"])
+                  for p, group in zip(prompts, completions, strict=True)]
     P = max(len(x) for x in prompt_ids)
     flat = [(q, c) for q, group in enumerate(completions) for c in group]
     T = max(1, max(len(c.token_ids) for _, c in flat))
@@ -259,12 +263,13 @@ def build_rollout(rows: list[dict[str, Any]], prompts: list[str], completions: l
 
 def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float,
                    *, entropy: bool = False, share_prompts: bool = False, chunk_tokens: int | None = None,
-                   top_k: int = 0, top_p: float = 1.0) -> tuple[Tensor, Tensor | None]:
+                   top_k: int = 0, top_p: float = 1.0, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log pi(o_t | q, o_<t) of the completion tokens, from logits / temperature.
 
     input_ids/attention_mask: (B, P + T), prompt left-padded to P. Returns (B, T) float32 log-probs (with
     gradient if enabled) and, when ``entropy``, the (B, T) entropy of the full-vocabulary
-    distribution softmax(logits / T) (detached); both are 0 at padded completion positions (attention mask 0).
+    distribution softmax(logits / T) (detached, unless ``entropy_grad``: an entropy bonus); both are 0 at padded
+    completion positions (attention mask 0).
     Position ids follow the attention mask, as in generation with left padding. The vocabulary is handled in
     chunks of ``chunk_tokens`` positions (stages.core.logprobs): no (B, T, V) tensor is made. ``top_k`` / ``top_p``
     (the rollout's sampling settings): the log-probs of the truncated distribution the sampler drew from,
@@ -278,7 +283,8 @@ def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, prompt
     pass when gradients are on (transformers drops the KV cache of checkpointed layers).
     """
     T = input_ids.shape[1] - prompt_len
-    kw = {"temperature": temperature, "entropy": entropy, "chunk_tokens": chunk_tokens, "top_k": top_k, "top_p": top_p}
+    kw = {"temperature": temperature, "entropy": entropy, "chunk_tokens": chunk_tokens, "top_k": top_k, "top_p": top_p,
+          "entropy_grad": entropy_grad}
     if share_prompts and T > 1 and prompt_len > 0 and not _checkpointing(model):
         prompts = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], dim=1)
         uniq, inverse = torch.unique(prompts, dim=0, return_inverse=True)
@@ -305,7 +311,7 @@ def _shared_prompt_logprobs(model: Any, uniq: Tensor, inverse: Tensor, input_ids
                                  position_ids=p_pos, logits_to_keep=1, use_cache=True, **kw)
     ckw = _cache_kwarg(model)  # transformers >= 5.2x renamed past_key_values to cache
     cache = out[ckw]
-    cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...) rows; indexing keeps the autograd graph
+    select_cache_rows(cache, inverse)  # (U, ...) -> (B, ...) rows, differentiable, deterministic
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     # positions P..P+T-2 predict tokens 1..T-1
     _, lp, ent = lm_logprobs(model, targets[:, 1:], input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],

@@ -14,8 +14,8 @@ close, or :func:`train_sft` for ``sft`` (no sampling loop). What a run needs bes
 model, a value model) comes from stages/rl/needs.py, which asks the registries' specs.
 
 Resuming: ``ckpt_dir`` (a run directory of stages/rl/checkpoint.py) holds the policy's (and PPO's value model's)
-update state, the metric and completion rows, the held-out records and the reward guards' statistics every
-``checkpoint_every`` steps; a restarted run continues after the last one.
+update state, the metric and completion rows, the held-out records, the reward guards' statistics and the
+curriculum's pass rates every ``checkpoint_every`` steps; a restarted run continues after the last one.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from stages.rl import lora
 from stages.rl.algorithms import get_algorithm
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, load_updaters, save_checkpoint
+from stages.rl.curriculum import PassRateCurriculum
 from stages.rl.data import load_prompts
 from stages.rl.heldout import HeldoutEval
 from stages.rl.metrics import log_step, publish_samples, run_logger, sample_table
@@ -85,6 +86,11 @@ def setup(p: Any, model: Any, tokenizer: Any, *, rows: Rows | None = None, heldo
                       validation=validation, tracker=tracker)
     ctx.sandbox_pool = ThreadPoolExecutor(max_workers=p.rollout.exec_workers, thread_name_prefix="sandbox") \
         if rollout_modes(p) != ("cot",) else None
+    if p.curriculum.enabled:
+        if p.questions_per_step > len(rows):
+            raise PipelineError(f"grpo.curriculum: questions_per_step ({p.questions_per_step}) is above the "
+                                f"{len(rows)} prompts; the curriculum draws a step's questions without replacement")
+        ctx.curriculum = PassRateCurriculum.from_params(p.curriculum, len(rows), p.seed)
     if run_needs(p).scoring_model:
         if rm_dir is None:
             raise ValueError(f"grpo.reward.source {p.reward.source} scores with the reward model: pass its rm_dir")
@@ -222,6 +228,8 @@ def checkpoint(ctx: StepContext) -> None:
                              "validation": ctx.validation.state_dict() if ctx.validation is not None else None}
     if hasattr(ctx.source, "state_dict"):
         extra["reward_source"] = ctx.source.state_dict()  # the guards' running statistics
+    if ctx.curriculum is not None:
+        extra["curriculum"] = ctx.curriculum.state_dict()  # the pass rates: the next steps' questions
     save_checkpoint(ctx.ckpt_dir, updaters=updaters, step=ctx.step, history=ctx.history, extra=extra)
 
 
@@ -242,6 +250,8 @@ def resume(ctx: StepContext, ckpt_dir: Path | None) -> None:
         ctx.validation.load_state_dict(state["extra"]["validation"])
     if state["extra"].get("reward_source") is not None and hasattr(ctx.source, "load_state_dict"):
         ctx.source.load_state_dict(state["extra"]["reward_source"])
+    if ctx.curriculum is not None and state["extra"].get("curriculum") is not None:
+        ctx.curriculum.load_state_dict(state["extra"]["curriculum"])
     ctx.info["resumed_from_step"] = ctx.step
 
 

@@ -1,9 +1,12 @@
 """One RL step as five phases, the same for every algorithm (the differences live in stages/rl/algorithms.py):
 
-1. ``collect``   questions_per_step questions (stages.rl.data.step_questions; each rank its share) and their outputs:
-                 G samples each from pi_old (``algorithm.collect``; rft: the offline pool) -> :class:`Batch`;
-2. ``score``     the rewards of every output (``algorithm.score``: the run's reward source, stages.rl.rewards)
-                 -> :class:`stages.rl.rewards.Rewards`;
+1. ``collect``   questions_per_step questions (stages.rl.data.step_questions, or the pass-rate curriculum; each rank
+                 its share) and their outputs: G samples each from pi_old (``algorithm.collect``; rft: the offline
+                 pool) -> :class:`Batch`;
+2. ``score``     the rewards of every output (``algorithm.score``: the run's reward source, stages.rl.rewards; plus
+                 the overlong penalty) -> :class:`stages.rl.rewards.Rewards`. Phases 1-2 are
+                 stages.rl.recipes.collect_scored, which with dynamic sampling repeats them for new questions until
+                 the batch has questions_per_step groups with reward spread;
 3. ``targets``   advantages or gradient coefficients and the loss mask (``algorithm.targets``: an estimator of
                  stages.rl.advantages) -> :class:`stages.rl.algorithms.Targets`;
 4. ``logprobs``  pi_old (when it cannot be the update's first forward), pi_ref and the value model's values, over
@@ -37,8 +40,8 @@ from torch import Tensor
 from stages.core.dist import all_reduce
 from stages.rl import registry
 from stages.rl.corrections import step_metrics, step_weights
-from stages.rl.data import step_questions
-from stages.rl.losses import LossNormalizer, value_loss
+from stages.rl.losses import LossNormalizer, entropy_bonus, value_loss
+from stages.rl.recipes import collect_scored
 from stages.rl.rewards import Rewards
 from stages.rl.rollout import Rollout, mismatch_metrics, token_logprobs, truncation
 from stages.rl.sync import sync_policy
@@ -78,33 +81,20 @@ def run_step(step: int, ctx: StepContext) -> tuple[dict[str, Any], Rollout | Non
     kept samples). The rollout is None when rft kept nothing for the step."""
     algo, timer = ctx.algorithm, PhaseTimer()
     m: dict[str, Any] = {"step": step}
-    with timer("generation"):
-        batch = collect(ctx, step)
+    batch, rewards, recipe_metrics = collect_scored(ctx, step, timer)  # timed as generation / scoring inside
     with timer("scoring"):
-        rewards = algo.score(ctx, batch)
         tg = algo.targets(ctx, batch, rewards)
     with timer("logprobs"):
         lp = logprobs(ctx, batch, tg)
         tg = algo.finish_targets(ctx, batch, rewards, tg, lp)
     with timer("scoring"):
         m.update(reward_metrics(tg.stats, batch.rollout), **rewards.metrics, **(tg.metrics or {}))
-        m.update(rollout_metrics(batch.rollout, rewards))
+        m.update(rollout_metrics(batch.rollout, rewards), **recipe_metrics)
     with timer("update"):
         m.update(update(ctx, batch, tg, lp))
     m["n_train_outputs"] = int(all_reduce([float(tg.train_rows.numel())])[0])
     m.update(timer.totals())
     return m, batch.rollout, tg.rewards
-
-
-# ---------------------------------------------------------------------------------------------
-# 1. collect
-
-
-def collect(ctx: StepContext, step: int) -> Batch:
-    """This rank's share of step ``step``'s questions and their outputs (``algorithm.collect``)."""
-    p, upd = ctx.p, ctx.updater
-    qs = step_questions(len(ctx.rows), step, p.questions_per_step, p.seed)[upd.rank::upd.world]
-    return Batch(step, qs, ctx.algorithm.collect(ctx, step, qs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +206,7 @@ class _Micro:
     entropy: Tensor | None
     mask: Tensor
     value_metrics: dict[str, float] | None
+    bonus: float = 0.0
 
 
 def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it: int, norm: LossNormalizer,
@@ -226,10 +217,12 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
     algo = ctx.algorithm
     assert ro is not None and tg.weights is not None
     ids, att, t = trim(ro, sl)
+    coef = p.loss.entropy_coef
     with upd.autocast():
         lp_new, ent = token_logprobs(upd.forward_model, ids.to(dev), att.to(dev), ro.prompt_len, p.rollout.temperature,
-                                     entropy=it == 0, share_prompts=p.compute.share_prompt_prefix,
-                                     chunk_tokens=p.compute.logprob_chunk_tokens, **truncation(p))
+                                     entropy=it == 0 or coef > 0, share_prompts=p.compute.share_prompt_prefix,
+                                     chunk_tokens=p.compute.logprob_chunk_tokens, entropy_grad=coef > 0,
+                                     **truncation(p))
     lp_new = lp_new.float()
     msk = tg.loss_mask[sl, :t].to(dev)
     old = lp_new.detach() if lp.old is None else lp.old[sl, :t].to(dev)
@@ -240,6 +233,11 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
     is_w = step_weights(p.correction, old, ro.sampler_logprobs[sl, :t], msk)  # grpo.correction; None: off
     loss, lm = registry.POLICY_LOSSES.get(algo.policy_loss(p))(lp_new, old, ref, w.to(dev), msk, algo.loss_config(p), norm,
                                                                **({} if is_w is None else {"is_weights": is_w}))
+    bonus = 0.0
+    if coef > 0:  # the entropy bonus: -coef x H aggregated like the loss, batch-wide normalisers
+        assert ent is not None
+        term, bm = entropy_bonus(ent.float(), msk, coef=coef, aggregation=p.loss.aggregation, normalizer=norm)
+        loss, bonus = loss + term, bm["entropy_bonus"]
     out, vm = [loss], None
     if critic is not None:
         assert lp.values is not None and tg.returns is not None
@@ -249,7 +247,8 @@ def _micro_losses(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs, it:
         vl, vm = value_loss(v, lp.values[sl, :t].to(cdev), tg.returns[sl, :t].to(cdev), msk.to(cdev),
                             clip=critic.clip, aggregation=p.loss.aggregation, normalizer=norm)
         out.append(vl)
-    pending.append(_Micro(float(loss.detach()), lm, ent, msk, vm))
+    pending.append(_Micro(float(loss.detach()), lm, ent.detach() if ent is not None and it == 0 else None, msk, vm,
+                          bonus))
     return out
 
 
@@ -267,8 +266,9 @@ class _Sums:
     def add(self, mi: _Micro) -> None:
         k = mi.metrics["n_tokens"]
         self.n_tok += k
-        for key in LOSS_METRICS:
-            self.keys[key] += mi.metrics.get(key, 0.0) * k
+        for key, v in mi.metrics.items():  # LOSS_METRICS and a loss's own (its spec's metrics)
+            if key != "n_tokens":
+                self.keys[key] = self.keys.get(key, 0.0) + v * k
         if mi.entropy is not None:
             mb_mask = mi.mask.bool()
             self.entropy += float(mi.entropy[mb_mask].sum())
@@ -283,7 +283,7 @@ class _Sums:
         entropy, and the value loss's metrics with a value model."""
         m = {key: self.keys[key] / self.n_tok if self.n_tok else 0.0 for key in ("kl", "clip_frac_low", "clip_frac_high")}
         for key in loss_metrics:
-            m[key] = self.keys[key] / self.n_tok if self.n_tok else LOSS_METRIC_DEFAULTS[key]
+            m[key] = self.keys.get(key, 0.0) / self.n_tok if self.n_tok else LOSS_METRIC_DEFAULTS.get(key, math.nan)
         m["entropy"] = self.entropy / self.n_ent if self.n_ent else math.nan
         if critic:
             m.update({key: v / self.n_val if self.n_val else math.nan for key, v in self.value.items()})
@@ -300,7 +300,7 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
         critic.model.train()
     gen = torch.Generator().manual_seed(p.seed * 7919 + batch.step)
     s = _Sums()
-    grad_norms, value_norms, losses, skipped, n_opt = [], [], [], 0, 0
+    grad_norms, value_norms, losses, bonuses, skipped, n_opt = [], [], [], [], 0, 0
     mismatch_lp = torch.zeros_like(tg.loss_mask)
     for it in range(p.optim.mu):
         order = rows[torch.randperm(rows.numel(), generator=gen)] if it or p.optim.minibatches > 1 else rows
@@ -330,10 +330,14 @@ def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[st
                 n_opt += 1
                 grad_norms.append(gn)
                 losses.append(sum(pending[j].loss for j in done))
+                bonuses.append(sum(pending[j].bonus for j in done))
             else:
                 skipped += 1
     ctx.model.eval()
-    m: dict[str, Any] = s.metrics(algo.loss_metrics, critic is not None)
+    loss_spec = registry.POLICY_LOSSES.spec(algo.policy_loss(p))
+    m: dict[str, Any] = s.metrics(algo.loss_metrics + loss_spec.metrics, critic is not None)
+    if p.loss.entropy_coef > 0:
+        m["entropy_bonus"] = sum(bonuses) / len(bonuses) if bonuses else math.nan
     m.update(sync_policy(ctx, batch.step + 1))  # the sampler takes the new weights, checked on the probe
     m["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else math.nan
     m["loss"] = sum(losses) / len(losses) if losses else math.nan

@@ -97,7 +97,8 @@ class StepContext:
     ``ckpt_dir`` (resumable checkpoints, or None), ``total_steps`` (the run's steps over all iterations),
     ``on_step`` (called with each row), ``step`` (the next step to run), ``iteration`` (Algorithm 1's, from 1),
     ``cache`` (what iterations continue with: rft's pool, PPO's value model), and with a reward-model source the
-    ``reward_model`` and the examples it was trained on (``rm_examples``)."""
+    ``reward_model`` and the examples it was trained on (``rm_examples``); ``curriculum``: the pass-rate curriculum
+    (stages.rl.curriculum.PassRateCurriculum) when ``grpo.curriculum`` is on, else None."""
 
     p: Any
     model: Any
@@ -129,6 +130,7 @@ class StepContext:
     """The validation split's evaluations and best checkpoints (stages/rl/validation.py), or None."""
     tracker: Any = None
     """The per-step dvclive log (stages/rl/tracking.py), or None."""
+    curriculum: Any = None
 
     @property
     def device(self) -> torch.device:

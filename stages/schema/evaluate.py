@@ -32,6 +32,27 @@ class EvalModelParams(Section):
     """At most this many problems of each benchmark for this model (the first ones; never above common.limit); null: common.limit."""
 
 
+CheckerMode = Literal["strict", "deepseekmath"]
+"""Answer checker modes (stages/core/answers.py; docs/evaluation.md has their rules and a table of cases)."""
+
+
+class EvalCheckerParams(Section):
+    """How answers are judged: which checker mode each use reads. Every completion is judged in both modes and by
+    math-verify alone (the verifier-sensitivity table of the evaluation's details and the report)."""
+
+    headline: CheckerMode
+    """Mode of the headline metrics (acc, avg@n, pass@k, maj@k in data/metrics): strict (percent forms only where
+    written, relative tolerance, lists / intervals / units as such, several different final answers wrong, no
+    last-number fallback) or deepseekmath (the reference evaluator's rules)."""
+    report: CheckerMode
+    """Mode of the accuracies the report sets beside the paper's (deepseekmath: the rules the paper's numbers were
+    measured with)."""
+    timeout_s: PosFloat
+    """Deadline of one check in the checking worker (a check past it is a timeout: never right, counted)."""
+    math_verify: bool
+    """Also record math-verify's own verdict on every completion (its extraction and verify; a worker call each)."""
+
+
 class EvalCommonParams(Section):
     """Settings every evaluated model shares."""
 
@@ -60,6 +81,8 @@ class EvalCommonParams(Section):
     """Sandbox worker processes for pot / tir programs."""
     maj_subsets: PosInt
     """maj@k averages over every k-subset of the samples when there are at most this many, else over this many random ones."""
+    checker: EvalCheckerParams
+    """Answer checking: the mode of the headline and of the report's paper comparison, the deadline of one check."""
     n_shots: NonNegInt
     """Few-shot exemplars (from the SFT split, Q:/A: format) in few_shot prompts for the generated problems."""
     limit: PosInt | None

@@ -26,6 +26,13 @@ from stages.rl.sources import REWARD_SOURCES
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 from stages.schema.grpo_lora import GrpoLoraParams, check_lora
 from stages.schema.grpo_validation import GrpoTrackingParams, GrpoValidationParams, check_validation
+from stages.schema.grpo_recipes import (
+    GrpoCispoParams,
+    GrpoCurriculumParams,
+    GrpoDynamicSamplingParams,
+    GrpoOverlongParams,
+    check_recipes,
+)
 from stages.schema.reward_model import RmDataParams
 from stages.schema.sampler import GrpoCorrectionParams, GrpoLedgerParams, GrpoSyncParams, check_sampler
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
@@ -167,9 +174,16 @@ class GrpoRewardParams(Section):
     """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
     custom_weights: list[float]
     """One weight per entry of ``custom`` (same length)."""
+    checker: Literal["strict", "deepseekmath"]
+    """Answer checker mode of the rule reward's correctness (stages/core/answers.py, docs/evaluation.md): strict =
+    percent forms only where written, a relative tolerance (zero matches only zero), lists / tuples / intervals /
+    units as such, several different final answers wrong, no last-number fallback; deepseekmath = the reference
+    evaluator's rules (its absolute 1e-3 tolerance pays 1.0 for \\boxed{0} on every gold below 1e-3)."""
     rm_guards: GrpoRmGuardParams
     """Guards against reward hacking of a reward-model source: running normalisation, a mixed rule + RM reward,
     length control."""
+    overlong: GrpoOverlongParams
+    """DAPO's soft overlong penalty added to every output's reward (any source; factor 0 = off, the paper)."""
 
     @field_validator("source")
     @classmethod
@@ -223,8 +237,10 @@ class GrpoLossParams(Section):
 
     policy: str
     """A registered policy loss (stages/rl/registry.py POLICY_LOSSES) for grpo / ppo: clipped = the clipped surrogate
-    (eq. 1 / 3; grpo adds kl.beta x k3 KL to it). sft / rft / online_rft always use the SFT loss (nll; their gradient
-    coefficient defines them)."""
+    (eq. 1 / 3; grpo adds kl.beta x k3 KL to it); gspo = the clipped surrogate on the length-normalised sequence ratio
+    (GSPO; its clip range is clip_eps / clip_eps_high, the paper's 3e-4 / 4e-4); cispo = REINFORCE with clipped
+    stop-gradient IS weights (CISPO; bounds in ``cispo``). sft / rft / online_rft always use the SFT loss (nll; their
+    gradient coefficient defines them)."""
     clip_eps: PosFloat
     """Clip epsilon of the ratio (the paper does not state it; 0.2 as TRL/verl)."""
     clip_eps_high: PosFloat | None
@@ -239,6 +255,12 @@ class GrpoLossParams(Section):
     every output before issue 21, when no rollout ran a program; the tiny default keeps it). false: only the tool
     loop's injected tokens are masked, by provenance, and every token the policy wrote trains (an unbiased policy
     gradient). TIR outputs are masked by provenance either way."""
+    cispo: GrpoCispoParams
+    """The weight bounds of ``policy: cispo`` (unused by the other losses)."""
+    entropy_coef: NonNegFloat
+    """Entropy bonus: coef x the entropy of the policy's full next-token distribution (at the sampling temperature,
+    aggregated like the loss) is subtracted from the loss (TRL entropy_coef, verl entropy_coeff; not in the paper);
+    0 = off (the entropy is then only a metric)."""
 
     @field_validator("policy")
     @classmethod
@@ -440,6 +462,10 @@ class GrpoParams(Section):
     """A validation split of the RL prompts evaluated during the run; the stage's model is the best or the last."""
     tracking: GrpoTrackingParams
     """Every step's metrics logged with dvclive (data/dvclive/grpo: live metrics and plots for dvc exp / plots)."""
+    dynamic_sampling: GrpoDynamicSamplingParams
+    """DAPO's dynamic sampling: all-equal-reward groups replaced by newly sampled ones until the batch is full."""
+    curriculum: GrpoCurriculumParams
+    """A pass-rate curriculum over the prompts (enabled false: the plain shuffled order)."""
     correction: GrpoCorrectionParams
     """Importance-sampling correction between the sampler's and the trainer's policies (none = the paper's GRPO)."""
     sync: GrpoSyncParams
@@ -471,7 +497,7 @@ class GrpoParams(Section):
 
     @model_validator(mode="after")
     def _check(self) -> GrpoParams:
-        problem = check_run(self) or check_sampler(self) or check_lora(self) or check_validation(self)
+        problem = check_run(self) or check_sampler(self) or check_recipes(self) or check_lora(self) or check_validation(self)
         if problem:
             raise ValueError(problem)
         world = self.launcher.world_size

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from stages.schema.base import Section
+from stages.schema.base import NonNegInt, Section
 
 
 def _unique(models: list[str]) -> list[str]:
@@ -31,3 +31,8 @@ class ReportParams(Section):
     """Show the committed comparison results (benchmarks/results/paradigm.json: Figure 5, iterative_rl.json:
     Figure 6; measured on the tiny default by benchmarks/paradigm.py and benchmarks/iterative_rl.py); false for
     a run they do not describe (a 7B run)."""
+    bootstrap_resamples: Annotated[int, Field(ge=100)]
+    """Resamples of the paired bootstrap over problems behind every model comparison the page makes (pretrained ->
+    SFT -> RL, RL variants): the 95% interval of the accuracy difference, and whether it excludes 0."""
+    bootstrap_seed: NonNegInt
+    """Seed of the bootstrap's resampling (shown on the page with the evaluation's sampling seed)."""

@@ -132,3 +132,19 @@ def test_reuse_keeps_finished_runs_and_plan_skips_their_pairs(tmp_path, capsys) 
                    "--reuse", str(f)]) == 0
     plan = [line.split(" -n ")[1].split()[0] for line in capsys.readouterr().out.splitlines() if " -n " in line]
     assert plan == ["paradigm-t-rft-s1", "paradigm-t-grpo-os-s1"]
+
+
+def test_versus_grpo_says_which_recipes_beat_it_beyond_the_seed_spread() -> None:
+    def s(final: float, sd: float, wall: float | None = None) -> dict:
+        return {"final_mean": final, "final_sd": sd, "steps": [0], "mean": [final], "sd": [sd], "seeds": [0, 1, 2],
+                **({"grpo_wall_s": wall} if wall else {})}
+
+    summary = {"grpo_os": s(0.50, 0.01, 100.0), "dapo": s(0.56, 0.02, 150.0), "gspo": s(0.52, 0.02),
+               "cispo": s(0.40, 0.03, 90.0)}
+    got = {v["method"]: v for v in P.versus(summary)}
+    assert set(got) == {"dapo", "gspo", "cispo"} and all(v["vs"] == "grpo_os" for v in got.values())
+    assert got["dapo"]["verdict"] == "better" and got["dapo"]["wall_ratio"] == 1.5
+    assert got["gspo"]["verdict"] == "within spread" and got["gspo"]["wall_ratio"] is None  # 0.02 < 0.01 + 0.02
+    assert got["cispo"]["verdict"] == "worse" and got["cispo"]["diff"] == pytest.approx(-0.10)
+    assert P.versus({"dapo": s(0.5, 0.0)}) == []  # no baseline, no comparison
+    assert set(P.RECIPES) <= set(P.METHODS) and all(m in P.LABELS and m in P._RANK for m in P.METHODS)

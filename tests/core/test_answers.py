@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stages.core import answers
+from stages.core import _answers_pool, answers
 from stages.core.answers import (
     are_equivalent,
     extract_answer,
@@ -247,13 +247,16 @@ def test_is_equivalent_matches_the_batch_helper(pred: str | None, gold: str, wan
 
 
 def test_percent_variants_can_be_turned_off() -> None:
-    assert is_equivalent("1800", "18") and is_equivalent("0.18", "18")
+    """deepseekmath mode: ``percent_variants`` is the reference's ``include_percentage``. On, gold x 100 and gold / 100
+    count when both sides are plain decimals; off, a written % is read as / 100 on either side and nothing else (the
+    earlier rule let ``18\\%`` match both 18 and 0.18: a free hedge, issue 27)."""
+    assert is_equivalent("1800", "18") and is_equivalent("0.18", "18") and is_equivalent("50", "50\\%")
     assert not is_equivalent("1800", "18", percent_variants=False)
     assert not is_equivalent("0.18", "18", percent_variants=False)
-    # a written % may still be read either way
     assert is_equivalent("0.5", "50\\%", percent_variants=False)
-    assert is_equivalent("50", "50\\%", percent_variants=False)
-    assert is_equivalent("50\\%", "50", percent_variants=False)
+    assert not is_equivalent("50", "50\\%", percent_variants=False)
+    assert is_equivalent("18\\%", "0.18", percent_variants=False)
+    assert not is_equivalent("18\\%", "18", percent_variants=False)
     assert not is_equivalent("5000", "50\\%", percent_variants=False)
 
 
@@ -346,7 +349,7 @@ def test_the_time_limit_is_cpu_time_not_wall_time() -> None:
 
     code = ("import sys, time\nfor line in sys.stdin:\n    t = time.process_time()\n"
             "    while time.process_time() - t < float(line): pass\n    print('done', flush=True)")
-    w = object.__new__(answers._Worker)
+    w = object.__new__(_answers_pool.Worker)
     w.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     w._buf, w._ready, w._next_id = b"", True, 0
     try:

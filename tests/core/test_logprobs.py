@@ -175,3 +175,43 @@ def test_peak_memory_at_a_real_vocabulary_before_and_after() -> None:
     assert u["entropy_max_abs_diff"] < 1e-5 * 12.0 and u["grad_max_rel_diff"] < 1e-5  # entropy <= log(152064) < 12
     n_logits = 4 * 512 * 152064 * 4  # one (N, T, V) float32 tensor
     assert u["before"]["peak_bytes"] > 2 * n_logits  # the code before held several of them
+
+
+def test_select_cache_rows_gradients_are_the_same_at_any_thread_timing() -> None:
+    """Issue 29: one prompt's KV rows copied to its G outputs (a GRPO micro-batch holding one group), with 2 threads:
+    the gradient of the prompt's keys is the same bits on every run and equal to the 1-thread one, and the values
+    equal transformers' batch_select_indices (whose advanced-indexing backward summed the G copies in a
+    thread-timing-dependent order: 20 different gradients in 30 runs beside a busy process, torch 2.13)."""
+    from transformers.cache_utils import DynamicCache
+
+    from stages.core.logprobs import select_cache_rows
+
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, 4, 70, 64, generator=g, requires_grad=True)
+    values = torch.randn(1, 4, 70, 64, generator=g, requires_grad=True)
+    upstream = torch.randn(8, 4, 70, 64, generator=g)
+    index = torch.zeros(8, dtype=torch.long)
+
+    def grads() -> tuple[torch.Tensor, torch.Tensor]:
+        cache = DynamicCache()
+        cache.update(keys * 1.0, values * 1.0, 0)
+        select_cache_rows(cache, index)
+        k, v = cache.layers[0].keys, cache.layers[0].values
+        keys.grad = values.grad = None
+        ((k * upstream).sum() + (v * upstream).sum()).backward()
+        return keys.grad.clone(), values.grad.clone(), k.detach()
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        k1, v1, rows1 = grads()
+        torch.set_num_threads(2)
+        for _ in range(20):
+            k2, v2, rows2 = grads()
+            assert torch.equal(k2, k1) and torch.equal(v2, v1)
+    finally:
+        torch.set_num_threads(threads)
+    ref = DynamicCache()
+    ref.update(keys.detach(), values.detach(), 0)
+    ref.batch_select_indices(index)
+    assert torch.equal(rows1, ref.layers[0].keys) and torch.equal(rows2, rows1)

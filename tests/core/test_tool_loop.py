@@ -75,8 +75,10 @@ def test_token_carry_continues_from_the_exact_ids(tok, extra: str) -> None:
     gen = Scripted(tok, _reply, extra=extra)
     prompts = [chat_prompt(q, "tir") for q, _, _ in QUESTIONS]
     streams = run_loop(gen, prompts, "tir", _greedy, carry="tokens", tokenizer=tok)
-    assert [c[0] for c in gen.calls] == ["text", "ids"]
+    assert [c[0] for c in gen.calls] == ["ids", "ids"]  # token in: round 1 gets the prompts' ids too
+    assert gen.calls[0][1] == [tok(p)["input_ids"] for p in prompts]
     st = streams[1][0]
+    assert st.prompt_ids == tok(prompts[1])["input_ids"]
     r1 = tok(CODE.format(a=7, b=4) + extra, add_special_tokens=False)["input_ids"]
     injected = tok("\n11\n```\n"[len(extra):], add_special_tokens=False)["input_ids"]
     assert gen.calls[1][1][1] == tok(prompts[1])["input_ids"] + r1 + injected

@@ -1,4 +1,4 @@
-"""pass@k and maj@k against brute-force references on small cases."""
+"""pass@k, maj@k and avg@n against brute-force references on small cases."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ from stages.evaluate.metrics import answer_classes, default_ks, maj_at_k, pass_a
 
 def _num_equal(a: str, b: str) -> bool:
     return abs(float(a) - float(b)) < 1e-9
+
+
+def _key(a: str | None) -> str | None:
+    """A numeric answer's key by value (stages.core.answers.answer_key does this for numbers)."""
+    return None if a is None else repr(float(a))
 
 
 def brute_pass_at_k(correct: list[bool], k: int) -> Fraction:
@@ -58,9 +63,10 @@ def test_pass_at_k_edge_cases() -> None:
 
 
 def test_maj_at_k_hand_computed() -> None:
-    # answers 1, 1.0 (same class as 1), 2, unextracted; gold 1
+    # answers 1, 1.0 (same class as 1: both right), 2, unextracted; gold 1
     answers = ["1", "1.0", "2", None]
-    classes = answer_classes(answers, _num_equal)
+    correct = [True, True, False, False]
+    classes = answer_classes([_key(a) for a in answers], correct)
     assert classes == [0, 0, 1, None]
     cc = [True, False]
     # k=1: subsets {1},{1.0},{2},{None} -> 1, 1, 0, 0
@@ -73,6 +79,15 @@ def test_maj_at_k_hand_computed() -> None:
     assert maj_at_k([None, None], [], 2) == 0.0
 
 
+def test_answer_classes_merge_right_answers_and_group_the_rest_by_key() -> None:
+    """Right answers are one class whatever they look like (each is equivalent to the gold); wrong ones share a class
+    only when their keys are equal; no pairwise check is made."""
+    keys = ["\\frac{1}{2}", "0.5", "x", "x", "y", None]
+    assert answer_classes(keys, [True, True, False, False, False, False]) == [0, 0, 1, 1, 2, None]
+    with pytest.raises(ValueError):
+        answer_classes(["1"], [True, False])
+
+
 def test_maj_at_k_matches_brute_force_on_random_cases() -> None:
     rng = random.Random(1)
     pool = ["3", "3.0", "4", "5", "12", None]
@@ -81,7 +96,8 @@ def test_maj_at_k_matches_brute_force_on_random_cases() -> None:
         answers = [rng.choice(pool) for _ in range(n)]
         gold = rng.choice(["3", "4", "12"])
         correct = [a is not None and _num_equal(a, gold) for a in answers]
-        m = sample_metrics(answers, correct, _num_equal, list(range(1, n + 1)), max_subsets=10_000)
+        m = sample_metrics([_key(a) for a in answers], correct, list(range(1, n + 1)), max_subsets=10_000)
+        assert m[f"avg@{n}"] == pytest.approx(sum(correct) / n)
         for k in range(1, n + 1):
             assert m[f"maj@{k}"] == pytest.approx(float(brute_maj_at_k(answers, gold, k)), abs=1e-12), (answers, gold, k)
             assert m[f"pass@{k}"] == pytest.approx(float(brute_pass_at_k(correct, k)), abs=1e-12)
@@ -91,8 +107,9 @@ def test_maj_at_k_random_subsets_estimate_the_exact_value() -> None:
     rng = random.Random(2)
     answers = [rng.choice(["1", "2", "3", None]) for _ in range(16)]
     correct = [a == "1" for a in answers]
-    exact = sample_metrics(answers, correct, _num_equal, [8], max_subsets=20_000)["maj@8"]  # all 12870 subsets
-    approx = sample_metrics(answers, correct, _num_equal, [8], max_subsets=3000, seed=5)["maj@8"]
+    keys = [_key(a) for a in answers]
+    exact = sample_metrics(keys, correct, [8], max_subsets=20_000)["maj@8"]  # all 12870 subsets
+    approx = sample_metrics(keys, correct, [8], max_subsets=3000, seed=5)["maj@8"]
     assert exact == pytest.approx(float(brute_maj_at_k(answers, "1", 8)), abs=1e-12)
     assert approx == pytest.approx(exact, abs=0.03)
 

@@ -23,6 +23,7 @@ def _params(model_dir: Path, **over: Any) -> EvaluateParams:
         "top_p": 1.0, "seed": 0, "tir_max_rounds": 2, "exec_timeout_s": 5.0, "exec_workers": 2,
         "maj_subsets": 64, "n_shots": 3, "limit": 6, "sample_limit": 4, "testsets": "data/testsets",
         "benchmarks": ["generated"],
+        "checker": {"headline": "strict", "report": "deepseekmath", "timeout_s": 5.0, "math_verify": True},
     }
     common.update(over.pop("common", {}))
     models = {
@@ -59,6 +60,24 @@ def test_stage_writes_completions_metrics_and_plots(project: Path, tiny_model_di
     tsv = (paths.plots_dir("evaluate") / "tiny_zs" / "generated_cot_at_k.tsv").read_text().splitlines()
     assert tsv[0] == "k\tpass_at_k\tmaj_at_k" and [r.split("\t")[0] for r in tsv[1:]] == ["1", "2", "4"]
     assert not any((paths.CHECKPOINTS / "evaluate").iterdir())  # checkpoint removed once done
+    # every completion judged in both checker modes and by math-verify; the headline is strict's verdict
+    comp = rows[0]["completions"][0]
+    assert set(comp["verdicts"]) == {"strict", "deepseekmath", "math_verify"}
+    assert all(c["correct"] == (c["verdicts"]["strict"] == "right") for r in rows for c in r["completions"])
+    v = g["verifiers"]
+    assert v["n"] == 6 and set(v["disagreements"]) == {"deepseekmath/strict", "deepseekmath/math_verify",
+                                                         "strict/math_verify"}
+    assert v["strict"]["acc"] == g["acc"] and g["acc_se"] >= 0 and g["timeouts"] == 0
+    assert sum(k["count"] for k in v["kinds"].values()) <= 6
+    assert g["per_problem"]["ids"] == [r["id"] for r in greedy] and len(g["per_problem"]["acc"]) == 6
+    assert s["avg@4"] == pytest.approx(s["pass@1"]) and "pass@4_se" in s and len(s["per_problem"]["maj@4"]) == 4
+    # what produced the numbers
+    assert m["checker"]["headline"] == "strict" and m["checker"]["version"] and m["checker"]["math_verify"]
+    assert g["sampling"]["temperature"] == 0.0 and s["sampling"]["temperature"] == 0.7 and s["sampling"]["n"] == 4
+    assert len(g["prompt_sha256"]) == 16 and g["prompt_sha256"] != m["generated"]["pot"]["greedy"]["prompt_sha256"]
+    headline = json.loads(paths.metrics_file("evaluate_tiny_zs").read_text())
+    assert headline["checker"]["headline"] == "strict" and "acc_se" in headline["generated"]["cot"]["greedy"]
+    assert "verifiers" not in headline["generated"]["cot"]["greedy"]  # the table is in the details only
 
 
 def test_few_shot_model_uses_sft_exemplars(project: Path, tiny_model_dir: Path) -> None:

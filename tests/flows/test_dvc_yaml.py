@@ -17,7 +17,7 @@ PACKAGES = ("flows", "stages")
 # Files a module runs as a separate script rather than importing (invisible to the import scan).
 RUNS_AS_SCRIPT = {
     "stages/core/sandbox.py": ["stages.core._sandbox_zygote"],
-    "stages/core/answers.py": ["stages.core._answers_worker"],
+    "stages/core/_answers_pool.py": ["stages.core._answers_worker"],
 }
 
 # Packages whose modules are found at run time (a registry imports every module in them): the whole directory is

@@ -19,20 +19,60 @@ def _w(root: Path, rel: str, obj: Any) -> None:
     p.write_text(json.dumps(obj, indent=1) if not isinstance(obj, str) else obj, encoding="utf-8")
 
 
+def _per_problem(a: float, n: int, model: str) -> list[int]:
+    """0/1 per problem with mean ``a`` (deterministic): mostly the same problems for every model, the continued-SFT
+    baseline on a shuffled set (its difference from SFT is within noise)."""
+    right = round(a * n)
+    mult = 7 if model == "sft_continued" else 1
+    return [1 if (i * mult) % n < right else 0 for i in range(n)]
+
+
+def _verifiers(a: float, n: int) -> dict[str, Any]:
+    return {"n": n, "strict": {"acc": a, "wrong": round((1 - a) * n), "timeout": 0, "refused": 0},
+            "deepseekmath": {"acc": round(min(1.0, a + 0.012), 4), "wrong": round((1 - a) * n) - 6, "timeout": 0,
+                             "refused": 0},
+            "math_verify": {"acc": round(min(1.0, a + 0.004), 4), "wrong": round((1 - a) * n) - 2, "timeout": 1,
+                            "refused": 0},
+            "disagreements": {"deepseekmath/strict": 6, "deepseekmath/math_verify": 4, "strict/math_verify": 2},
+            "kinds": {"right only by deepseekmath": {"count": 4, "samples": [
+                {"id": "generated-17", "answer": "12", "gold": "12", "verdicts": {
+                    "strict": "wrong", "deepseekmath": "right", "math_verify": "wrong"},
+                 "tail": "3 + 4 = 7\n7 + 5 = 12"}]},
+                "right only by deepseekmath + math_verify": {"count": 2, "samples": [
+                    {"id": "generated-40", "answer": ["5", "8"], "gold": "8", "verdicts": {
+                        "strict": "wrong", "deepseekmath": "right", "math_verify": "right"},
+                     "tail": "The answer is \\boxed{5}. No: \\boxed{8}."}]}}}
+
+
 def _evaluate(model: str) -> dict[str, Any]:
     gen: dict[str, Any] = {}
+    n = 100 if model == "base" else 500
+    ids = [f"generated-{i}" for i in range(n)]
     for mode, a in GREEDY[model].items():
-        gen[mode] = {"greedy": {"acc": a, "n": 500, "no_answer": 0.01, "truncated": 0.02, "mean_tokens": 40.5,
+        pp = _per_problem(a, n, model)
+        gen[mode] = {"greedy": {"acc": round(sum(pp) / n, 4), "acc_se": round((a * (1 - a) / (n - 1)) ** 0.5, 4),
+                                "n": n, "no_answer": 0.01, "truncated": 0.02, "mean_tokens": 40.5,
                                 "by_difficulty": {"1": {"acc": min(1.0, a + 0.1), "n": 170},
                                                   "2": {"acc": a, "n": 165}, "3": {"acc": max(0.0, a - 0.1), "n": 165}},
+                                "timeouts": 0, "refused": 0, "per_problem": {"ids": ids, "acc": pp},
+                                "verifiers": _verifiers(a, n), "prompt_sha256": "0123456789abcdef",
+                                "sampling": {"temperature": 0.0, "top_p": 1.0, "n": 1, "max_new_tokens": 80,
+                                             "seed": 0, "stop": [], "tir_max_rounds": None},
                                 "wall_s": 3.0}}
     if model in SAMPLED:
         p, m = SAMPLED[model]
-        s = {"n": 100, "n_samples": 8, "temperature": 0.7, "no_answer": 0.01, "wall_s": 20.0}
+        s = {"n": 100, "n_samples": 8, "temperature": 0.7, "no_answer": 0.01, "wall_s": 20.0, "avg@8": p[0],
+             "avg@8_se": 0.03}
         for k, pv, mv in zip((1, 2, 4, 8), p, m, strict=True):
             s[f"pass@{k}"], s[f"maj@{k}"] = pv, mv
+            s[f"pass@{k}_se"], s[f"maj@{k}_se"] = 0.04, 0.045
+        s["per_problem"] = {"ids": ids[:100], "avg@8": [x * 0.875 for x in _per_problem(p[0], 100, model)],
+                            "pass@8": _per_problem(p[3], 100, model), "maj@8": _per_problem(m[3], 100, model)}
+        s["verifiers"] = _verifiers(p[0], 800)
         gen["cot"]["sample"] = s
     return {"model": model, "prompting": "few_shot" if model in ("base", "pretrain") else "zero_shot",
+            "checker": {"headline": "strict", "report": "deepseekmath", "version": "2", "timeout_s": 5.0,
+                        "math_verify": "0.9.0"}, "seeds": {"sampling": 0, "maj_subsets": 0},
             "generated": gen, "resumed_problems": 0, "generated_tokens": 12345, "wall_s": 12.5}
 
 

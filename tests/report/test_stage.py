@@ -59,15 +59,29 @@ def test_full_run_page_summary_and_metrics(project: Path, params: ReportParams) 
     # the headline first, with the fake accuracies; the paper's numbers beside ours
     assert html.index('id="headline"') < html.index('id="paper"') < html.index('id="data"')
     head = _section(html, "headline")
-    assert "0.550" in head and "0.806" in head and "0.700 (k=8)" in head and "0.460 (k=8)" in head
-    acc = _section(html, "paper")
-    assert "88.2" in acc and "55.0†" in acc and "38.6†" in acc and "Table 5" in acc
-    assert "maj@8 +0.110, pass@8 +0.080" in acc  # Figure 7's claim against grpo - sft
+    assert "0.550 ± 0.022" in head and "0.806" in head and "0.700 ± 0.040 (k=8)" in head
+    assert "0.460 ± 0.045 (k=8)" in head and "headline mode strict" in head
+    acc = _section(html, "paper")  # the paper's accuracies beside ours under the reference's rules (report mode)
+    assert "deepseekmath rules" in acc and "88.2" in acc and "56.2†" in acc and "39.8†" in acc and "Table 5" in acc
+    assert "maj@8 +0.110 [" in acc and "pass@8 +0.080 [" in acc  # Figure 7's claim against grpo - sft, with CIs
+    assert "+16.4 points (95% CI" in acc and "beyond noise" in acc  # RL over SFT with its interval
+    # every comparison with its paired-bootstrap interval, and the seeds
+    unc = _section(html, "uncertainty")
+    for step in ("pretrain → sft", "sft → grpo", "sft → sft_continued", "sft_continued → grpo", "base → pretrain"):
+        assert step in unc
+    assert unc.count("<tr>") == 1 + 10 and "avg@8" in unc and "maj@8" in unc and "Seeds: evaluation sampling seed 0" in unc
+    assert "2,000 resamples" in unc
+    assert metrics["comparisons"] == 10 and 0 < metrics["comparisons_beyond_noise"] < 10
+    # the verifier-sensitivity table: per model, benchmark and run; the samples of each kind
+    ver = _section(html, "verifiers")
+    assert ver.count("<tr>") >= 1 + 10 + 4 and "right only by deepseekmath + math_verify" in ver
+    assert "generated-40" in ver and "math-verify 0.9.0" in ver
     assert "grpo_ps &gt; online_rft &gt; grpo_os &gt; rft" in acc  # Figure 5 from the comparison result
     assert "process_rm: 0.047 → 0.051 → 0.060" in acc  # Figure 6 mean over seeds
     assert "0.649" in _section(html, "reward_model") and "0.324" in _section(html, "reward_model")
     md = (project / "data/report/summary.md").read_text()
-    assert "| grpo | DeepSeekMath-RL 7B | zero-shot | generated | 0.550 | 0.792 | 0.806 | 0.700 (k=8) |" in md
+    assert "| grpo | DeepSeekMath-RL 7B | zero-shot | generated | 0.550 ± 0.022 | 0.792 | 0.806 | 0.700 ± 0.040 (k=8) |" in md
+    assert "## Model comparisons" in md and "## Verifier sensitivity" in md
     assert json.loads((project / "data/metrics/report.json").read_text())["html_bytes"] == len(html.encode())
     lines = report.console_lines(params)
     assert any(re.match(r"grpo\s+generated\s+0\.550\s+0\.792\s+0\.806\s+0\.700\s+0\.460$", x) for x in lines), lines
@@ -94,7 +108,7 @@ def test_nothing_run_yet(project: Path, params: ReportParams) -> None:
     metrics = report.run(params)
     assert metrics["figures"] == 0 and len(metrics["stages_not_run"]) == 7 + len(params.models)
     html = (project / "data/report/index.html").read_text()
-    assert html.count('<span class="badge na">not run</span>') == 9  # 7 stages, evaluate, comparisons
+    assert html.count('<span class="badge na">not run</span>') == 11  # 7 stages, evaluate, comparisons, uncertainty, verifiers
     assert report.console_lines(params)[1].split() == ["model", "benchmark", "CoT", "PoT", "TIR", "pass@k", "maj@k"]
 
 

@@ -1,12 +1,14 @@
 """Run by tests/rl/test_grpo_deepspeed.py under torchrun (2 CPU ranks, gloo) and as one plain process; prints one
 JSON line per rank.
 
-    python _ds_two_ranks.py PROJECT [grpo | rm_baseline]
+    python _ds_two_ranks.py PROJECT [grpo | rm_baseline | recipes]
 
 grpo: two steps of GRPO on scripted rollouts (world size, per-step grad norms, weight checksum). rm_baseline: one RM
 update of iterative RL (stages.rl.iterative.update_reward_model: hf sampling of the policy, value labels, RM
 training) and the continued-SFT baseline (stages.rl.baseline.continued_sft) through the policy's update path
-(DeepSpeed ZeRO-2 on the two ranks, plain PyTorch in one process): losses, AUCs, example count, weight checksums."""
+(DeepSpeed ZeRO-2 on the two ranks, plain PyTorch in one process): losses, AUCs, example count, weight checksums.
+recipes: three steps of GRPO with dynamic sampling and the curriculum on scripted rollouts with planted all-equal
+groups (tests/rl/test_recipes_two_ranks.py)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,27 @@ if __name__ == "__main__":
                "auc_after": m["heldout_after_update"], "rm_checksum": checksum(rm),
                "baseline_loss": [r["sft_loss"] for r in bh], "baseline_checksum": checksum(base)}
         sys.stdout.write("RESULT " + json.dumps(out) + "\n")  # one write: the ranks share stdout
+        sys.stdout.flush()
+        raise SystemExit(0)
+    if mode == "recipes":  # dynamic sampling and the curriculum: every rank agrees on what to keep and draw
+        from tests.rl.test_recipes import Scripted, _easy_even
+
+        p = tiny_params(steps=3, questions_per_step=3, optim__micro_batch_size=3, checkpoint_every=0,
+                        reward__custom=[], reward__custom_weights=[],
+                        dynamic_sampling=dict(enabled=True, metric="accuracy", max_rounds=3, max_per_round=None,
+                                              oversample=1.0),
+                        curriculum=dict(enabled=True, low=0.0, high=1.0, hard_weight=0.0, easy_weight=0.0,
+                                        normal_weight=1.0, unseen_weight=0.5, ema=1.0),
+                        deepspeed=dict(enabled=ds, zero_stage=2, offload_optimizer=False))
+        gen = Scripted(tok, rows, _easy_even)  # even answers: all-equal groups
+        h, _, info = rl_train(model, tok, rows, p, ckpt_dir=None, generator=gen)
+        keys = ("ds_rounds", "ds_generated_groups", "ds_kept_groups", "ds_shortfall", "n_train_outputs",
+                "curriculum_sampled_unseen", "curriculum_sampled_normal")
+        out = {"rank": int(os.environ.get("RANK", "0")), "world": info["world_size"],
+               "grad_norm": [r["grad_norm"] for r in h], "rows": [{k: r[k] for k in keys} for r in h],
+               "questions": sorted(q for call in gen.calls for q in call),
+               "checksum": float(sum(v.double().sum() for v in model.state_dict().values()))}
+        sys.stdout.write("RESULT " + json.dumps(out) + "\n")
         sys.stdout.flush()
         raise SystemExit(0)
     p = tiny_params(steps=2, questions_per_step=3, optim__micro_batch_size=3, checkpoint_every=0,

@@ -58,7 +58,8 @@ def test_heldout_curve_equals_the_evaluate_stage_at_the_final_step(heldout_proje
     common = {"backend": "hf", "dtype": "float32", "num_threads": 1, "batch_size": 2, "max_new_tokens": N_NEW,
               "temperature": 0.7, "top_p": 1.0, "seed": 0, "tir_max_rounds": 2, "exec_timeout_s": 5.0,
               "exec_workers": 1, "maj_subsets": 64, "n_shots": 0, "limit": 5, "sample_limit": None,
-              "testsets": "data/testsets", "benchmarks": ["heldout"]}
+              "testsets": "data/testsets", "benchmarks": ["heldout"],
+              "checker": {"headline": "strict", "report": "deepseekmath", "timeout_s": 5.0, "math_verify": True}}
     model = {"path": str(paths.GRPO_MODEL), "prompting": "zero_shot", "greedy_modes": ["cot"], "sample_modes": [],
              "n_samples": 1, "limit": None}
     ev = evaluate.run(EvaluateParams.model_validate({"common": common, "models": {"grpo": model}}), "grpo")

@@ -216,8 +216,8 @@ def test_registries_name_their_entries_in_one_line_errors() -> None:
         tiny_params(algorithm="dpo")
     with pytest.raises(Exception, match=r"unknown advantage estimator 'vtrace'; registered: .*grpo.*gae"):
         tiny_params(advantage__estimator="vtrace")
-    with pytest.raises(Exception, match=r"unknown policy loss 'gspo'; registered: clipped, nll"):
-        tiny_params(loss__policy="gspo")
+    with pytest.raises(Exception, match=r"unknown policy loss 'vmpo'; registered: clipped, nll, gspo, cispo"):
+        tiny_params(loss__policy="vmpo")
     with pytest.raises(Exception, match=r"algorithm ppo estimates advantages with its value model: set advantage\.estimator to one that uses it \(gae\)"):
         tiny_params(algorithm="ppo")
     with pytest.raises(Exception, match="needs a value model"):

@@ -147,7 +147,7 @@ def test_even_a_harmless_anchor_is_refused_and_every_yaml_the_pipeline_reads_use
     (tmp_path / "dvc.yaml").write_text("stages:\n  data: &s {cmd: x}\n  other: *s\n")
     from flows._dvc import stages
 
-    with pytest.raises(PipelineError, match="dvc.yaml: line 2: YAML anchors"):
+    with pytest.raises(ValueError, match="dvc.yaml: line 2: YAML anchors"):
         stages(tmp_path)
     grep = subprocess.run(["git", "grep", "-n", "yaml.safe_load\\|yaml.load(", "--", "stages", "flows"], cwd=ROOT,
                           capture_output=True, text=True).stdout

@@ -23,6 +23,7 @@ from torch import Tensor
 from stages.core.dist import all_gather_list, block
 from stages.core.errors import PipelineError
 from stages.core.io import atomic_path, read_jsonl
+from stages.core.logprobs import select_cache_rows
 from stages.core.modeling import load_model, resolve_model
 from stages.core.prompts import prompt_format
 from stages.rl.rollout import _cache_kwarg, _checkpointing
@@ -169,7 +170,7 @@ def completion_scores(rm: Any, input_ids: Tensor, attention_mask: Tensor, prompt
             out = base(input_ids=uniq[:, :P], attention_mask=p_att, position_ids=(p_att.cumsum(-1) - 1).clamp(min=0),
                        use_cache=True)
             cache = out[kw]
-            cache.batch_select_indices(inverse)
+            select_cache_rows(cache, inverse)  # (U, ...) -> (B, ...) rows, differentiable, deterministic
             h = base(input_ids=ids[:, P:], attention_mask=att, position_ids=pos[:, P:], use_cache=True,
                      **{kw: cache}).last_hidden_state
             drop = getattr(net, "dropout", None)

@@ -95,8 +95,9 @@ class StepLabelSource:
     the paper (its PRM is a trained model); it separates "process vs outcome supervision" from "how good the PRM is"
     on the generated problems, whose rows carry ``values``."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, checker: str = "strict") -> None:
         self.tokenizer = tokenizer
+        self.checker = checker  # answer checker mode of the last step's label (grpo.reward.checker)
 
     def step_rewards(self, ro: Any) -> tuple[Tensor, Tensor]:
         """(Q, G, S) 0/1 step labels (NaN-padded) and (Q, G, S) step-end indices of a rollout."""
@@ -111,7 +112,7 @@ class StepLabelSource:
                 labels_all.append([])
                 continue
             ends, texts = completion_steps(ids, self.tokenizer)
-            outcome = int(accuracy_reward(completion=ro.texts[n], answer=row["answer"]))
+            outcome = int(accuracy_reward(completion=ro.texts[n], answer=row["answer"], checker=self.checker))
             ends_all.append(ends)
             labels_all.append([float(x) for x in value_step_labels(texts, row["values"], outcome)])
         return _pad_steps(labels_all, ends_all, ro.group_size)
@@ -125,16 +126,16 @@ def outcome_rm_source(inputs: Any) -> Any:
     """``outcome_rm``: the RM's last-token reward, behind the guards (``inputs``: stages.rl.sources.SourceInputs)."""
     return guarded(RewardModelSource(inputs.reward_model, inputs.tokenizer, "outcome",
                                      batch_size=inputs.p.optim.micro_batch_size),
-                   inputs.p.reward.rm_guards, inputs.rm_examples)
+                   inputs.p.reward.rm_guards, inputs.rm_examples, inputs.p.reward.checker)
 
 
 def process_rm_source(inputs: Any) -> Any:
     """``process_rm``: the RM's reward at every step end, behind the guards."""
     return guarded(RewardModelSource(inputs.reward_model, inputs.tokenizer, "process",
                                      batch_size=inputs.p.optim.micro_batch_size),
-                   inputs.p.reward.rm_guards, inputs.rm_examples)
+                   inputs.p.reward.rm_guards, inputs.rm_examples, inputs.p.reward.checker)
 
 
 def step_label_source(inputs: Any) -> Any:
     """``process_rule``: the exact step labels of the rows' running values."""
-    return StepLabelSource(inputs.tokenizer)
+    return StepLabelSource(inputs.tokenizer, inputs.p.reward.checker)

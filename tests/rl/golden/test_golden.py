@@ -44,8 +44,9 @@ def _close_nested(got: Any, want: Any, rel: float, abs_: float) -> bool:
 
 def merged_params(recorded: dict[str, Any], steps: int) -> dict[str, Any]:
     """Today's grpo section for the record (``grpo_section``) with the recorded values written over it; the record
-    holds the flat layout of its day, read into today's groups with stages.schema.grpo.from_flat."""
-    return merge(grpo_section(steps), from_flat(recorded))
+    holds the flat layout of its day, read into today's groups with stages.schema.grpo.from_flat. The record's answer
+    checker was the reference's rules (issue 27 added ``reward.checker``, strict in params.yaml): deepseekmath here."""
+    return merge(merge(grpo_section(steps), {"reward": {"checker": "deepseekmath"}}), from_flat(recorded))
 
 
 def compare(want: dict[str, Any], got: dict[str, Any], rel: float = 1e-5, abs_: float = 1e-6) -> list[str]:
