@@ -25,7 +25,6 @@ from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, 
 from stages.rl.sources import REWARD_SOURCES
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 from stages.schema.grpo_lora import GrpoLoraParams, check_lora
-from stages.schema.grpo_validation import GrpoTrackingParams, GrpoValidationParams, check_validation
 from stages.schema.grpo_recipes import (
     GrpoCispoParams,
     GrpoCurriculumParams,
@@ -33,6 +32,7 @@ from stages.schema.grpo_recipes import (
     GrpoOverlongParams,
     check_recipes,
 )
+from stages.schema.grpo_validation import GrpoTrackingParams, GrpoValidationParams, check_validation
 from stages.schema.reward_model import RmDataParams
 from stages.schema.sampler import GrpoCorrectionParams, GrpoLedgerParams, GrpoSyncParams, check_sampler
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
@@ -497,7 +497,8 @@ class GrpoParams(Section):
 
     @model_validator(mode="after")
     def _check(self) -> GrpoParams:
-        problem = check_run(self) or check_sampler(self) or check_recipes(self) or check_lora(self) or check_validation(self)
+        problem = (check_run(self) or check_sampler(self) or check_recipes(self) or check_lora(self)
+                   or check_validation(self))
         if problem:
             raise ValueError(problem)
         world = self.launcher.world_size
