@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -87,13 +88,18 @@ def has_lora(model: Any) -> bool:
 
 
 def lora_layers(model: torch.nn.Module) -> Iterator[Any]:
-    """The LoRA-wrapped linear maps of ``model`` (peft ``LoraLayer`` modules)."""
+    """The LoRA-wrapped linear maps of ``model`` (peft ``LoraLayer`` modules; none while peft was never imported:
+    a run without LoRA does not import it)."""
+    if "peft" not in sys.modules:
+        return iter(())
     from peft.tuners.lora import LoraLayer
 
     return (m for m in model.modules() if isinstance(m, LoraLayer))
 
 
 def _layer_names(model: torch.nn.Module) -> dict[str, Any]:
+    if "peft" not in sys.modules:
+        return {}
     from peft.tuners.lora import LoraLayer
 
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
@@ -300,8 +306,9 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def save_adapter(model: torch.nn.Module, path: str | os.PathLike[str], base: str,
-                 state: dict[str, torch.Tensor] | None = None) -> None:
+def save_adapter(
+    model: torch.nn.Module, path: str | os.PathLike[str], base: str, state: dict[str, torch.Tensor] | None = None
+) -> None:
     """Write the adapter in peft's format to the directory ``path``: ``adapter_config.json`` (``base`` as
     ``base_model_name_or_path``) and ``adapter_model.safetensors`` (``state``: these tensors, an earlier
     :func:`adapter_state_dict`, instead of the adapter's now); ``PeftModel.from_pretrained(base model, path)`` loads
@@ -312,8 +319,11 @@ def save_adapter(model: torch.nn.Module, path: str | os.PathLike[str], base: str
     cfg.base_model_name_or_path = str(base)
     cfg.inference_mode = True
     cfg.save_pretrained(str(path))
-    save_file(adapter_state_dict(model) if state is None else state, str(path / "adapter_model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        adapter_state_dict(model) if state is None else state,
+        str(path / "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 def exported(model: torch.nn.Module) -> torch.nn.Module:
