@@ -4,6 +4,7 @@ memory planner's check, stages/plan.py).
 
     python benchmarks/memory.py passes [--n 8] [--t 512] [--vocab 152064]       # before / after, values compared
     python benchmarks/memory.py train --hidden 512 --layers 4 --vocab 65536 --seq 512 --micro-batch 2 [--zero 2]
+                                      [--lora-rank 16]     # a LoRA adapter on every linear map trains instead
 
 Each measurement runs in a fresh subprocess (two ranks under torchrun for ``--zero 2``, gloo, DeepSpeed's CPU
 accelerator): after the imports (and joining the process group) the process resets its peak resident set size
@@ -132,9 +133,18 @@ def child_train(c: dict[str, Any], out: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     model.config.use_cache = False
+    opt = None
+    if c.get("lora_rank"):  # the RL policy's LoRA (stages/rl/lora.py): the adapter trains, AdamW holds its states only
+        from types import SimpleNamespace
+
+        from stages.rl.lora import attach
+
+        attach(model, SimpleNamespace(enabled=True, rank=c["lora_rank"], alpha=2.0 * c["lora_rank"], dropout=0.0,
+                                      target_modules=["all-linear"]), seed=0)
+        opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
     enable_checkpointing(model, c["checkpointing"])
     model.train()
-    upd = Updater(model, max_grad_norm=1.0, lr=1e-4, deepspeed=ds_cfg)
+    upd = Updater(model, max_grad_norm=1.0, lr=1e-4, deepspeed=ds_cfg, optimizer=opt)
     g = torch.Generator().manual_seed(upd.rank)
     t0 = time.perf_counter()
     losses = []
@@ -235,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         b.add_argument(f"--{k}", type=int, default=v)
     b.add_argument("--zero", type=int, default=None)
     b.add_argument("--checkpointing", action="store_true")
+    b.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank on every linear map")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-"):
         argv = ["passes", *argv]  # the default (benchmarks/run_all.py runs it so)
@@ -257,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "seq": args.seq,
              "micro_batch": args.micro_batch, "heads": args.heads, "kv_heads": args.kv_heads,
              "intermediate": args.intermediate or 4 * args.hidden, "zero": args.zero, "ranks": args.ranks,
-             "checkpointing": args.checkpointing}
+             "checkpointing": args.checkpointing, "lora_rank": args.lora_rank}
     for r in measure_train(shape):
         print(f"rank {r['rank']}/{r['world']}: peak {_gib(r['peak_bytes'])} above baseline, {r['wall_s']} s")
     return 0

@@ -34,16 +34,13 @@ from stages.core.generation import resolve_backend
 from stages.core.io import atomic_path, is_timing_key, untimed, write_metrics
 from stages.core.modeling import (
     check_compatible,
-    enable_checkpointing,
-    load_model,
     load_tokenizer,
     peak_memory,
-    save_model,
 )
 from stages.core.plots import write_metric_files
-from stages.rl import ledger
+from stages.rl import ledger, lora
 from stages.rl.algorithms import get_algorithm
-from stages.rl.baseline import continued_sft
+from stages.rl.baseline import train_baseline
 from stages.rl.checkpoint import run_dir
 from stages.rl.data import load_prompts
 from stages.rl.heldout import HeldoutEval
@@ -51,9 +48,10 @@ from stages.rl.iterative import run_iterations
 from stages.rl.metrics import PLOT_METRICS, summarize
 from stages.rl.needs import run_needs
 from stages.rl.run import close, setup, train_sft
-from stages.rl.update import release_memory, rl_updater
+from stages.rl.tracking import StepLog
+from stages.rl.update import load_policy, release_memory
+from stages.rl.validation import Validation, prepare
 from stages.schema.grpo import GrpoParams
-from stages.train.loop import use_bf16
 from stages.train.update import use_deepspeed
 
 START_MODELS = {"sft": paths.SFT_MODEL, "pretrain": paths.PRETRAIN_MODEL}
@@ -62,21 +60,24 @@ START_MODELS = {"sft": paths.SFT_MODEL, "pretrain": paths.PRETRAIN_MODEL}
 Rows = list[dict[str, Any]]
 
 
-def load_policy(path: Any, p: GrpoParams) -> Any:
-    """A causal LM of the stage (the policy, the baseline's start), its weights read directly in the update's dtype
-    (bf16 under DeepSpeed's bf16 mode, else float32) onto this rank's device, with ``compute.attn_implementation``."""
-    dev = train_device()
-    bf16 = use_deepspeed(p.deepspeed.enabled) and use_bf16(p.compute.precision, dev)
-    return load_model(path, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev,
-                      attn_implementation=p.compute.attn_implementation)
+def check_rows(p: GrpoParams, rows: Rows) -> None:
+    """Fail before any work: a bad custom reward path, or rows without the 'cot' solutions SFT-like training needs."""
+    get_algorithm(p.algorithm).reward_functions(p)
+    if p.baseline.enabled and any("cot" not in r for r in rows):
+        raise PipelineError("grpo.baseline.enabled: the prompt rows have no 'cot' solutions; set it to false or add them")
+    if not get_algorithm(p.algorithm).samples and any("cot" not in r for r in rows):  # continued SFT on them
+        raise PipelineError(f"grpo.algorithm {p.algorithm} trains on the prompt rows' 'cot' solutions, and some rows "
+                            "have none")
 
 
 def train_policy(p: GrpoParams, model: Any, tokenizer: Any, rows: Rows, heldout: HeldoutEval | None,
-                 ckpt_dir: Path | None) -> tuple[Rows, Rows, dict[str, Any]]:
+                 ckpt_dir: Path | None, validation: Validation | None = None,
+                 tracker: StepLog | None = None) -> tuple[Rows, Rows, dict[str, Any]]:
     """``p.algorithm`` on ``model`` in place; returns (metric rows, completion rows, info)."""
     if not get_algorithm(p.algorithm).samples:
         return train_sft(model, tokenizer, rows, p, heldout=heldout)
-    ctx = setup(p, model, tokenizer, rows=rows, heldout=heldout, rm_dir=paths.REWARD_MODEL)
+    ctx = setup(p, model, tokenizer, rows=rows, heldout=heldout, rm_dir=paths.REWARD_MODEL, validation=validation,
+                tracker=tracker)
     ctx.ledger = ledger.run_writer(p, ckpt_dir, START_MODELS[p.start])  # data/ledger/grpo (stages/rl/ledger.py)
     try:
         run_iterations(ctx, ckpt_dir=ckpt_dir, out_dir=paths.GRPO_ITERS)
@@ -86,17 +87,29 @@ def train_policy(p: GrpoParams, model: Any, tokenizer: Any, rows: Rows, heldout:
 
 
 def save_policy(p: GrpoParams, init: Path, model: Any, tokenizer: Any, history: Rows, samples: Rows,
-                info: dict[str, Any], heldout: HeldoutEval | None) -> None:
+                info: dict[str, Any], heldout: HeldoutEval | None, validation: Validation | None = None) -> None:
     """data/models/grpo with pipeline.json (the held-out curve and the training signals travel with the DVC-cached
     model; no timings or memory peaks: a cached output is the same bytes for the same inputs) and samples.jsonl; the
-    curves in data/plots/grpo."""
+    curves in data/plots/grpo. The policy saved is the last step's, or with ``validation.select: best`` the best
+    validated checkpoint (``info["validation"]`` says which)."""
+    step, best = validation.selected(len(history)) if validation else (len(history), None)
+    if validation is not None:
+        info["validation"] = validation.metrics(step)
     with atomic_path(paths.GRPO_MODEL) as tmp:
-        model.to("cpu").save_pretrained(tmp, safe_serialization=True)
+        out = lora.exported(model.to("cpu"))
+        if best is not None:
+            out.load_state_dict(best["weights"])
+        if lora.has_lora(model):  # the adapter (peft's format) beside the merged model
+            it = p.iterative.iterations if best is None else best["iteration"]
+            lora.save_adapter(model, tmp / lora.ADAPTER_DIR, lora.adapter_base(init, it),
+                              state=None if best is None else best["adapter"])
+        out.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "pipeline.json").write_text(json.dumps({
             "stage": "grpo", "algorithm": p.algorithm, "init": str(init), "params": p.tracked_dump(),
             "hardware": info.get("hardware"), "heldout": heldout.metrics() if heldout else None,
-            "run": {"trained_parameters": info.get("trained_parameters")},
+            "run": {"trained_parameters": info.get("trained_parameters"), "lora": info.get("lora")},
+            "validation": info.get("validation"),
             "summary": untimed(summarize(history)), "iterations": untimed(info.get("iterations"))}, indent=2) + "\n")
         with open(tmp / "samples.jsonl", "w", encoding="utf-8") as f:
             for s in samples:
@@ -108,30 +121,6 @@ def save_policy(p: GrpoParams, init: Path, model: Any, tokenizer: Any, history: 
         write_metric_files(paths.plots_dir("grpo"), heldout.records, ("heldout_accuracy",))
 
 
-def train_baseline(p: GrpoParams, init: Path, tokenizer: Any, rows: Rows) -> dict[str, Any]:
-    """The continued-SFT baseline from ``init`` (every rank, on the policy's update path: DeepSpeed, bf16, the
-    accelerator), saved to data/models/sft_continued (a copy of ``init`` when disabled); returns its metrics."""
-    model = load_policy(init, p)
-    torch.manual_seed(p.seed)
-    out: dict[str, Any] = {"steps": 0}
-    extra: dict[str, Any] = {"stage": "grpo", "baseline": "disabled (copy of init)"}
-    if p.baseline.enabled:
-        enable_checkpointing(model, p.compute.gradient_checkpointing)
-        bh = continued_sft(model, tokenizer, rows, steps=p.steps * p.iterative.iterations,
-                           per_step=p.questions_per_step, seed=p.seed, lr=p.baseline.lr,
-                           max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size,
-                           updater=rl_updater(model, p, lr=p.baseline.lr, weight_decay=0.0),
-                           chunk_tokens=p.compute.logprob_chunk_tokens, on_step=lambda _done: threads.step())
-        out = {"steps": len(bh), "sft_loss_first": round(bh[0]["sft_loss"], 4),
-               "sft_loss_last": round(bh[-1]["sft_loss"], 4)}
-        extra = {"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.tracked_dump()}
-        if is_main_process():
-            write_metric_files(paths.plots_dir("grpo"), bh, ("sft_loss",), prefix="baseline_")
-    if is_main_process():
-        save_model(model.to("cpu"), tokenizer, paths.SFT_CONTINUED, extra=extra)
-    return out
-
-
 def run(p: GrpoParams) -> dict[str, Any]:
     """Train the policy with ``p.algorithm`` and the continued-SFT baseline; write models, plots and metrics.
 
@@ -141,28 +130,28 @@ def run(p: GrpoParams) -> dict[str, Any]:
     threads.use(p.compute.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
-    get_algorithm(p.algorithm).reward_functions(p)  # a bad custom reward path fails here, before any work
-    if p.baseline.enabled and any("cot" not in r for r in rows):
-        raise PipelineError("grpo.baseline.enabled: the prompt rows have no 'cot' solutions; set it to false or add them")
-    if not get_algorithm(p.algorithm).samples and any("cot" not in r for r in rows):  # continued SFT on them
-        raise PipelineError(f"grpo.algorithm {p.algorithm} trains on the prompt rows' 'cot' solutions, and some rows "
-                            "have none")
+    inputs = [START_MODELS[p.start], prompts_path] + ([paths.REWARD_MODEL] if run_needs(p).reward_model else [])
+    ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), inputs)
+    rows, validation = prepare(p, rows, ckpt_dir)  # grpo.validation: a split of the prompts, never trained on
+    check_rows(p, rows)
     init = START_MODELS[p.start]
     tokenizer, model = load_tokenizer(init), load_policy(init, p)
     check_compatible(model, tokenizer, str(init))
     torch.manual_seed(p.seed)
     heldout = HeldoutEval.from_params(p.heldout, p.template)
-    inputs = [init, prompts_path] + ([paths.REWARD_MODEL] if run_needs(p).reward_model else [])
-    ckpt_dir = run_dir(paths.CHECKPOINTS / "grpo", p.tracked_dump(), inputs)
-    history, samples, info = train_policy(p, model, tokenizer, rows, heldout, ckpt_dir)
+    main = is_main_process()
+    tracker = StepLog(paths.DVCLIVE / "grpo", live=p.tracking.live) if main else None
+    history, samples, info = train_policy(p, model, tokenizer, rows, heldout, ckpt_dir, validation, tracker)
+    if tracker is not None:
+        tracker.close(history)  # every step's results as dvclive's metrics and plots (data/dvclive/grpo)
     info["memory"] = peak_memory()  # of the RL part (before the baseline)
     info["hardware"] = hardware.rl_record(p.compute.precision, use_deepspeed(p.deepspeed.enabled), train_device(),
                                           resolve_backend(p.rollout.backend))
     metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summarize(history),
                                "grpo_wall_s": round(time.perf_counter() - t_start, 2), **info}
-    main = is_main_process()
     if main:
-        save_policy(p, init, model, tokenizer, history, samples, info, heldout)
+        save_policy(p, init, model, tokenizer, history, samples, info, heldout, validation)
+        metrics["validation"] = info.get("validation")
         metrics["ledger"] = ledger.finish(ckpt_dir / "ledger", paths.GRPO_LEDGER, p.ledger.enabled,
                                           p.steps * p.iterative.iterations)
         if heldout is not None:
@@ -170,14 +159,15 @@ def run(p: GrpoParams) -> dict[str, Any]:
     t0 = time.perf_counter()
     del model
     release_memory()
-    metrics["baseline"] = train_baseline(p, init, tokenizer, rows)
+    metrics["baseline"] = train_baseline(p, init, tokenizer, rows, load_policy(init, p))
     if not main:
         return {}
     metrics["baseline_wall_s"] = round(time.perf_counter() - t0, 2)
     metrics["threads"] = threads.stats()  # steps at each torch thread count (a timing: data/timings)
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
-                                     "trained_parameters", "baseline.sft_loss_last", "heldout", "hardware"])
+                                     "trained_parameters", "baseline.sft_loss_last", "heldout", "hardware",
+                                     "validation"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

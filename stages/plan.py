@@ -40,7 +40,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,20 @@ class ModelShape:
     def largest_tensor(self) -> int:
         return max(self.vocab * self.hidden, self.hidden * self.intermediate)
 
+    def linear_maps(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear map of a decoder layer, by its module name."""
+        h, kv, i = self.hidden, self.kv, self.intermediate
+        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h), "gate_proj": (h, i),
+                "up_proj": (h, i), "down_proj": (i, h)}
+
+    def lora(self, rank: int, targets: list[str]) -> LoraShape:
+        """The LoRA adapter of ``rank`` on the maps named ``targets`` (["all-linear"]: all seven) in every layer."""
+        maps = self.linear_maps()
+        names = list(maps) if list(targets) == ["all-linear"] else [t for t in maps if t in targets]
+        per_layer = sum(rank * (maps[n][0] + maps[n][1]) for n in names)
+        return LoraShape(rank=rank, params=self.layers * per_layer, maps=len(names),
+                         adapted=self.layers * sum(maps[n][0] * maps[n][1] for n in names))
+
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelShape:
         heads = int(cfg["num_attention_heads"])
@@ -107,6 +121,17 @@ class ModelShape:
                    kv_heads=int(cfg.get("num_key_value_heads") or heads), intermediate=int(cfg["intermediate_size"]),
                    vocab=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", False)),
                    qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)))
+
+
+@dataclass(frozen=True)
+class LoraShape:
+    """A LoRA adapter on a :class:`ModelShape` (stages/rl/lora.py): its trained parameters (A and B of every adapted
+    map), the adapted maps per layer, and the base weights they adapt (merged for the sampler)."""
+
+    rank: int
+    params: int
+    maps: int
+    adapted: int
 
 
 KNOWN: dict[str, ModelShape] = {
@@ -137,6 +162,9 @@ class TrainSetup:
     """The forward also computes the entropy (GRPO's update)."""
     autocast: bool = False
     """Plain PyTorch under bf16 autocast: float32 weights and states, bf16 matmul outputs."""
+    lora: LoraShape | None = None
+    """A LoRA adapter trains and the base is frozen: the states (master copy, moments, gradients) are the adapter's,
+    the head computes no weight gradient, and each adapted map keeps its rank-r intermediate for the backward."""
 
 
 @dataclass
@@ -170,16 +198,19 @@ def activation_bytes(m: ModelShape, tokens: int, d: int, *, masked: bool, sequen
             "layer_backward": tokens * d * (2 * i + 2 * h)}
 
 
-def head_bytes(m: ModelShape, tokens: int, chunk: int, wb: int, *, entropy: bool) -> tuple[float, float]:
+def head_bytes(m: ModelShape, tokens: int, chunk: int, wb: int, *, entropy: bool,
+               head_grad: bool = True) -> tuple[float, float]:
     """(forward, backward) working set of the log-probs over the vocabulary (stages/core/logprobs.py); chunk 0
-    materialises the logits (the logits, their float32 copy / temperature and the log-softmax)."""
+    materialises the logits (the logits, their float32 copy / temperature and the log-softmax). ``head_grad``: the
+    head's weight trains (its float32 gradient accumulator; not with a frozen head, e.g. under LoRA)."""
     V, h = m.head_rows, m.hidden
+    g = 1 if head_grad else 0
     if chunk == 0:
         full = tokens * V
-        return full * (wb + 4 + 4 + (8 if entropy else 0)), full * (4 + 4 + 4 + wb) + 4 * V * h
+        return full * (wb + 4 + 4 + (8 if entropy else 0)), full * (4 + 4 + 4 + wb) + 4 * V * h * g
     c = min(chunk, tokens) * V * 4
     fwd = (3 if entropy else 2) * c
-    bwd = 2 * c + (wb * min(chunk, tokens) * V if wb != 4 else 0) + 4 * V * h + (V * h * wb if wb != 4 else 0)
+    bwd = 2 * c + (wb * min(chunk, tokens) * V if wb != 4 else 0) + g * (4 * V * h + (V * h * wb if wb != 4 else 0))
     return fwd, bwd
 
 
@@ -192,10 +223,14 @@ def model_states(P: float, s: TrainSetup) -> dict[str, float]:
     memory (only the bucket, counted apart, stays on the GPU).
 
     ZeRO 1-2 without offload: weights 2P + (4 + 8 + 4 + 2)P/N in bf16, exactly DeepSpeed's
-    ``estimate_zero2_model_states_mem_needs`` (2P + 18P/N); with offload 2P, also DeepSpeed's (tests/test_plan.py)."""
+    ``estimate_zero2_model_states_mem_needs`` (2P + 18P/N); with offload 2P, also DeepSpeed's (tests/test_plan.py).
+    With LoRA (``s.lora``) the weights are all P, every other state is the adapter's P_a: 2P + 18 P_a / N."""
     N = s.world if s.deepspeed else 1
     wb = 2 if (s.deepspeed and s.bf16) else 4
     out = {"weights": P * wb / (N if s.zero == 3 else 1)}
+    if s.lora is not None:  # the frozen base holds weights only; the states below are the adapter's
+        out["weights"] += s.lora.params * wb / (N if s.zero == 3 else 1)
+        P = s.lora.params
     if not s.deepspeed or s.zero == 0:
         out["master_fp32"] = 4 * P if (s.deepspeed and s.bf16) else 0.0  # BF16_Optimizer's fp32 master copy
         out["optimizer_states"] = 8 * P
@@ -218,18 +253,20 @@ def train_memory(m: ModelShape, s: TrainSetup) -> Estimate:
     wb = 2 if (s.deepspeed and s.bf16) else 4
     gpu = s.device == "cuda"
     states = model_states(P, s)
+    Pt = s.lora.params if s.lora is not None else P  # the trained parameters
     parts: dict[str, float] = {"weights": states["weights"]}
     if states["master_fp32"]:
         parts["master_fp32"] = states["master_fp32"]
     parts["optimizer_states"] = states["optimizer_states"]
     grads = states["gradients_fp32"] + states["gradients_16bit"]
+    largest = m.largest_tensor() if s.lora is None else max(max(io) for io in m.linear_maps().values()) * s.lora.rank
     if not s.deepspeed or s.zero == 0:
-        opt_tmp = 4 * P if gpu else 2 * 4 * m.largest_tensor()
-        bucket = min(P, DS_BUCKET) * wb if s.deepspeed and N > 1 else 0  # the flattened all-reduce copy
+        opt_tmp = 4 * Pt if gpu else 2 * 4 * largest
+        bucket = min(Pt, DS_BUCKET) * wb if s.deepspeed and N > 1 else 0  # the flattened all-reduce copy
     else:
         on_gpu_states = 0 if s.offload_optimizer else 1
-        opt_tmp = (1 if gpu else 2) * 4 * (P / N) * on_gpu_states
-        bucket = (DS_BUCKET if gpu else min(P, DS_BUCKET)) * wb
+        opt_tmp = (1 if gpu else 2) * 4 * (Pt / N) * on_gpu_states
+        bucket = (DS_BUCKET if gpu else min(Pt, DS_BUCKET)) * wb
     parts["gradients"] = grads
     parts["ds_bucket"] = bucket
     if s.deepspeed and s.zero == 3:  # the gathered weights of the layer in use and the next (prefetch), and the head
@@ -241,8 +278,10 @@ def train_memory(m: ModelShape, s: TrainSetup) -> Estimate:
         A = m.layers * act["layer_input"] + act["layer"] + act["final"] + act["mask"]
     else:
         A = m.layers * act["layer"] + act["final"] + act["mask"]
+    if s.lora is not None:  # each adapted map keeps A x (rank values per token) for the backward of B
+        A += m.layers * s.lora.maps * T * s.lora.rank * d
     parts["activations"] = A
-    f_head, b_head = head_bytes(m, T, s.chunk, wb, entropy=s.entropy)
+    f_head, b_head = head_bytes(m, T, s.chunk, wb, entropy=s.entropy, head_grad=s.lora is None)
     if d != wb:  # autocast: the head's bf16 matmul output next to its float32 copy
         f_head += min(s.chunk or T, T) * m.vocab * d
     parts["logits_forward"], parts["logits_backward"] = f_head, b_head
@@ -257,7 +296,7 @@ def train_memory(m: ModelShape, s: TrainSetup) -> Estimate:
         "optimizer_step": static + grads + opt_tmp,
     }
     if s.deepspeed and s.zero in (1, 2):
-        phases["initialisation"] = 2 * parts["weights"]  # flattening the weights into one buffer
+        phases["initialisation"] = parts["weights"] + Pt * wb  # flattening the trained weights into one buffer
     return Estimate(parts, phases)
 
 
@@ -290,7 +329,7 @@ def largest_micro_batch(m: ModelShape, s: TrainSetup, budget: float, limit: int 
 
 
 def _with(s: TrainSetup, **kw: Any) -> TrainSetup:
-    return TrainSetup(**{**asdict(s), **kw})
+    return replace(s, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,15 +447,19 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
     bf16 = ds and g.compute.precision in ("bf16", "auto")
     wb = 2 if bf16 else 4
     seq = 512 + g.rollout.max_new_tokens  # a prompt of up to 512 tokens (GSM8K / MATH CoT prompts are shorter)
+    lo = m.lora(g.lora.rank, g.lora.target_modules) if g.lora.enabled else None
     s = TrainSetup(micro_batch=g.optim.micro_batch_size, seq=seq, world=gpus, deepspeed=ds,
                    zero=g.deepspeed.zero_stage if ds else 0, offload_optimizer=g.deepspeed.offload_optimizer,
                    bf16=bf16, checkpointing=g.compute.gradient_checkpointing, chunk=g.compute.logprob_chunk_tokens, device=device,
-                   masked=True, entropy=True)
+                   masked=True, entropy=True, lora=lo)
     e = train_memory(m, s)
     parts = dict(e.parts)
     aux = 0.0
     notes = [f"ZeRO-{s.zero} on {gpus} rank(s)" if ds else "plain PyTorch"]
-    if g.kl.beta > 0 and not g.compute.offload_idle_models:
+    if lo is not None:
+        notes.append(f"LoRA rank {lo.rank} on {lo.maps} maps per layer: {_count(lo.params)} trained parameters "
+                     f"({lo.params / P:.2%}); the reference model is the frozen base (no copy)")
+    if g.kl.beta > 0 and not g.compute.offload_idle_models and lo is None:
         aux += P * wb
         notes.append("reference model resident")
     model_reward = run_needs(g).scoring_model  # the reward source scores with the RM (its spec says)
@@ -426,12 +469,18 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
     if g.algorithm == "ppo":
         aux += train_memory(m, _with(s, entropy=False)).peak - e.parts["activations"]
         notes.append("PPO value model trained alongside")
+    vllm_on = g.rollout.backend in ("vllm", "auto") and device == "cuda"
+    if lo is not None and not vllm_on:  # the hf sampler decodes with a plain copy holding the merged weights
+        aux += P * wb
+        notes.append("LoRA: the hf sampler's merged copy of the policy resident")
     parts["auxiliary_models"] = aux
-    # a log-prob pass of an idle model moved in for its pass (policy state stays): the model's weights + working set
+    # a log-prob pass of an idle model moved in for its pass (policy state stays): the model's weights + working set;
+    # LoRA's reference is the policy itself (adapter disabled): the working set only
+    ref_weights = 0 if lo is not None else P * wb
     logprob_pass = (e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"]
-                    + inference_memory(m, s.micro_batch * seq, wb=wb, chunk=s.chunk)) + aux
+                    + inference_memory(m, s.micro_batch * seq, wb=wb, chunk=s.chunk) - P * wb + ref_weights) + aux
     vllm = 0.0
-    if g.rollout.backend in ("vllm", "auto") and device == "cuda":
+    if vllm_on:
         vllm = g.rollout.vllm.gpu_memory_utilization * gpu_mem
         kv_bytes = vllm - P * wb / g.rollout.vllm.tensor_parallel_size
         per_tok = 2 * m.layers * m.kv * wb / g.rollout.vllm.tensor_parallel_size
@@ -440,15 +489,23 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
         notes.append(f"vLLM KV cache {max(kv_bytes, 0) / GIB:.1f} GiB = {cap:,.0f} tokens; a step's rollouts per rank "
                      f"({need:,} tokens at full length) run in {math.ceil(need / max(cap, 1))} waves")
         parts["vllm_engine"] = vllm
-    generation = e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"] + aux + vllm
+    static = e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"]
+    generation = static + aux + vllm
     update_extra = 0.0 if g.rollout.vllm.enable_sleep_mode else vllm
-    peak = max(e.peak + aux + update_extra, logprob_pass, generation)
+    phases = [e.peak + aux + update_extra, logprob_pass, generation]
+    if lo is not None and vllm:  # the sync builds the merged adapted maps at once and hands them to the engine
+        parts["lora_merged_maps"] = lo.adapted * wb
+        phases.append(static + aux + vllm + lo.adapted * wb)
+        notes.append(f"LoRA: the weight sync holds the {lo.adapted * wb / GIB:.1f} GiB of merged adapted maps")
+    peak = max(phases)
     iterations = g.iterative.iterations
     questions = g.steps * iterations * g.questions_per_step
     rollout_tokens = questions * g.rollout.group_size * g.rollout.max_new_tokens
     n_passes = 6 + 2 * (g.kl.beta > 0) + 2 * (g.optim.mu > 1) + (2 if g.compute.gradient_checkpointing else 0)
     # the log-prob passes and the update (2 per pass forward, 4 backward); iterative RL's RM updates not counted
     flops = rollout_tokens * n_passes * P
+    if lo is not None:  # a frozen base computes no weight gradients: its backward is 2 per parameter, not 4
+        flops -= rollout_tokens * 2 * P
     world = g.launcher.world_size
     work = (f"{questions:,} questions = {g.steps:,} steps x {g.questions_per_step} x {iterations} iteration(s); "
             f"{questions * g.rollout.group_size:,} outputs (group {g.rollout.group_size}), up to {_count(rollout_tokens)} generated "
@@ -530,8 +587,9 @@ def plan_one(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, rese
 def fixes(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve: float, device: str = "cuda",
           max_gpus: int = 4096) -> list[str]:
     """What would make a stage that does not fit fit: each change alone (checkpointing, ZeRO-3, optimizer
-    offload, a smaller micro-batch, fewer vLLM memory, idle models offloaded), then more GPUs, then all of the
-    switches together; and what LoRA would need (the pipeline has no LoRA: it trains every weight)."""
+    offload, a smaller micro-batch, fewer vLLM memory, idle models offloaded, LoRA for grpo), then more GPUs, then
+    all of the switches together; for pretrain / sft, what LoRA would need (they have none: they train every
+    weight)."""
     budget = gpu_mem - reserve
     pre, ck = _TRAIN_PREFIX[name], _CHECKPOINTING[name]
     t = getattr(sec, "train", sec)
@@ -558,6 +616,10 @@ def fixes(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve
                             {"rollout.vllm.gpu_memory_utilization": 0.1}))
         if not vllm.enable_sleep_mode and device == "cuda":
             changes.append(("runtime.grpo.rollout.vllm.enable_sleep_mode: true", {"rollout.vllm.enable_sleep_mode": True}))
+        if not sec.lora.enabled and sec.algorithm != "ppo":
+            lo = sec.lora
+            changes.append((f"grpo.lora.enabled: true (rank {lo.rank} on {', '.join(lo.target_modules)}; the "
+                            "adapter trains, the frozen base is the reference model)", {"lora.enabled": True}))
 
     def peak(s: Any, n: int) -> float:
         return plan_one(name, s, m, n, gpu_mem, reserve, device).peak
@@ -584,10 +646,11 @@ def fixes(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve
         allp = peak(apply(sec, {k: v for _, u in changes for k, v in u.items()}), gpus)
         if allp <= budget:
             out.append(f"all of {', '.join(w.split(':')[0] for w, _ in changes)} together: {allp / GIB:.1f} GiB")
-    e = base.parts
-    lora = e["weights"] + e.get("activations", 0) + e.get("logits_forward", 0) + e.get("logits_backward", 0)
-    out.append(f"LoRA would hold about {lora / GIB:.1f} GiB (the frozen weights and the activations), but this "
-               "pipeline trains every weight: it has no LoRA")
+    if name != "grpo":
+        e = base.parts
+        lora = e["weights"] + e.get("activations", 0) + e.get("logits_forward", 0) + e.get("logits_backward", 0)
+        out.append(f"LoRA would hold about {lora / GIB:.1f} GiB (the frozen weights and the activations), but the "
+                   f"{name} stage trains every weight: it has no LoRA (the grpo stage has: grpo.lora)")
     return out or ["nothing planned here fits: a GPU with more memory"]
 
 

@@ -47,6 +47,7 @@ PLOTS = DATA / "plots"
 # what a run measured about itself (wall / CPU times, throughputs, peak memory): no DVC output, git-ignored; the
 # same inputs give the same bytes everywhere else, and these files say how long that took this time
 TIMINGS = DATA / "timings"
+DVCLIVE = DATA / "dvclive"  # dvclive's per-step metrics and plots of a run (data/dvclive/grpo), git-tracked
 
 # resumable training state, outside DVC outputs (DVC deletes outputs before re-running a stage)
 CHECKPOINTS = Path("checkpoints")

@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from stages.core.dist import all_reduce
+from stages.core import paths, threads
+from stages.core.dist import all_reduce, is_main_process
 from stages.core.errors import PipelineError
+from stages.core.modeling import enable_checkpointing, save_model
+from stages.core.plots import write_metric_files
 from stages.core.prompts import prompt_format
+from stages.rl import lora
 from stages.rl.data import step_questions
+from stages.rl.update import rl_updater
 from stages.train.losses import lm_nll_sum
 from stages.train.update import Updater, micro_slices
 
@@ -93,3 +99,28 @@ def continued_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, ste
             model.train()
     model.eval()
     return history
+
+
+def train_baseline(p: Any, init: Path, tokenizer: Any, rows: list[dict[str, Any]], model: Any) -> dict[str, Any]:
+    """The grpo stage's continued-SFT baseline (``p``: GrpoParams) from ``model``, loaded from ``init`` (every rank, on
+    the policy's update path: DeepSpeed, bf16, the accelerator), saved to data/models/sft_continued (a copy of
+    ``init`` when disabled); returns its metrics."""
+    torch.manual_seed(p.seed)
+    out: dict[str, Any] = {"steps": 0}
+    extra: dict[str, Any] = {"stage": "grpo", "baseline": "disabled (copy of init)"}
+    if p.baseline.enabled:
+        model = lora.attach(model, p.lora, p.seed)  # the policy's memory budget: LoRA too when it uses LoRA
+        enable_checkpointing(model, p.compute.gradient_checkpointing)
+        bh = continued_sft(model, tokenizer, rows, steps=p.steps * p.iterative.iterations,
+                           per_step=p.questions_per_step, seed=p.seed, lr=p.baseline.lr,
+                           max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size,
+                           updater=rl_updater(model, p, lr=p.baseline.lr, weight_decay=0.0),
+                           chunk_tokens=p.compute.logprob_chunk_tokens, on_step=lambda _done: threads.step())
+        out = {"steps": len(bh), "sft_loss_first": round(bh[0]["sft_loss"], 4),
+               "sft_loss_last": round(bh[-1]["sft_loss"], 4)}
+        extra = {"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.tracked_dump()}
+        if is_main_process():
+            write_metric_files(paths.plots_dir("grpo"), bh, ("sft_loss",), prefix="baseline_")
+    if is_main_process():
+        save_model(lora.exported(model.to("cpu")), tokenizer, paths.SFT_CONTINUED, extra=extra)
+    return out

@@ -31,6 +31,7 @@ import torch
 from stages.core.dist import is_main_process, train_device
 from stages.core.io import untimed, write_json
 from stages.core.modeling import enable_checkpointing, save_model
+from stages.rl import lora
 from stages.rl.checkpoint import load_latest, save_checkpoint
 from stages.rl.metrics import mean_finite
 from stages.rl.rm.labels import SampleConfig, collect_examples
@@ -74,7 +75,8 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
     t0 = time.perf_counter()
     was_training = policy.training
     policy.eval()
-    new = collect_examples(policy, tokenizer, rm_update_rows(rows, it.rm.questions, p.seed, iteration), cfg,
+    sampler = lora.plain_copy(policy) if lora.has_lora(policy) else policy  # a LoRA policy: its merged weights
+    new = collect_examples(sampler, tokenizer, rm_update_rows(rows, it.rm.questions, p.seed, iteration), cfg,
                            origin=f"iter{iteration}")
     policy.train(was_training)
     train, held = split_by_question(new, it.rm.heldout_fraction, p.seed + iteration)
@@ -153,7 +155,7 @@ def _finish_iteration(ctx: StepContext, k: int, out_dir: Path, it_info: dict[str
     if k < p.iterative.iterations:
         pol_dir = out_dir / f"iter{k}"
         if main:
-            save_model(ctx.model, ctx.tokenizer, pol_dir, extra={"stage": "grpo", "iteration": k, "steps": k * p.steps})
+            save_model(lora.exported(ctx.model), ctx.tokenizer, pol_dir, extra={"stage": "grpo", "iteration": k, "steps": k * p.steps})
         entry["policy"] = str(pol_dir)
     rm = ctx.reward_model
     if rm is not None:

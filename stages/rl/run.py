@@ -33,6 +33,7 @@ from stages.core.dist import is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import resolve_backend
 from stages.core.modeling import enable_checkpointing, frozen_copy, n_trainable
+from stages.rl import lora
 from stages.rl.algorithms import get_algorithm
 from stages.rl.baseline import continued_sft
 from stages.rl.checkpoint import load_latest, load_updaters, save_checkpoint
@@ -56,7 +57,8 @@ Rows = list[dict[str, Any]]
 
 def setup(p: Any, model: Any, tokenizer: Any, *, rows: Rows | None = None, heldout: HeldoutEval | None = None,
           rm_dir: str | Path | None = None, cache: dict[str, Any] | None = None, on_step: Any = None,
-          generator: Any = None, updater: Updater | None = None) -> StepContext:
+          generator: Any = None, updater: Updater | None = None, validation: Any = None,
+          tracker: Any = None) -> StepContext:
     """The context of a run of ``p.algorithm`` (a sampling one) on ``model`` (trained in place): the update path
     (DeepSpeed when ``p.deepspeed.enabled`` or launched with several ranks; built first, so that a vLLM engine joins
     its process group), the rollout generator, the rule reward functions, the reward model when the reward source
@@ -64,7 +66,8 @@ def setup(p: Any, model: Any, tokenizer: Any, *, rows: Rows | None = None, heldo
     source, PPO's value model, rft's pool and a resumed state come with :func:`begin_iteration`. ``rows``: the prompt
     rows (default: ``p.prompts_file``); ``cache``: what later calls continue with (rft's pool, PPO's value model);
     ``generator`` / ``updater``: use these instead of building them (tests and benchmarks: a scripted generator, a
-    plain optimizer through stages.rl.update.as_updater)."""
+    plain optimizer through stages.rl.update.as_updater); ``validation`` (stages.rl.validation.Validation) /
+    ``tracker`` (stages.rl.tracking.StepLog): the validation split's evaluations, the per-step dvclive log."""
     algo = get_algorithm(p.algorithm)
     if not algo.samples:
         raise ValueError(f"algorithm {p.algorithm} has no sampling loop; see stages.rl.run.train_sft")
@@ -72,14 +75,16 @@ def setup(p: Any, model: Any, tokenizer: Any, *, rows: Rows | None = None, heldo
         raise PipelineError(f"grpo.questions_per_step: {p.questions_per_step} is below the {world_size()} ranks; each "
                             "rank samples its share of a step's questions, so give at least one per rank")
     rows = load_prompts(p.prompts_file) if rows is None else rows
+    model = lora.attach(model, p.lora, p.seed)  # grpo.lora: the adapter trains, the base is pi_ref
     enable_checkpointing(model, p.compute.gradient_checkpointing)
     upd = rl_updater(model, p) if updater is None else updater
     if generator is None:
-        generator = _generator(p, model, tokenizer, rows, heldout, upd)
+        generator = _generator(p, model, tokenizer, rows + (validation.rows if validation else []), heldout, upd)
     ctx = StepContext(p=p, model=model, tokenizer=tokenizer, generator=generator,
                       updater=upd, rows=rows, algorithm=algo, reward_set=algo.reward_functions(p),
                       offload=p.compute.offload_idle_models, heldout=heldout, on_step=on_step,
-                      total_steps=p.steps * p.iterative.iterations, cache={} if cache is None else cache)
+                      total_steps=p.steps * p.iterative.iterations, cache={} if cache is None else cache,
+                      validation=validation, tracker=tracker)
     ctx.sandbox_pool = ThreadPoolExecutor(max_workers=p.rollout.exec_workers, thread_name_prefix="sandbox") \
         if rollout_modes(p) != ("cot",) else None
     if p.curriculum.enabled:
@@ -96,14 +101,19 @@ def setup(p: Any, model: Any, tokenizer: Any, *, rows: Rows | None = None, heldo
     ctx.info = {"resumed_from_step": None, "generation_backend": resolve_backend(p.rollout.backend),
                 "deepspeed_zero_stage": upd.zero_stage if upd.distributed else None, "world_size": upd.world,
                 "trained_parameters": {"policy": n_trainable(model)}, "rollout_modes": list(rollout_modes(p))}
+    if lora.has_lora(model):
+        ctx.info["lora"] = lora.summary(model, p.lora)
     return ctx
 
 
 def _generator(p: Any, model: Any, tokenizer: Any, rows: Rows, heldout: HeldoutEval | None, upd: Any) -> Any:
     """The rollout generator, sized for the prompts and the held-out problems (vLLM's context)."""
     questions = [r["question"] for r in rows] + ([r["question"] for r in heldout.rows] if heldout else [])
-    gen_len = max(p.rollout.max_new_tokens, heldout.max_new_tokens if heldout else 0)
-    return rollout_generator(p, model, tokenizer, questions, gen_len, bf16=upd.bf16 or upd.autocast_bf16)
+    gen_len = max(p.rollout.max_new_tokens, heldout.max_new_tokens if heldout else 0,
+                  p.validation.max_new_tokens if p.validation.size else 0)
+    bf16 = upd.bf16 or upd.autocast_bf16
+    return lora.merged_sampler(model, lambda m: rollout_generator(p, m, tokenizer, questions, gen_len, bf16=bf16),
+                               resolve_backend(p.rollout.backend), bf16=bf16)
 
 
 def begin_iteration(ctx: StepContext, iteration: int, ckpt_dir: Path | None) -> None:
@@ -113,10 +123,14 @@ def begin_iteration(ctx: StepContext, iteration: int, ckpt_dir: Path | None) -> 
     p, algo, model = ctx.p, ctx.algorithm, ctx.model
     ctx.iteration, ctx.ckpt_dir = iteration, ckpt_dir
     if iteration > 1:
+        if lora.has_lora(model):  # the adapter into the base: disabled, it is the policy (pi_ref <- pi_theta)
+            lora.fold(model, p.seed * 104729 + iteration)
         enable_checkpointing(model, p.compute.gradient_checkpointing)
         ctx.updater = rl_updater(model, p)
     ctx.ref_model = None
-    if algo.uses_reference(p):
+    if algo.uses_reference(p) and lora.has_lora(model):
+        ctx.ref_model = lora.reference(model)  # the frozen base: the policy with its adapter disabled
+    elif algo.uses_reference(p):
         ctx.ref_model = frozen_copy(model, "cpu" if ctx.offload else None)
         if ctx.updater.bf16:
             ctx.ref_model.to(torch.bfloat16)
@@ -159,13 +173,17 @@ def train(ctx: StepContext, first: int, last: int) -> Rows:
     start, logger = max(first, ctx.step), run_logger()
     if start == first == 0:
         _heldout(ctx, 0, last, None, logger)
+        _validate(ctx, 0, last, None, logger)
     for step in range(start, last):
         threads.step()  # the torch thread count for this step, from the machine's load (stages/core/threads.py)
         row, ro, rewards = run_step(step, ctx)
         row["iteration"] = ctx.iteration
         done = step + 1
         _heldout(ctx, done, last, row, logger)
+        _validate(ctx, done, last, row, logger)
         ctx.history.append(row)
+        if ctx.tracker is not None and is_main_process():
+            ctx.tracker.log(row, ctx.history)
         log_step(logger, ctx.algorithm.name, done, last, row, n_outputs=len(ro.texts) if ro is not None else 0)
         every = ctx.p.log_completions_every
         if ro is not None and every and step % every == 0:
@@ -192,11 +210,24 @@ def _heldout(ctx: StepContext, done: int, total: int, row: dict[str, Any] | None
         logger.info("held-out accuracy before step 1: %.3f", acc)
 
 
+def _validate(ctx: StepContext, done: int, total: int, row: dict[str, Any] | None, logger: Any) -> None:
+    """The validation split's evaluation after ``done`` steps, when due (rank 0); its accuracy goes into ``row``."""
+    v = ctx.validation
+    if v is None or not is_main_process() or not v.due(done, total):
+        return
+    acc = v.evaluate(done, ctx.generator, ctx.model, ctx.iteration)
+    if row is not None:
+        row["validation_accuracy"] = acc
+    else:
+        logger.info("validation accuracy before step 1: %.3f", acc)
+
+
 def checkpoint(ctx: StepContext) -> None:
     """Save the run's state after ``ctx.step`` steps in ``ctx.ckpt_dir`` (every rank)."""
     assert ctx.ckpt_dir is not None
     updaters = {"policy": ctx.updater, **({"critic": ctx.critic.updater} if ctx.critic is not None else {})}
-    extra: dict[str, Any] = {"samples": ctx.samples, "heldout": ctx.heldout.records if ctx.heldout else []}
+    extra: dict[str, Any] = {"samples": ctx.samples, "heldout": ctx.heldout.records if ctx.heldout else [],
+                             "validation": ctx.validation.state_dict() if ctx.validation is not None else None}
     if hasattr(ctx.source, "state_dict"):
         extra["reward_source"] = ctx.source.state_dict()  # the guards' running statistics
     if ctx.curriculum is not None:
@@ -217,6 +248,8 @@ def resume(ctx: StepContext, ckpt_dir: Path | None) -> None:
     ctx.samples = state["extra"].get("samples", [])
     if ctx.heldout is not None:
         ctx.heldout.records = list(state["extra"].get("heldout", ctx.heldout.records))
+    if ctx.validation is not None and state["extra"].get("validation") is not None:
+        ctx.validation.load_state_dict(state["extra"]["validation"])
     if state["extra"].get("reward_source") is not None and hasattr(ctx.source, "load_state_dict"):
         ctx.source.load_state_dict(state["extra"]["reward_source"])
     if ctx.curriculum is not None and state["extra"].get("curriculum") is not None:
@@ -242,10 +275,13 @@ def train_sft(model: Any, tokenizer: Any, rows: Rows, p: Any, *, heldout: Heldou
     if world_size() > 1:
         raise PipelineError("grpo.algorithm sft runs in one process; launch it without deepspeed / torchrun")
     total = p.steps * p.iterative.iterations
+    model = lora.attach(model, p.lora, p.seed)
     generator = None
     if heldout is not None:
-        generator = rollout_generator(p, model, tokenizer, [r["question"] for r in heldout.rows],
-                                      heldout.max_new_tokens)
+        questions = [r["question"] for r in heldout.rows]
+        generator = lora.merged_sampler(model, lambda m: rollout_generator(p, m, tokenizer, questions,
+                                                                          heldout.max_new_tokens),
+                                        resolve_backend(p.rollout.backend), bf16=False)
         generator.sync_weights(model)
         heldout.evaluate(0, generator)
 

@@ -36,6 +36,7 @@ import torch
 from stages.core.errors import PipelineError
 from stages.core.generation import HFGenerator, SamplingParams, tokenize_prompts
 from stages.core.logprobs import completion_logprobs
+from stages.rl import lora
 from stages.rl.rollout import rollout_prompt
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,9 @@ def planted_skip(before_step: int) -> Iterator[None]:
 
 
 def backend_of(generator: Any) -> str:
-    """``hf`` or ``vllm``: the backend of a rollout generator."""
-    return "hf" if isinstance(generator, HFGenerator) else "vllm"
+    """``hf`` or ``vllm``: the backend of a rollout generator (a LoRA policy's, stages.rl.lora.MergedSampler: its
+    inner one)."""
+    return "hf" if isinstance(getattr(generator, "inner", generator), HFGenerator) else "vllm"
 
 
 def precision_of(updater: Any) -> str:
@@ -106,6 +108,10 @@ def probe_logprobs(ctx: Any, probe: Probe) -> tuple[torch.Tensor, torch.Tensor]:
     """(sampler, trainer) float64 log-probs of the probe's completion tokens (module docstring)."""
     sampler = torch.tensor(ctx.generator.score_ids([probe.prompt_ids], [probe.completion_ids])[0], dtype=torch.float64)
     model = ctx.model
+    if probe.backend == "hf" and lora.has_lora(model):
+        # a LoRA policy's hf sampler decodes with its merged weights (stages/rl/lora.py): the trainer side scores the
+        # same merge of the trainer's current adapter, so hf fp32 stays bit for bit when the sync took effect
+        model = lora.merged_model(model)
     was_training = model.training
     model.eval()
     ids = torch.tensor([probe.prompt_ids + probe.completion_ids], dtype=torch.long, device=ctx.device)

@@ -127,6 +127,10 @@ class StepContext:
     cache: dict[str, Any] = field(default_factory=dict)
     reward_model: Any = None
     rm_examples: list[dict[str, Any]] = field(default_factory=list)
+    validation: Any = None
+    """The validation split's evaluations and best checkpoints (stages/rl/validation.py), or None."""
+    tracker: Any = None
+    """The per-step dvclive log (stages/rl/tracking.py), or None."""
     curriculum: Any = None
     ledger: Any = None
 

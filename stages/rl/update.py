@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from stages.core.dist import train_device
+from stages.core.modeling import load_model
 from stages.train.ds_config import build_deepspeed_config
 from stages.train.loop import use_bf16
 from stages.train.update import Updater, use_deepspeed
@@ -41,6 +42,15 @@ def on_device(module: torch.nn.Module | None, device: torch.device, offload: boo
             torch.cuda.empty_cache()
 
 
+def load_policy(path: Any, p: Any) -> Any:
+    """A causal LM of the stage (the policy, the baseline's start), its weights read directly in the update's dtype
+    (bf16 under DeepSpeed's bf16 mode, else float32) onto this rank's device, with ``compute.attn_implementation``."""
+    dev = train_device()
+    bf16 = use_deepspeed(p.deepspeed.enabled) and use_bf16(p.compute.precision, dev)
+    return load_model(path, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev,
+                      attn_implementation=p.compute.attn_implementation)
+
+
 def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None, weight_decay: float | None = None,
                micro_batch_size: int | None = None, max_grad_norm: float | None = None) -> Updater:
     """The :class:`Updater` of ``model`` from the grpo params ``p``: AdamW at ``lr`` (default ``p.optim.lr``) with
@@ -55,7 +65,8 @@ def rl_updater(model: torch.nn.Module, p: Any, *, lr: float | None = None, weigh
                                         micro_batch_size=micro_batch_size or p.optim.micro_batch_size, grad_accum=1,
                                         max_grad_norm=clip,
                                         bf16=use_bf16(p.compute.precision, train_device()))
-    opt = torch.optim.AdamW(model.parameters(), lr=p.optim.lr if lr is None else lr,
+    trained = [q for q in model.parameters() if q.requires_grad]  # a LoRA policy: the adapter alone (grpo.lora)
+    opt = torch.optim.AdamW(trained, lr=p.optim.lr if lr is None else lr,
                             weight_decay=p.optim.weight_decay if weight_decay is None else weight_decay)
     return Updater(model, optimizer=opt, max_grad_norm=clip, deepspeed=ds_cfg,
                    autocast_bf16=ds_cfg is None and p.compute.precision == "bf16")

@@ -24,6 +24,7 @@ from stages.rl.needs import check_run
 from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, Registry
 from stages.rl.sources import REWARD_SOURCES
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
+from stages.schema.grpo_lora import GrpoLoraParams, check_lora
 from stages.schema.grpo_recipes import (
     GrpoCispoParams,
     GrpoCurriculumParams,
@@ -31,6 +32,7 @@ from stages.schema.grpo_recipes import (
     GrpoOverlongParams,
     check_recipes,
 )
+from stages.schema.grpo_validation import GrpoTrackingParams, GrpoValidationParams, check_validation
 from stages.schema.reward_model import RmDataParams
 from stages.schema.sampler import GrpoCorrectionParams, GrpoLedgerParams, GrpoSyncParams, check_sampler
 from stages.schema.train import AttnImplementation, DeepSpeedParams, LauncherParams
@@ -447,6 +449,8 @@ class GrpoParams(Section):
     """The KL coefficient against the reference model."""
     optim: GrpoOptimParams
     """Learning rate, clipping, update passes and batch split of the policy update."""
+    lora: GrpoLoraParams
+    """LoRA for the policy (rank, alpha, dropout, target modules; enabled false: every weight trains)."""
     ppo: GrpoPpoParams
     """PPO's value model and GAE (algorithm ppo only)."""
     iterative: GrpoIterativeParams
@@ -455,6 +459,10 @@ class GrpoParams(Section):
     """Continued-SFT baseline for the same steps and data."""
     heldout: GrpoHeldoutParams
     """Periodic held-out greedy accuracy of the policy (every: 0 = off)."""
+    validation: GrpoValidationParams
+    """A validation split of the RL prompts evaluated during the run; the stage's model is the best or the last."""
+    tracking: GrpoTrackingParams
+    """Every step's metrics logged with dvclive (data/dvclive/grpo: live metrics and plots for dvc exp / plots)."""
     dynamic_sampling: GrpoDynamicSamplingParams
     """DAPO's dynamic sampling: all-equal-reward groups replaced by newly sampled ones until the batch is full."""
     curriculum: GrpoCurriculumParams
@@ -490,7 +498,8 @@ class GrpoParams(Section):
 
     @model_validator(mode="after")
     def _check(self) -> GrpoParams:
-        problem = check_run(self) or check_sampler(self) or check_recipes(self)
+        problem = (check_run(self) or check_sampler(self) or check_recipes(self) or check_lora(self)
+                   or check_validation(self))
         if problem:
             raise ValueError(problem)
         world = self.launcher.world_size
