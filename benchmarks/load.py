@@ -10,6 +10,7 @@ at a time (each under ``flock /work/notes/heavy.lock``) and interleaved (A idle,
 
     python benchmarks/load.py run A=<rev> idle          # one run; appends to benchmarks/results/load.json
     python benchmarks/load.py run B=<rev> busy
+    python benchmarks/load.py run A=HEAD idle --env DSM_THREADS=fixed   # the same code without the thread policy
     python benchmarks/load.py report                    # the wall-time table and the byte-identity table
 
 ``report`` prints, per stage, the wall time of every (code, load) pair and busy / idle ratios, the held-out
@@ -71,7 +72,7 @@ def _stage_rows(stdout: str) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def run(code: str, load: str, out: Path, keep: Path | None) -> dict[str, Any]:
+def run(code: str, load: str, out: Path, keep: Path | None, extra_env: list[str] | None = None) -> dict[str, Any]:
     label, _, rev = code.partition("=")
     rev = rev or "HEAD"
     sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
@@ -82,6 +83,7 @@ def run(code: str, load: str, out: Path, keep: Path | None) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PREFECT_API_URL", "PREFECT_HOME")}
         env["PATH"] = f"{BIN}:{env['PATH']}"
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(dict(kv.split("=", 1) for kv in extra_env or []))  # e.g. DSM_THREADS=fixed: the policy off
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None
         up0 = _uptime()
         t0 = time.perf_counter()
@@ -98,7 +100,7 @@ def run(code: str, load: str, out: Path, keep: Path | None) -> dict[str, Any]:
         for f in sorted((clone / "data" / "metrics").glob("evaluate_*.json")):
             g = json.loads(f.read_text()).get("generated", {}).get("cot", {}).get("greedy", {}).get("acc")
             acc[f.stem.removeprefix("evaluate_")] = g
-        result = {"code": label, "rev": sha[:10], "load": load, "rc": proc.returncode, "wall_s": round(wall, 1),
+        result = {"code": label, "rev": sha[:10], "env": extra_env or [], "load": load, "rc": proc.returncode, "wall_s": round(wall, 1),
                   "uptime_before": up0, "uptime_after": up1, "stages": _stage_rows(proc.stdout),
                   "heldout_greedy_cot": acc, "files": _files(clone) if proc.returncode == 0 else {},
                   "json": _json_files(clone) if proc.returncode == 0 else {},
@@ -190,12 +192,14 @@ def main() -> int:
     r.add_argument("code", help="LABEL=REV (a git revision of this repository)")
     r.add_argument("load", choices=["idle", "busy"])
     r.add_argument("--keep", type=Path, default=None, help="copy the finished clone here")
+    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for the run (DSM_THREADS=fixed: the same code, thread count fixed)")
     sub.add_parser("report", help="the tables of the runs recorded so far")
     for p in (r, sub.choices["report"]):
         p.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     if args.cmd == "run":
-        res = run(args.code, args.load, args.out, args.keep)
+        res = run(args.code, args.load, args.out, args.keep, args.env)
         return 0 if res["rc"] == 0 else 1
     summary = report(args.out)
     data = json.loads(args.out.read_text())
