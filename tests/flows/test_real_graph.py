@@ -112,7 +112,7 @@ def graph(tmp_path_factory: pytest.TempPathFactory, prefect_api: str, shared_dat
     model = tiny_qwen2(texts, base / "tiny-qwen2", vocab_size=700)
     proj = base / "proj"
     copy_sources(proj)
-    (proj / "params.yaml").write_text(yaml.safe_dump(_params(real, model), sort_keys=False))
+    (proj / "params.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(_params(real, model))), sort_keys=False))  # written out: params refuse YAML aliases
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q"], cwd=proj, check=True)
     subprocess.run(["git", "add", "-A"], cwd=proj, check=True)
