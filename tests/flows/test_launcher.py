@@ -79,7 +79,11 @@ def test_two_torchrun_ranks_started_by_dvc_repro_match_one_process(tmp_path: Pat
     base = load_file(str(project / "data" / "models" / "base" / "model.safetensors"))
     assert any(not bool((one[k] == base[k]).all()) for k in one)  # training moved the weights
     diff = max(float((two[k] - one[k]).abs().max()) for k in one)
-    assert diff < 1e-6, diff
+    moved = max(float((one[k] - base[k]).abs().max()) for k in one)
+    # fp32 rounding of the two ranks' all-reduced mean against one process's sum (1.7e-6 measured after 4 AdamW steps,
+    # where Adam's normalisation magnifies near-zero gradients): far below what training moved, and what a wrong or
+    # duplicated batch would give (of the order of the update itself)
+    assert diff < 1e-5 and diff < 1e-3 * moved, (diff, moved)
 
     # inside the stage: the ranks a launch gives must be the ranks the params say (here 1, launched with 2)
     bad = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
