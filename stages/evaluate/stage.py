@@ -227,9 +227,10 @@ def _mean_dicts(ds: list[dict[str, float]]) -> dict[str, float]:
 
 
 def resolve_dtype(dtype: str) -> str:
-    """``auto`` -> ``bfloat16`` where bf16 matmuls are fast (CUDA with bf16, CPUs with AMX tiles), else
-    ``float32``; other values unchanged. (bf16 generation was ~2.7x faster than fp32 on this AMX CPU,
-    benchmarks/results/generation.json; on CPUs without AMX it is slower.)"""
+    """``auto`` -> ``bfloat16`` where bf16 matmuls are fast (CUDA with bf16, CPUs with AMX tiles or AVX512_BF16:
+    :func:`stages.core.hardware.fast_bf16`), else ``float32``; other values unchanged. (bf16 generation was ~2.7x
+    faster than fp32 on an AMX CPU, benchmarks/results/generation.json; on CPUs without bf16 instructions it is
+    slower.)"""
     if dtype != "auto":
         return dtype
     return "bfloat16" if fast_bf16("cuda" if torch.cuda.is_available() else "cpu")[0] else "float32"
