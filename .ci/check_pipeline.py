@@ -42,9 +42,27 @@ SLACK = 1.5
 # pipeline's 15 minutes and orchestration's budget. --no-enforce-learning reports the learning check
 # (RL > SFT > pretrained on held-out greedy CoT accuracy) instead of failing on it.
 ENFORCED = set(BUDGETS_S)
+# The budgets were measured on CPUs with AMX (bf16 matmuls on AMX tiles). On a CPU without AMX the same run is ~2x
+# slower: measured 2026-12-02 on an idle 2-core AVX512_BF16 machine without AMX, 1160 s in all (pretrain 212 s, sft
+# 239 s, reward_model 111 s, evaluate 308 s; 1286 s before `auto` used bf16 there) against 563 s on the AMX machine.
+# There every budget (stages and the whole run, not orchestration) is scaled by NO_AMX_FACTOR, and the table says so.
+NO_AMX_FACTOR = 2.0
 ORCHESTRATION_BUDGET_S = 70
 PIPELINE_BUDGET_S = 900
 REPO = Path(__file__).resolve().parent.parent
+
+
+def hardware_factor(metrics_dir: Path) -> float:
+    """NO_AMX_FACTOR where the run's training stages say they ran on a CPU without AMX (their ``hardware`` record),
+    else 1 (an AMX CPU, a GPU, or no record)."""
+    try:
+        hw = json.loads((metrics_dir / "pretrain.json").read_text()).get("hardware") or {}
+    except (OSError, ValueError):
+        return 1.0
+    device = str(hw.get("device", ""))
+    factor = NO_AMX_FACTOR if device.startswith("cpu") and "AMX" not in device else 1.0
+    print(f"budgets x {factor:g}: {device or 'no hardware record'}")
+    return factor
 
 
 def sh(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
@@ -116,17 +134,18 @@ def main() -> int:
             stage = f.stem.split("@")[0].split("-")[0]
             stage = next((s for s in ("evaluate", "testsets", "ingest") if stage.startswith(s)), stage)  # foreach
             walls[stage] = walls.get(stage, 0.0) + float(json.loads(f.read_text()).get("wall_s", 0.0))
+        factor = hardware_factor(metrics_dir)
         rows = []
         for stage, wall in walls.items():
-            budget = BUDGETS_S.get(stage)
+            budget = BUDGETS_S.get(stage) and BUDGETS_S[stage] * factor
             ok = budget is None or wall <= SLACK * budget
             rows.append({"stage": stage, "wall_s": round(wall, 1), "budget_s": budget, "ok": ok})
             if not ok and stage in ENFORCED:
                 failures.append(f"stage {stage} took {wall:.1f} s > {SLACK} x budget {budget} s")
         orchestration = total - sum(walls.values())
         if not targets:  # the whole pipeline: its 15 minutes and its orchestration share
-            if total > SLACK * PIPELINE_BUDGET_S:
-                failures.append(f"pipeline took {total:.1f} s > {SLACK} x budget {PIPELINE_BUDGET_S} s")
+            if total > SLACK * PIPELINE_BUDGET_S * factor:
+                failures.append(f"pipeline took {total:.1f} s > {SLACK} x budget {PIPELINE_BUDGET_S * factor} s")
             if orchestration > SLACK * ORCHESTRATION_BUDGET_S:
                 failures.append(f"orchestration took {orchestration:.1f} s > {SLACK} x budget {ORCHESTRATION_BUDGET_S} s")
         noop, out = sh(["dvc", "repro", *targets], clone, env)
