@@ -33,7 +33,7 @@ import torch
 from stages.core import generation, paths, threads
 from stages.core.answers import CHECKER_VERSION, MODES, OUTCOMES, RIGHT, answer_key
 from stages.core.errors import PipelineError
-from stages.core.hardware import fast_bf16, generation_record
+from stages.core.hardware import fast_bf16_generation, generation_record
 from stages.core.io import atomic_path, write_metrics
 from stages.core.modeling import resolve_model
 from stages.core.plots import write_table
@@ -227,13 +227,12 @@ def _mean_dicts(ds: list[dict[str, float]]) -> dict[str, float]:
 
 
 def resolve_dtype(dtype: str) -> str:
-    """``auto`` -> ``bfloat16`` where bf16 matmuls are fast (CUDA with bf16, CPUs with AMX tiles or AVX512_BF16:
-    :func:`stages.core.hardware.fast_bf16`), else ``float32``; other values unchanged. (bf16 generation was ~2.7x
-    faster than fp32 on an AMX CPU, benchmarks/results/generation.json; on CPUs without bf16 instructions it is
-    slower.)"""
+    """``auto`` -> ``bfloat16`` where bf16 generation is faster (CUDA with bf16, CPUs with AMX tiles:
+    :func:`stages.core.hardware.fast_bf16_generation`), else ``float32``; other values unchanged. (bf16 generation was
+    ~2.7x faster than fp32 on an AMX CPU, benchmarks/results/generation.json; slower on CPUs without AMX.)"""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if fast_bf16("cuda" if torch.cuda.is_available() else "cpu")[0] else "float32"
+    return "bfloat16" if fast_bf16_generation("cuda" if torch.cuda.is_available() else "cpu")[0] else "float32"
 
 
 def make_generator(c: EvalCommonParams, model_path: str, rows: int | None = None) -> Any:

@@ -15,6 +15,7 @@ def test_auto_is_bf16_on_a_cpu_with_avx512_bf16_without_amx(monkeypatch: pytest.
     monkeypatch.setattr(hardware, "cpu_capability", lambda: "AVX512")
     assert hardware.resolve_precision("auto", "cpu") == "bf16"
     assert hardware.fast_bf16("cpu") == (True, "CPU with AVX512_BF16 (AVX512)")
+    assert hardware.fast_bf16_generation("cpu") == (False, "CPU without AMX (AVX512)")  # generation stays fp32
 
 
 @pytest.mark.parametrize("amx", [True, False])
@@ -41,4 +42,4 @@ def test_generation_record_names_the_backend_and_dtype(monkeypatch: pytest.Monke
     rec = hardware.generation_record("auto", "float32", "hf")
     assert rec["dtype"] == "float32" and rec["generation_backend"] == "hf"
     assert rec["dtype_from"] == ("auto: CUDA GPU with bf16" if hardware.torch.cuda.is_available()
-                                 else "auto: CPU without AMX or AVX512_BF16 (AVX2)")
+                                 else "auto: CPU without AMX (AVX2)")
