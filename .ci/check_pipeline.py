@@ -148,11 +148,19 @@ def main() -> int:
                 failures.append(f"pipeline took {total:.1f} s > {SLACK} x budget {PIPELINE_BUDGET_S * factor} s")
             if orchestration > SLACK * ORCHESTRATION_BUDGET_S:
                 failures.append(f"orchestration took {orchestration:.1f} s > {SLACK} x budget {ORCHESTRATION_BUDGET_S} s")
-        noop, out = sh(["dvc", "repro", *targets], clone, env)
-        if "didn't change" not in out and "up to date" not in out.lower() and "Data and pipelines are up to date" not in out:
-            failures.append("second dvc repro was not a no-op")
+        # the no-op: best of three, all three recorded. The first run after the pipeline is the slow one
+        # (measured on a 2-core non-AMX machine: 3.7 s, then 2.1 s and 2.2 s; CI once saw 5.4 s beside the
+        # previous run's exiting processes), so one sample measured the machine's state more than DVC's check.
+        noops = []
+        for _ in range(3):
+            wall, out = sh(["dvc", "repro", *targets], clone, env)
+            noops.append(round(wall, 2))
+            if "didn't change" not in out and "up to date" not in out.lower():
+                failures.append("second dvc repro was not a no-op")
+                break
+        noop = min(noops)
         if noop > 5.0:
-            failures.append(f"no-op dvc repro took {noop:.1f} s > 5 s")
+            failures.append(f"no-op dvc repro took {noop:.1f} s > 5 s (best of {noops})")
         report_check = check_report(clone, env) if not targets or "report" in targets else "not run"
         if report_check.startswith("FAILED"):
             failures.append(report_check)
@@ -170,13 +178,13 @@ def main() -> int:
         summary = {"runner": runner, "loadavg_before": load_before, "loadavg_after": load_after,
                    "pipeline_wall_s": round(total, 1), "orchestration_s": round(orchestration, 1),
                    "orchestration_fraction": round(orchestration / total, 4),
-                   "orchestration_budget_s": ORCHESTRATION_BUDGET_S, "noop_repro_s": round(noop, 2),
+                   "orchestration_budget_s": ORCHESTRATION_BUDGET_S, "noop_repro_s": round(noop, 2), "noop_repro_runs_s": noops,
                    "stages": rows, "greedy_accuracy": acc, "report_page": report_check, "failures": failures}
     print(f"{'stage':<14}{'wall_s':>8}{'budget':>8}  ok")
     for r in rows:
         print(f"{r['stage']:<14}{r['wall_s']:>8}{r['budget_s'] or '-':>8}  {r['ok']}")
     print(f"{runner}: pipeline {total:.1f} s, orchestration {orchestration:.1f} s ({100 * orchestration / total:.1f}%), "
-          f"no-op repro {noop:.2f} s, accuracy {acc}, load average {load_before} -> {load_after}")
+          f"no-op repro {noop:.2f} s (best of {noops}), accuracy {acc}, load average {load_before} -> {load_after}")
     print(f"report page: {report_check}")
     Path(os.environ.get("CHECK_OUT", "pipeline-check.json")).write_text(json.dumps(summary, indent=2) + "\n")
     if failures:
