@@ -28,37 +28,9 @@ sys.path.insert(0, str(ROOT))
 from stages.core import answers  # noqa: E402
 from stages.core.answers import answer_key, check, check_many, final_answers  # noqa: E402
 from stages.evaluate.metrics import sample_metrics  # noqa: E402
+from tests.core.checker_cases import ADVERSARIAL  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "checker_adversarial.json"
-
-
-def _nested_radical(depth: int) -> str:
-    s = "2"
-    for _ in range(depth):
-        s = f"\\sqrt{{{s}+\\sqrt{{3}}}}"
-    return s
-
-
-def _matrix(n: int, cell: str) -> str:
-    return "\\begin{pmatrix}" + "\\\\".join("&".join(cell for _ in range(n)) for _ in range(n)) + "\\end{pmatrix}"
-
-
-INPUTS = {
-    "tower 9^{9^{9^9}}": ("9^{9^{9^9}}", "1"),
-    "tower 2^{2^{2^{2^{2^{2}}}}}": ("2^{2^{2^{2^{2^{2}}}}}", "2"),
-    "1 MiB of digits": ("7" * (1 << 20), "7"),
-    "20,000 digits (PoT answer)": ("1234567890" * 2000, "5"),
-    "nested radical, depth 12": (_nested_radical(12), "3"),
-    "nested radical, depth 40": (_nested_radical(40), "3"),
-    "matrix 20x20 of digits": (_matrix(20, "1"), _matrix(20, "2")),
-    "matrix 8x8 of \\frac{1}{3}": (_matrix(8, "\\frac{1}{3}"), _matrix(8, "\\frac{2}{6}")),
-    "matrix 60x60 of 1 (over the limit)": (_matrix(60, "1"), _matrix(60, "1")),
-    "list of 200 numbers": (", ".join(str(i) for i in range(200)), ", ".join(str(i) for i in range(199, -1, -1))),
-    "'1.' x 499 + 'x' (regex backtracking)": ("1." * 499 + "x", "1"),
-    "999 digits then '.0x'": ("9" * 996 + ".0x", "1"),
-    "factorial 10^6!": ("(10^{6})!", "1"),
-    "symbolic 100-term sum": ("+".join(f"x^{{{i}}}" for i in range(100)), "+".join(f"x^{{{i}}}" for i in range(99, -1, -1))),
-}
 
 
 _CONTROL = """
@@ -156,7 +128,7 @@ def main() -> None:
     res: dict = {"deadline_s": a.deadline, "load_before": os.getloadavg(), "cpus": os.cpu_count(), "checks": []}
     print(f"deadline {a.deadline} s; load {res['load_before']}")
     print(f"{'input':<40}{'mode':<14}{'outcome':<10}{'wall s':>8}{'stall ms':>10}{'control':>10}")
-    for name, (pred, gold) in INPUTS.items():
+    for name, (pred, gold) in ADVERSARIAL.items():
         for mode in ("deepseekmath", "strict"):
             with Ticker() as t:
                 t0 = time.perf_counter()

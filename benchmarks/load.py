@@ -21,7 +21,6 @@ differ, for .json files), stage by stage.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -35,19 +34,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "load.json"
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))
+
+from stages.core.io import output_hashes  # noqa: E402
 
 
 def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def _files(clone: Path) -> dict[str, str]:
-    out = {"dvc.lock": hashlib.md5((clone / "dvc.lock").read_bytes()).hexdigest()}
-    for f in sorted((clone / "data").rglob("*")):
-        rel = f.relative_to(clone).as_posix()
-        if f.is_file() and not rel.startswith("data/timings/"):
-            out[rel] = hashlib.md5(f.read_bytes()).hexdigest()
-    return out
 
 
 def _json_files(clone: Path) -> dict[str, Any]:
@@ -102,7 +95,7 @@ def run(code: str, load: str, out: Path, keep: Path | None, extra_env: list[str]
             acc[f.stem.removeprefix("evaluate_")] = g
         result = {"code": label, "rev": sha[:10], "env": extra_env or [], "load": load, "rc": proc.returncode, "wall_s": round(wall, 1),
                   "uptime_before": up0, "uptime_after": up1, "stages": _stage_rows(proc.stdout),
-                  "heldout_greedy_cot": acc, "files": _files(clone) if proc.returncode == 0 else {},
+                  "heldout_greedy_cot": acc, "files": output_hashes(clone) if proc.returncode == 0 else {},
                   "json": _json_files(clone) if proc.returncode == 0 else {},
                   "log_tail": "" if proc.returncode == 0 else (proc.stdout + proc.stderr)[-3000:]}
         if keep is not None:

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "memory.json"
+sys.path.insert(0, str(ROOT))
+
+from flows._process import free_port  # noqa: E402
 
 
 def _status(key: str) -> int:
@@ -164,11 +166,6 @@ def child_train(c: dict[str, Any], out: Path) -> dict[str, Any]:
 # the parent side
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run_child(kind: str, cfg: dict[str, Any], ranks: int = 1, timeout: float = 900) -> list[dict[str, Any]]:
     """Run one measurement in a fresh process (``ranks`` > 1: under torchrun); return each rank's result."""
@@ -183,7 +180,7 @@ def run_child(kind: str, cfg: dict[str, Any], ranks: int = 1, timeout: float = 9
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, json.dumps(cfg), str(out)]
         if ranks > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
-                   str(_free_port()), *cmd[1:]]
+                   str(free_port()), *cmd[1:]]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"memory child {kind} {cfg} failed:\n{proc.stderr[-3000:]}")

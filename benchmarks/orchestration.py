@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "orchestration.json"
+sys.path.insert(0, str(ROOT))
+
+from flows._process import free_port  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
 # The reduced params set: params.yaml with these values replaced. Every stage still runs and writes its
@@ -154,15 +157,10 @@ def time_to_line(cmd: list[str], cwd: Path, env: dict[str, str], marker: str, ti
             "rc": rc, "tail": "".join(lines[-5:])}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def start_server(clone: Path, timeout: float = 120.0) -> tuple[subprocess.Popen[bytes], str, float]:
     """``prefect server start`` on a free local port; returns (process, API URL, seconds until healthy)."""
-    port = _free_port()
+    port = free_port()
     env = _env(clone, None)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["PREFECT_SERVER_UI_ENABLED"] = "false"

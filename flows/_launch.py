@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows._process import free_port
 from stages.core.errors import PipelineError
 
 STATUS_ENV = "DSM_RANK_STATUS_DIR"
@@ -69,11 +69,6 @@ def _in_process(run_fn: Callable[[Any], dict[str, Any]], p: Any) -> dict[str, An
     return run_fn(p)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def rank_command(stage: str, launcher: Any, params_path: str, log_dir: str) -> list[str]:
     """The command that starts the stage's ranks on this node."""
@@ -82,7 +77,7 @@ def rank_command(stage: str, launcher: Any, params_path: str, log_dir: str) -> l
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(launcher.nnodes),
                "--nproc-per-node", str(launcher.nproc_per_node)]
         if launcher.nnodes == 1 and launcher.rdzv_endpoint is None:
-            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
         else:
             cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", str(launcher.rdzv_endpoint),
                     "--rdzv-id", f"dsm-{stage}"]
@@ -96,7 +91,7 @@ def rank_command(stage: str, launcher: Any, params_path: str, log_dir: str) -> l
         host, _, port = launcher.rdzv_endpoint.rpartition(":")
         cmd += ["--master_addr", host, "--master_port", port]
     else:
-        cmd += ["--master_port", str(_free_port())]
+        cmd += ["--master_port", str(free_port())]
     return [*cmd, "--module", f"stages.{stage}", *entry]
 
 

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -312,3 +313,11 @@ def restore_swapped_params(root: str | Path = ".") -> str | None:
         os.replace(kept, dst)
         return "restored params.yaml, which a killed `python -m flows.pipeline --params` run had replaced"
     return None
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS's pick), for a server or a rendezvous. (stages.core.dist has the
+    same for stage code; flows do not import torch.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from flows._process import alive, command_line, parent_of, server_started
+from flows._process import alive, command_line, free_port, parent_of, server_started
 
 GRACE_S = 1.0
 """A server outlives its last client and owner by this long (the gap between two stage commands of a run is
@@ -181,11 +180,6 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _spawn(args: Sequence[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # not DVC's variables: a server outlives the stage command that starts it (and flows/__init__.py must not take
@@ -225,7 +219,7 @@ def start_api(*, take: bool = True) -> tuple[str, Callable[[], None]]:
             from flows._process import terminate
 
             terminate([pid], grace_s=2.0)  # a wedged server (e.g. one whose clients were killed with kill -9)
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}/api"
         proc = _spawn(["-m", "flows._servers", "api", str(port)], "api.log")
         server_started(proc.pid)

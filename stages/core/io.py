@@ -259,6 +259,21 @@ def untimed(x: Any) -> Any:
     return split_timings(x)[0]
 
 
+def output_hashes(project: str | os.PathLike[str]) -> dict[str, str]:
+    """{path: md5} of what a pipeline run leaves that must be the same bytes on every run of the same inputs: every
+    file under ``data/`` but ``data/timings/`` (the run's own measurements, :func:`write_timings`) and ``dvc.lock``.
+    Paths are relative to ``project``, with ``/``. Used by the determinism test and benchmarks/load.py."""
+    import hashlib
+
+    root = Path(project)
+    out = {"dvc.lock": hashlib.md5((root / "dvc.lock").read_bytes()).hexdigest()}
+    for f in sorted((root / "data").rglob("*")):
+        rel = f.relative_to(root).as_posix()
+        if f.is_file() and not rel.startswith("data/timings/"):
+            out[rel] = hashlib.md5(f.read_bytes()).hexdigest()
+    return out
+
+
 def write_timings(name: str, timings: dict[str, Any] | None) -> None:
     """Write ``data/timings/<name>.json`` (no DVC output, git-ignored): ``timings`` and the load average when it
     was written (timings without the load beside them say little on a shared machine)."""

@@ -119,3 +119,36 @@ HARD_CASES = [
          source=f"{PRM} prm800k/grading/grader.py (grade_answer: unreduced fractions are wrong)", source_verdict=W),
 ]
 """The hardest cases we found in public suites' own tests, with the verdict each source expects."""
+
+
+# Adversarial inputs for the bounded checker (issue 27): {name: (prediction, gold)}. benchmarks/checker_adversarial.py
+# times every one in both modes; tests/core/test_answers_modes.py checks the refused ones and the towers.
+
+
+def nested_radical(depth: int) -> str:
+    s = "2"
+    for _ in range(depth):
+        s = f"\\sqrt{{{s}+\\sqrt{{3}}}}"
+    return s
+
+
+def latex_matrix(n: int, cell: str) -> str:
+    return "\\begin{pmatrix}" + "\\\\".join("&".join(cell for _ in range(n)) for _ in range(n)) + "\\end{pmatrix}"
+
+
+ADVERSARIAL: dict[str, tuple[str, str]] = {
+    "tower 9^{9^{9^9}}": ("9^{9^{9^9}}", "1"),
+    "tower 2^{2^{2^{2^{2^{2}}}}}": ("2^{2^{2^{2^{2^{2}}}}}", "2"),
+    "1 MiB of digits": ("7" * (1 << 20), "7"),
+    "20,000 digits (PoT answer)": ("1234567890" * 2000, "5"),
+    "nested radical, depth 12": (nested_radical(12), "3"),
+    "nested radical, depth 40": (nested_radical(40), "3"),
+    "matrix 20x20 of digits": (latex_matrix(20, "1"), latex_matrix(20, "2")),
+    "matrix 8x8 of \\frac{1}{3}": (latex_matrix(8, "\\frac{1}{3}"), latex_matrix(8, "\\frac{2}{6}")),
+    "matrix 60x60 of 1 (over the limit)": (latex_matrix(60, "1"), latex_matrix(60, "1")),
+    "list of 200 numbers": (", ".join(str(i) for i in range(200)), ", ".join(str(i) for i in range(199, -1, -1))),
+    "'1.' x 499 + 'x' (regex backtracking)": ("1." * 499 + "x", "1"),
+    "999 digits then '.0x'": ("9" * 996 + ".0x", "1"),
+    "factorial 10^6!": ("(10^{6})!", "1"),
+    "symbolic 100-term sum": ("+".join(f"x^{{{i}}}" for i in range(100)), "+".join(f"x^{{{i}}}" for i in range(99, -1, -1))),
+}

@@ -6,15 +6,14 @@ output, git-ignored). The full default pipeline twice: benchmarks/load.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from stages.core.io import output_hashes
 from tests.flows._project import GIT, env, kill_group, make_project, run, shrink, start
 
 
@@ -31,16 +30,6 @@ def shrink_graph(raw: dict[str, Any]) -> dict[str, Any]:
     for m in raw["evaluate"]["models"].values():
         m.update(n_samples=min(m["n_samples"], 4), limit=None)
     return raw
-
-
-def files(project: Path) -> dict[str, str]:
-    """{path: md5} of every file under data/ but data/timings/, and dvc.lock."""
-    out = {"dvc.lock": hashlib.md5((project / "dvc.lock").read_bytes()).hexdigest()}
-    for f in sorted((project / "data").rglob("*")):
-        rel = f.relative_to(project).as_posix()
-        if f.is_file() and not rel.startswith("data/timings/"):
-            out[rel] = hashlib.md5(f.read_bytes()).hexdigest()
-    return out
 
 
 pytestmark = pytest.mark.slow  # two shrunk full graphs at once: minutes (in .ci/run)
@@ -70,7 +59,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> dict
 
 def test_two_clean_runs_give_the_same_bytes_except_the_timings(two_runs: dict[str, Any]) -> None:
     a, b = two_runs["projects"]
-    fa, fb = files(a), files(b)
+    fa, fb = output_hashes(a), output_hashes(b)
     assert set(fa) == set(fb), sorted(set(fa) ^ set(fb))
     differ = sorted(k for k in fa if fa[k] != fb[k])
     assert not differ, differ
@@ -87,7 +76,7 @@ def test_two_clean_runs_give_the_same_bytes_except_the_timings(two_runs: dict[st
 def test_a_forced_rerun_changes_nothing_tracked(two_runs: dict[str, Any], prefect_api: str) -> None:
     """``dvc repro -f grpo`` (grpo only) in one project: the same bytes again, dvc.lock untouched."""
     a = two_runs["projects"][0]
-    before = files(a)
+    before = output_hashes(a)
     run(["dvc", "repro", "-f", "-s", "grpo"], a, env(prefect_api))
-    assert files(a) == before
+    assert output_hashes(a) == before
     assert run(["dvc", "status"], a).stdout.strip() == "Data and pipelines are up to date."

@@ -5,7 +5,6 @@ scripted outputs, 3 of 4 correct)."""
 from __future__ import annotations
 
 import importlib
-import socket
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from stages.core.modeling import load_model, load_tokenizer
 from stages.rl import run
 from stages.rl.data import load_prompts
 
+from ._launch import free_port, one_and_two_ranks
 from .test_grpo_stage import rl_train, tiny_params
 from .test_paradigm import ScriptedGenerator, _texts
 
@@ -28,9 +28,7 @@ def ds_env(monkeypatch: pytest.MonkeyPatch):
     pytest.importorskip("deepspeed")
     ds_torch = importlib.import_module("deepspeed.comm.torch")
     monkeypatch.setattr(ds_torch, "build_shm_op", lambda: None)  # multi-rank CPU speed-up only; skip its JIT build
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(k, v)
 
@@ -81,38 +79,13 @@ def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch)
 def test_two_ranks_give_the_one_process_update(project, tmp_path) -> None:
     """torchrun, 2 CPU ranks, ZeRO-2: 3 questions per step split 2 / 1 (uneven micro-batch counts, so rank 1 runs a
     dummy backward); with the same (scripted) rollouts the grad norms and weights equal one plain process's."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("deepspeed")
-    root = Path(__file__).resolve().parents[2]
-    script = root / "tests" / "rl" / "_ds_two_ranks.py"
-    env = {**os.environ, "PROJECT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-
-    def results(cmd: list[str]) -> list[dict]:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-
-    (one,) = results([sys.executable, str(script), str(project)])
-    two = results([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                   str(_free_port()), str(script), str(project)])
+    one, two = one_and_two_ranks(project, "grpo")
     assert sorted(r["rank"] for r in two) == [0, 1] and all(r["world"] == 2 for r in two)
     for r in two:
         assert r["steps"] == one["steps"] == [1, 1]
         assert r["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
         assert r["checksum"] == pytest.approx(one["checksum"], abs=1e-4)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -121,27 +94,8 @@ def test_two_ranks_rm_retraining_and_baseline_equal_one_process(project) -> None
     gather the labelled examples, score a block of the held-out set each and train on half of every batch) and
     the continued-SFT baseline (3 questions per step at micro-batch 1: rank 1 pads with a zero-gradient pass) give
     one plain process's examples, losses, AUCs and weights."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("deepspeed")
-    root = Path(__file__).resolve().parents[2]
-    script = root / "tests" / "rl" / "_ds_two_ranks.py"
-    env = {**os.environ, "PROJECT_ROOT": str(root), "OMP_NUM_THREADS": "1"}
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-
-    def results(cmd: list[str]) -> list[dict]:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-
-    (one,) = results([sys.executable, str(script), str(project), "rm_baseline"])
-    two = results([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                   str(_free_port()), str(script), str(project), "rm_baseline"])
+    one, two = one_and_two_ranks(project, "rm_baseline")
     assert sorted(r["rank"] for r in two) == [0, 1] and one["n_new"] > 0
     for r in two:
         assert r["n_new"] == one["n_new"] and r["auc_after"] == one["auc_after"]

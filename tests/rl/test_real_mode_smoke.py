@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from stages.core.dist import free_port
+
 pytest.importorskip("vllm", reason="vllm not installed in this environment (.venv-vllm has it; docs/generation.md)")
 pytest.importorskip("deepspeed", reason="deepspeed not installed in this environment")
 
@@ -100,20 +102,13 @@ def _run(stage: str, cwd: Path, *extra: str, ranks: int = 1) -> float:
         env.pop(k, None)
     t0 = time.perf_counter()
     launch = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                                                   str(ranks), "--master_port", str(_free_port())]
+                                                   str(ranks), "--master_port", str(free_port())]
     out = subprocess.run([*launch, str(ROOT / "tests" / "rl" / "_real_smoke_runner.py"), stage, "params.yaml",
                           *extra], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, f"{stage} failed:\n{out.stdout[-2000:]}\n{out.stderr[-6000:]}"
     assert "RESULT " in out.stdout
     return time.perf_counter() - t0
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _project(shared_data: Path, tmp_path: Path) -> Path:
