@@ -221,12 +221,19 @@ MEASURED_KEYS = frozenset({"memory", "resumed_from_step", "resumed_from_iteratio
 whether (and where) a run resumed, a share of time, the torch thread counts the load chose (stages/core/threads.py)."""
 
 
+SETTING_KEYS = frozenset({"timeout_s", "exec_timeout_s"})
+"""Keys named like durations that are settings, not measurements (a deadline the run was given): results, kept in
+the DVC-cached details (the report shows the answer checker's deadline from there)."""
+
+
 def is_timing_key(key: Any) -> bool:
     """Whether a metric named ``key`` is a measurement of the run rather than a result: a duration or throughput
     (``wall_s``, ``tokens_per_s``, ``step_s_mean``, ``tool_wait_s_total``: ends in ``_s`` or holds ``_s_``), a time
-    total (``t_*``, ``cpu_*``), a peak (``peak_*``) or one of :data:`MEASURED_KEYS`. The same inputs give the same
-    results on any run; these differ with the machine and its load."""
+    total (``t_*``, ``cpu_*``), a peak (``peak_*``) or one of :data:`MEASURED_KEYS`, unless :data:`SETTING_KEYS` names
+    it (a deadline). The same inputs give the same results on any run; these differ with the machine and its load."""
     k = str(key)
+    if k in SETTING_KEYS:
+        return False
     return k.endswith("_s") or "_s_" in k or k.startswith(("t_", "cpu_", "peak_")) or k in MEASURED_KEYS
 
 

@@ -21,3 +21,13 @@ def test_output_hashes_cover_data_and_the_lock_but_not_the_timings(tmp_path: Pat
     assert output_hashes(tmp_path) == got
     (tmp_path / "data" / "models" / "sft" / "model.bin").write_bytes(b"\x00\x02")  # a new output byte does
     assert output_hashes(tmp_path)["data/models/sft/model.bin"] != got["data/models/sft/model.bin"]
+
+
+def test_a_deadline_is_a_setting_not_a_timing() -> None:
+    """The answer checker's deadline (``timeout_s``) stays in the details, where the report reads it; measured
+    durations go to data/timings."""
+    from stages.core.io import split_timings
+
+    res, tim = split_timings({"checker": {"version": "2", "timeout_s": 5.0}, "wall_s": 12.3, "acc": 0.5})
+    assert res == {"checker": {"version": "2", "timeout_s": 5.0}, "acc": 0.5}
+    assert tim == {"wall_s": 12.3}
