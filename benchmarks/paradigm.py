@@ -75,22 +75,26 @@ METHODS: dict[str, dict[str, str]] = {
                 "grpo.loss.aggregation": "seq-mean-token-sum-norm"},
     "grpo_entropy": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.loss.entropy_coef": "0.01"},
     "grpo_curriculum": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.curriculum.enabled": "true"},
+    # LoRA GRPO (issue 32 item 3): rank 16 on every linear layer (params.yaml's grpo.lora), at 10x the full-parameter
+    # learning rate, the usual LoRA practice (Schulman et al. 2025, "LoRA Without Regret": LoRA's best LR ~10x FullFT's)
+    "grpo_lora": {"grpo.algorithm": "grpo", "grpo.reward.source": "rule", "grpo.lora.enabled": "true",
+                  "grpo.optim.lr": "2.0e-4"},
 }
 LABELS = {"rft": "RFT", "online_rft": "Online RFT", "grpo_os": "GRPO+OS", "grpo_ps": "GRPO+PS",
           "grpo_os_rm": "GRPO+OS(RM)", "grpo_ps_rm": "GRPO+PS(RM)", "ppo_os": "PPO+OS",
           "grpo_zero": "GRPO-Zero (R1)", "grpo_ps_rm_iter2": "GRPO+PS(RM), 2 iterations",
           "grpo_mb4": "GRPO, 4 minibatches", "grpo_ds": "GRPO + dynamic sampling", "dapo": "DAPO", "gspo": "GSPO",
           "cispo": "CISPO", "dr_grpo": "Dr. GRPO", "grpo_entropy": "GRPO + entropy bonus",
-          "grpo_curriculum": "GRPO + curriculum"}
+          "grpo_curriculum": "GRPO + curriculum", "grpo_lora": "LoRA GRPO (r 16)"}
 PAPER_ORDER = ("grpo_ps", "grpo_os", "online_rft", "rft")  # Figure 5, best first (exact labels as the supervision)
 # the same order with trained reward models as the supervision, as in the paper's runs
 PAPER_ORDER_RM = ("grpo_ps_rm", "grpo_os_rm", "online_rft", "rft")
 CHAINS = {"exact": PAPER_ORDER, "reward_model": PAPER_ORDER_RM}
 _RANK = ("grpo_ps", "grpo_ps_rm", "grpo_ps_rm_iter2", "grpo_os", "grpo_os_rm", "online_rft", "rft", "ppo_os",
          "grpo_zero", "grpo_mb4", "grpo_ds", "dapo", "gspo", "cispo", "dr_grpo", "grpo_entropy",
-         "grpo_curriculum")  # tie-break
+         "grpo_curriculum", "grpo_lora")  # tie-break
 RECIPES = ("grpo_os", "grpo_mb4", "grpo_ds", "dapo", "gspo", "cispo", "dr_grpo", "grpo_entropy", "grpo_curriculum",
-           "grpo_zero")
+           "grpo_lora", "grpo_zero")
 """Issue 32's comparison (``--methods`` of its runs): each against the paper's GRPO (:func:`versus`)."""
 FIGURE6 = ("grpo_ps_rm", "grpo_ps_rm_iter2")  # (one iteration, two iterations at equal total steps)
 # the grpo stage's inputs, as directories: DVC's -C copies a file only into an existing directory
