@@ -451,6 +451,15 @@ def dvc(project: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
     return out
 
 
+def run_wall_s(span: Sequence[float] | None, poll_s: float) -> float | None:
+    """A run's wall time from the polls that saw it running (first, last): last - first + one poll interval, to
+    within +- ``poll_s``; it includes the experiment's checkout and commit by DVC. Since issue 29 the stage's own
+    wall time (``grpo_wall_s``) is in data/timings/grpo.json, which an experiment does not keep."""
+    if not span:
+        return None
+    return round(span[1] - span[0] + poll_s, 1)
+
+
 def start_workers(project: Path, jobs: int) -> None:
     """``dvc queue start -j JOBS``, not waiting for the workers: they run detached and would hold a captured
     output pipe open (measured: a ``dvc queue start`` run with captured output returned only when its worker
@@ -507,20 +516,26 @@ def queue_states(project: Path, names: Sequence[str]) -> tuple[dict[str, str], i
 
 
 def wait_for(project: Path, names: Sequence[str], poll_s: float, timeout_s: float, jobs: int,
-             loads: dict[str, list[float]] | None = None) -> dict[str, str]:
+             loads: dict[str, list[float]] | None = None,
+             spans: dict[str, list[float]] | None = None) -> dict[str, str]:
     """Poll the queue until none of ``names`` is queued or running (or ``timeout_s`` passes). Workers stop when
     they find the queue empty, which can happen while a task is still being queued: tasks left queued with no
     worker get new workers. ``loads``: the machine's 1-minute load average at each poll, appended per task while it
-    runs (the load each run was measured under)."""
+    runs (the load each run was measured under). ``spans``: per task, the first and the last poll (monotonic
+    seconds) that saw it running (:func:`run_wall_s`)."""
     t0 = time.monotonic()
     last = ""
     while True:
         st, workers = queue_states(project, names)
-        if loads is not None:
+        now_t = time.monotonic()
+        if loads is not None or spans is not None:
             now = os.getloadavg()[0]
             for n in names:
                 if st.get(n) == "Running":
-                    loads.setdefault(n, []).append(now)
+                    if loads is not None:
+                        loads.setdefault(n, []).append(now)
+                    if spans is not None:
+                        spans.setdefault(n, [now_t, now_t])[1] = now_t
         active = [n for n in names if st.get(n) in ("Queued", "Running")]
         if workers == 0 and any(st.get(n) == "Queued" for n in names):
             start_workers(project, jobs)
@@ -562,6 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = {exp_name(args.tag, m, s): (m, s) for m in args.methods for s in args.seeds if (m, s) not in done}
     t0 = time.perf_counter()
     loads: dict[str, list[float]] = {}
+    spans: dict[str, list[float]] = {}
     copy = copy_inputs(project) if args.copy_inputs else []
     if args.run:
         check_lock(project)
@@ -578,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         heldout_limit=args.heldout_limit, sets=args.set, copy_paths=copy))
             print(f"queued {name}", flush=True)
         start_workers(project, args.jobs)
-        states = wait_for(project, list(names), args.poll, args.timeout, args.jobs, loads)
+        states = wait_for(project, list(names), args.poll, args.timeout, args.jobs, loads, spans)
         dvc(project, "queue", "stop", check=False)  # workers stop by themselves on an empty queue; make sure
     else:
         states = {}
@@ -590,6 +606,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if loads.get(r["name"]):
             ld = loads[r["name"]]
             r["load_mean"], r["load_max"] = round(sum(ld) / len(ld), 2), round(max(ld), 2)
+        if r.get("grpo_wall_s") is None and (w := run_wall_s(spans.get(r["name"]), args.poll)) is not None:
+            r["grpo_wall_s"], r["wall_from"] = w, f"queue polls every {args.poll:g} s"
     runs = sorted(reused + runs, key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
     missing = sorted(set(names) - {r["name"] for r in runs if r.get("accuracy")})
     summary = aggregate(runs)

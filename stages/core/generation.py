@@ -232,6 +232,9 @@ class HFGenerator:
         self._takes_logits_to_keep = "logits_to_keep" in forward_params
         # transformers >= 5.2x renamed past_key_values to cache
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
+        cfg = model.config  # attention heads per row of a decode step (KV heads under GQA: the fewer)
+        self._heads = min(int(getattr(cfg, "num_attention_heads", 1) or 1),
+                          int(getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", 1) or 1))
         self._stop_checkers: dict[tuple[str, ...], StopChecker] = {}
 
     # -- public API -------------------------------------------------------------------------------------
@@ -324,7 +327,7 @@ class HFGenerator:
                  position_ids: torch.Tensor) -> torch.Tensor:
         kw: dict[str, Any] = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
         kw[self._cache_kw] = cache
-        with threads.invariant_attention(input_ids):
+        with threads.invariant_attention(input_ids, self._heads):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              use_cache=True, **kw)
         return out.logits[:, -1, :].float()

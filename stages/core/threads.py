@@ -9,7 +9,7 @@ training step ran 3x slower than alone, while 1 thread ran at its idle speed (20
 :class:`ThreadPolicy` therefore decides between steps: a sampler thread counts, every 0.2 s, the runnable tasks of
 the machine (``procs_running`` of /proc/stat) that are not this process's own threads; at each :meth:`ThreadPolicy.step`
 the stage uses ``min(limit, cores - others)`` threads (at least 1), where ``others`` is that count averaged over the
-last step (rounded: 0.5 of a busy process counts as one). Nothing here changes results: the kernels the stages use
+last step (:data:`BUSY`: 0.75 of a busy process counts as one). Nothing here changes results: the kernels the stages use
 give the same bits at 1 and 2 threads for this project's shapes (torch 2.13; tests/core/test_threads.py checks a
 training step in fp32 and bf16, GRPO's shared-prompt log-prob pass with its gradients and sampled generation), so
 the thread count only changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.2
 """Seconds between two samples of the machine's runnable tasks."""
+FP32_BACKWARD = "float32 backward passes run at the limit"
+"""Why a float32 training step never adapts: on a CPU with AMX (torch 2.13's float32 GEMMs) a weight gradient (a
+reduction over the tokens) and an input gradient through the LM head (a reduction over the vocabulary) come out in
+other bits at 1 and 2 threads, while every forward product and every bf16 product tested gives the same bits
+(tests/core/test_threads.py; on a CPU without AMX the float32 backward was invariant too). So training in float32
+holds the limit (``step(adapt=False)``, :func:`held` around GRPO's update), and only forward-only work (generation,
+log-prob and evaluation passes) and bf16 training follow the load."""
+BUSY = 0.75
+"""Other runnable tasks, averaged over a step, that count as one busy process: a process that computes all the time
+reads ~1.0; the pipeline's own servers and short-lived helpers, seen runnable in one sample of a few, read 0.25-0.5
+and should not halve the threads (at 0.5 they did: 9 of pretraining's 300 steps ran on 1 thread on an idle machine)."""
 ENV = "DSM_THREADS"
 """``fixed``: no adaptation (the stage's ``num_threads``, or torch's default, on every step)."""
 
@@ -102,9 +113,21 @@ class ThreadPolicy:
                 self._sum += others
                 self._n += 1
 
-    def step(self) -> int:
-        """Choose the thread count for the next step from the load seen since the previous call; apply it."""
-        if not self.adaptive:
+    def _set(self, n: int) -> None:
+        if n != self.threads:
+            import torch
+
+            torch.set_num_threads(n)
+            self.threads = n
+
+    def step(self, adapt: bool = True) -> int:
+        """Choose the thread count for the next step from the load seen since the previous call; apply it.
+        ``adapt=False``: the step runs at the limit whatever the load (a step whose kernels round by thread count:
+        float32 backward passes, :data:`FP32_BACKWARD`)."""
+        if not self.adaptive or not adapt:
+            with self._lock:
+                self._sum, self._n = 0.0, 0
+            self._set(self.limit if self.adaptive else self.threads)
             self.counts[self.threads] = self.counts.get(self.threads, 0) + 1
             return self.threads
         with self._lock:
@@ -113,16 +136,24 @@ class ThreadPolicy:
         if others is not None:
             self.others_total += others
             self.others_n += 1
-            want = max(1, min(self.limit, self.cores - int(others + 0.5)))
+            want = max(1, min(self.limit, self.cores - int(others + 1.0 - BUSY)))
             if want != self.threads:
-                import torch
-
                 log.info("torch threads %d -> %d (%.1f other runnable tasks on %d cores)", self.threads, want, others,
                          self.cores)
-                torch.set_num_threads(want)
-                self.threads = want
+                self._set(want)
         self.counts[self.threads] = self.counts.get(self.threads, 0) + 1
         return self.threads
+
+    @contextlib.contextmanager
+    def held(self) -> Any:
+        """Inside: the limit's thread count, whatever the load (the float32 backward passes of a step that adapted
+        for its forward-only part); after: the count the step had."""
+        before = self.threads
+        self._set(self.limit if self.adaptive else self.threads)
+        try:
+            yield
+        finally:
+            self._set(before)
 
     def stats(self) -> dict[str, Any]:
         """For data/timings: ``steps_at_threads`` {count: steps}, ``others_mean`` and whether it adapted."""
@@ -144,16 +175,33 @@ class ThreadPolicy:
         self.close()
 
 
-def invariant_attention(input_ids: Any) -> contextlib.AbstractContextManager[Any]:
+def max_threads() -> int:
+    """The most torch threads this process may use: the current policy's limit, the cores, torch's count now."""
+    import torch
+
+    return max(torch.get_num_threads(), cores(), _current.limit if _current is not None else 0)
+
+
+def invariant_attention(input_ids: Any, heads: int = 1) -> contextlib.AbstractContextManager[Any]:
     """Around a forward whose ``input_ids`` hold one position per row (a decode step of generation), on the CPU:
-    scaled-dot-product attention by its math backend (two matmuls and a
-    softmax). Torch's CPU flash-attention kernel rounds a single query differently at 1 and 2 threads (5e-7 on the
-    tiny default's decode logits, torch 2.13), which would make sampled tokens and log-probs depend on the thread
-    count :class:`ThreadPolicy` chooses from the load; the math backend gives the same bits at any count and values
-    equal to the flash kernel's to 1e-6. Several query positions keep the default kernel (thread-count invariant in
-    the forward; a cached pass over a single position also rounds its gradients by thread count, so the log-prob
-    passes do not share a prompt for 2-token completions: stages/rl/rollout.py)."""
+    scaled-dot-product attention by its math backend (two matmuls and a softmax) when the step has fewer
+    (row, head) pairs than :func:`max_threads`, else torch's default (flash) kernel.
+
+    Measured (``benchmarks/decode_attention.py``, torch 2.13, 1 thread against 2, 4, 8 and 16): at decode shapes
+    every kernel gave the same bits at any thread count while rows x heads >= the thread count; with fewer pairs
+    than threads the flash kernel also splits one query's keys across threads, which rounds by thread count (5e-7
+    on the logits at one row and one head from 200 keys on), and the math backend held out longer (it too differed
+    at 700 keys). So the small steps take the math backend, which makes sampled tokens and log-probs independent of
+    the count :class:`ThreadPolicy` chooses from the load for every shape the tests check (the tiny default: 4 heads,
+    2 cores, always the flash kernel). The math backend is not the default for all steps because in bf16 on the CPU
+    it is 7-14x slower than the flash kernel at decode shapes: applied to every decode step it made greedy generation
+    2.5-3x slower and the evaluation stages 3-6x (issue 29's idle table, docs/pipeline.md). Several query positions
+    keep the default kernel (thread-count invariant in the forward; a cached pass over a single position also rounds
+    its gradients by thread count, so the log-prob passes do not share a prompt for 2-token completions:
+    stages/rl/rollout.py)."""
     if getattr(input_ids, "device", None) is None or input_ids.device.type != "cpu" or input_ids.shape[-1] != 1:
+        return contextlib.nullcontext()
+    if input_ids.shape[0] * max(1, int(heads)) >= max_threads():
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -173,9 +221,14 @@ def use(limit: int = 0) -> ThreadPolicy:
     return _current
 
 
-def step() -> int | None:
+def step(adapt: bool = True) -> int | None:
     """:meth:`ThreadPolicy.step` of the current policy (None when no stage started one: nothing changes)."""
-    return _current.step() if _current is not None else None
+    return _current.step(adapt) if _current is not None else None
+
+
+def held() -> contextlib.AbstractContextManager[Any]:
+    """:meth:`ThreadPolicy.held` of the current policy (nothing when no stage started one)."""
+    return _current.held() if _current is not None else contextlib.nullcontext()
 
 
 def stats() -> dict[str, Any] | None:

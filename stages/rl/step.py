@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stages.core import threads
 from stages.core.dist import all_reduce
 from stages.rl import registry
 from stages.rl.corrections import step_metrics, step_weights
@@ -307,7 +308,13 @@ def _normalizer(p: Any, tg: Targets, mb: Tensor, n_slices: int, distributed: boo
 
 
 def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[str, Any]:
-    """``mu`` passes of ``minibatches`` optimizer steps over the outputs that train (module docstring)."""
+    """``mu`` passes of ``minibatches`` optimizer steps over the outputs that train (module docstring), at the thread
+    limit whatever the load (stages.core.threads.FP32_BACKWARD)."""
+    with threads.held():
+        return _update(ctx, batch, tg, lp)
+
+
+def _update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[str, Any]:
     p, ro, upd, algo, critic = ctx.p, batch.rollout, ctx.updater, ctx.algorithm, ctx.critic
     rows = tg.train_rows
     upds = [upd] + ([critic.updater] if critic is not None else [])

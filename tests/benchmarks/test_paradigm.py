@@ -148,3 +148,9 @@ def test_versus_grpo_says_which_recipes_beat_it_beyond_the_seed_spread() -> None
     assert got["cispo"]["verdict"] == "worse" and got["cispo"]["diff"] == pytest.approx(-0.10)
     assert P.versus({"dapo": s(0.5, 0.0)}) == []  # no baseline, no comparison
     assert set(P.RECIPES) <= set(P.METHODS) and all(m in P.LABELS and m in P._RANK for m in P.METHODS)
+
+
+def test_run_wall_time_from_the_polls_that_saw_the_run_running() -> None:
+    # seen running at t=100 s and last at t=160 s, polled every 5 s: 65 s (to within one poll); never seen: unknown
+    assert P.run_wall_s([100.0, 160.0], 5.0) == 65.0
+    assert P.run_wall_s(None, 5.0) is None and P.run_wall_s([], 5.0) is None
