@@ -11,7 +11,7 @@ samples: these rates say which reward a run from this model can ever see.
 after; one seed each (the 3-seed comparison is benchmarks/paradigm.py's ``grpo_zero`` methods).
 
     python benchmarks/r1_zero.py --data DIR --diagnose [--problems 64] [--budgets 64 128 256]
-    python benchmarks/r1_zero.py --data DIR --train --variants r1 qa qa_fmt --steps 40
+    python benchmarks/r1_zero.py --data DIR --train --variants r1 r1_len192 --steps 40
 
 ``--data``: a pipeline run's data/ (models/pretrain, models/sft, corpus/problems/rl.jsonl,
 testsets/generated.jsonl). Writes benchmarks/results/r1_zero.json (``--out``), merging with what is there.
@@ -38,11 +38,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "r1": {"template": "r1", "reward.format_weight": 1.0},
     "r1_len192": {"template": "r1", "reward.format_weight": 1.0, "rollout.max_new_tokens": 192,
                   "heldout.max_new_tokens": 192},
-    # the pretraining corpus's own worked-problem format as the template, boxed-answer format reward
-    "qa": {"template": "qa", "reward.format_weight": 0.0},
-    "qa_fmt": {"template": "qa", "reward.format_weight": 0.5},
-    "r1qa": {"template": "r1qa", "reward.format_weight": 1.0},
 }
+"""``--train`` variants: grpo.template values only (the corpus-format prompts of :data:`PROBE_TEMPLATES` are probes of
+``--diagnose``: docs/rl.md#what-the-r1-zero-start-needs-at-toy-scale-issue-32-item-6 says why none was trained)."""
 
 
 PROBE_TEMPLATES = {
@@ -170,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems", type=int, default=64)
     ap.add_argument("--budgets", type=int, nargs="+", default=[64, 192])
     ap.add_argument("--templates", nargs="+", default=["r1", "deepseekmath", "qa", "problem", "r1qa"])
-    ap.add_argument("--variants", nargs="+", default=["r1", "qa"], choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["r1", "r1_len192"], choices=list(VARIANTS))
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--heldout", type=int, default=100)
     ap.add_argument("--every", type=int, default=10)
