@@ -27,13 +27,14 @@ log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.2
 """Seconds between two samples of the machine's runnable tasks."""
-FP32_BACKWARD = "float32 backward passes run at the limit"
-"""Why a float32 training step never adapts: on a CPU with AMX (torch 2.13's float32 GEMMs) a weight gradient (a
-reduction over the tokens) and an input gradient through the LM head (a reduction over the vocabulary) come out in
-other bits at 1 and 2 threads, while every forward product and every bf16 product tested gives the same bits
-(tests/core/test_threads.py; on a CPU without AMX the float32 backward was invariant too). So training in float32
-holds the limit (``step(adapt=False)``, :func:`held` around GRPO's update), and only forward-only work (generation,
-log-prob and evaluation passes) and bf16 training follow the load."""
+TRAINING = "training steps run at the limit"
+"""Why training steps never adapt (``step(adapt=False)``; :func:`held` around GRPO's update): on a CPU with AMX
+(torch 2.13) a float32 weight gradient (a reduction over the tokens) and the LM head's input gradient (over the
+vocabulary) come out in other bits at 1 and 2 threads, and a clean default pipeline whose bf16 pretraining ran 9 of
+its 300 steps at 1 thread (an idle machine, the policy's first threshold) gave another pretrained model than one
+with 2 such steps, although the bf16 training step of tests/core/test_threads.py is the same bits at 1 and 2
+threads (issue 29's runs, docs/pipeline.md). Every forward product tested gives the same bits at any count, so only
+forward-only work follows the load: generation, GRPO's log-prob passes, the evaluation's batches."""
 BUSY = 0.75
 """Other runnable tasks, averaged over a step, that count as one busy process: a process that computes all the time
 reads ~1.0; the pipeline's own servers and short-lived helpers, seen runnable in one sample of a few, read 0.25-0.5
@@ -123,7 +124,7 @@ class ThreadPolicy:
     def step(self, adapt: bool = True) -> int:
         """Choose the thread count for the next step from the load seen since the previous call; apply it.
         ``adapt=False``: the step runs at the limit whatever the load (a step whose kernels round by thread count:
-        float32 backward passes, :data:`FP32_BACKWARD`)."""
+        training steps, :data:`TRAINING`)."""
         if not self.adaptive or not adapt:
             with self._lock:
                 self._sum, self._n = 0.0, 0
@@ -146,8 +147,8 @@ class ThreadPolicy:
 
     @contextlib.contextmanager
     def held(self) -> Any:
-        """Inside: the limit's thread count, whatever the load (the float32 backward passes of a step that adapted
-        for its forward-only part); after: the count the step had."""
+        """Inside: the limit's thread count, whatever the load (the update of a GRPO step that adapted for its
+        generation and log-prob passes, :data:`TRAINING`); after: the count the step had."""
         before = self.threads
         self._set(self.limit if self.adaptive else self.threads)
         try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stages.core import threads
 from stages.core.answers import MODES, RIGHT, check_many, final_answers, math_verify_many
 from stages.core.generation import SamplingParams
 from stages.core.io import iter_jsonl
@@ -192,6 +193,7 @@ def run_one(generator: Any, problems: Sequence[Problem], spec: RunSpec, s: LoopS
         for b, batch in _batches(problems, s.batch_size):
             todo = [p for p in batch if p.id not in done]
             if todo:
+                threads.step()  # forward-only: the thread count follows the load (stages/core/threads.py)
                 recs = evaluate_batch(generator, todo, spec, s, prompting, exemplars, b, pool)
                 _append(checkpoint, recs)
                 done.update({r["id"]: r for r in recs})

@@ -115,7 +115,7 @@ def train_baseline(p: Any, init: Path, tokenizer: Any, rows: list[dict[str, Any]
                            per_step=p.questions_per_step, seed=p.seed, lr=p.baseline.lr,
                            max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size,
                            updater=rl_updater(model, p, lr=p.baseline.lr, weight_decay=0.0),
-                           chunk_tokens=p.compute.logprob_chunk_tokens, on_step=lambda _done: threads.step(adapt=False))  # FP32_BACKWARD
+                           chunk_tokens=p.compute.logprob_chunk_tokens, on_step=lambda _done: threads.step(adapt=False))  # threads.TRAINING
         out = {"steps": len(bh), "sft_loss_first": round(bh[0]["sft_loss"], 4),
                "sft_loss_last": round(bh[-1]["sft_loss"], 4)}
         extra = {"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.tracked_dump()}

@@ -309,7 +309,7 @@ def _normalizer(p: Any, tg: Targets, mb: Tensor, n_slices: int, distributed: boo
 
 def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[str, Any]:
     """``mu`` passes of ``minibatches`` optimizer steps over the outputs that train (module docstring), at the thread
-    limit whatever the load (stages.core.threads.FP32_BACKWARD)."""
+    limit whatever the load (stages.core.threads.TRAINING)."""
     with threads.held():
         return _update(ctx, batch, tg, lp)
 

@@ -259,7 +259,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     tok_w = 0
     live = Throughput()  # cores used and load beside tokens/s: why a step is slow
     for step in range(start, p.steps):
-        threads.step(adapt=bf16 or device.type != "cpu")  # float32 backward: the limit (threads.FP32_BACKWARD)
+        threads.step(adapt=False)  # training steps hold the thread limit (threads.TRAINING)
         if fault_hook is not None:
             fault_hook(step)
         big = data.next_batch(rows_per_micro * p.grad_accum * world)

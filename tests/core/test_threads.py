@@ -1,7 +1,7 @@
 """stages/core/threads.py: the torch thread count follows the machine's load where the stages' kernels give the same
 bits at 1 and 2 threads: checked here for the tiny default's shapes (a bf16-autocast training step, GRPO's
-shared-prompt log-prob pass, sampled generation, decode attention). Float32 backward passes are not invariant on
-a CPU with AMX, so they hold the thread limit (tested below). If a torch or CPU change breaks one of these, the
+shared-prompt log-prob pass, sampled generation in float32 and bf16, decode attention). Training steps hold the
+thread limit (float32 backward passes are not invariant on a CPU with AMX; tested below). If a torch or CPU change breaks one of these, the
 adaptation must go for that work (DSM_THREADS=fixed, or take it out): results would then depend on the load
 (issue 29)."""
 
@@ -46,7 +46,8 @@ def _digest(tensors: list[torch.Tensor]) -> str:
 @pytest.mark.parametrize("bf16", [True])
 def test_a_training_step_is_the_same_bits_at_1_and_2_threads(bf16: bool) -> None:
     """bf16 autocast only: a float32 step differs by thread count on a CPU with AMX (its weight and LM-head input
-    gradients), so float32 training never adapts (threads.FP32_BACKWARD; the test after this one)."""
+    gradients). Training steps hold the limit anyway (threads.TRAINING; tested below): this is the evidence that a
+    bf16 step alone is not where the pipeline's pretraining differed."""
     def train() -> tuple[str, list[float]]:
         model = _default_model()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)  # as stages/train/loop.py
@@ -96,11 +97,11 @@ def test_grpo_shared_prompt_logprobs_are_the_same_bits_at_1_and_2_threads() -> N
     assert _digest([t for fwd, _ in one for t in fwd]) == _digest([t for fwd, _ in two for t in fwd])
 
 
-def test_float32_backward_passes_hold_the_limit_while_the_load_halves_the_forward_threads(
+def test_training_steps_hold_the_limit_while_the_load_halves_the_forward_threads(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A busy machine: an adapting step drops to 1 thread, ``step(adapt=False)`` (the float32 training loop, the
-    continued-SFT baseline) and ``held()`` (GRPO's update) run at the limit, and after ``held()`` the step's count is
-    back; the float32 gradients of a GRPO-sized pass at the limit are the same bits on every run."""
+    """A busy machine: an adapting step (generation, evaluation batches) drops to 1 thread, ``step(adapt=False)`` (the
+    training loop, the continued-SFT baseline) and ``held()`` (GRPO's update) run at the limit, and after ``held()``
+    the step's count is back."""
     monkeypatch.setattr(threads, "cores", lambda: 2)
     monkeypatch.setattr(threads, "_procs_running", lambda: 2)  # one other runnable task besides our one
     monkeypatch.setattr(threads, "_own_running", lambda: 1)
@@ -132,12 +133,15 @@ def test_sampled_generation_is_the_same_at_1_and_2_threads() -> None:
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="</s>", pad_token="</s>")
     texts = [" ".join(f"w{(7 * i + j) % 500}" for j in range(10 + 3 * i)) for i in range(8)]
 
-    def run() -> list[tuple[list[int], list[float]]]:
-        gen = HFGenerator(_default_model().eval(), tok)
-        outs = gen.generate(texts, SamplingParams(temperature=1.0, n=4, max_new_tokens=24, seed=3))
-        return [(list(c.token_ids), list(c.logprobs)) for group in outs for c in group]
+    for dtype in (torch.float32, torch.bfloat16):  # the evaluation generates in bf16 on AMX / CUDA
 
-    assert _at(1, run) == _at(2, run)
+        def run(dtype: torch.dtype = dtype) -> list[tuple[list[int], list[float]]]:
+            gen = HFGenerator(_default_model().to(dtype).eval(), tok)
+            outs = gen.generate(texts, SamplingParams(temperature=1.0, n=4, max_new_tokens=24, seed=3))
+            greedy = gen.generate(texts, SamplingParams(temperature=0.0, max_new_tokens=24))
+            return [(list(c.token_ids), list(c.logprobs)) for group in outs + greedy for c in group]
+
+        assert _at(1, run) == _at(2, run), dtype
 
 
 def test_the_policy_drops_to_one_thread_while_other_work_runs(monkeypatch: pytest.MonkeyPatch) -> None:
