@@ -232,9 +232,8 @@ class HFGenerator:
         self._takes_logits_to_keep = "logits_to_keep" in forward_params
         # transformers >= 5.2x renamed past_key_values to cache
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
-        cfg = model.config  # attention heads per row of a decode step (KV heads under GQA: the fewer)
-        self._heads = min(int(getattr(cfg, "num_attention_heads", 1) or 1),
-                          int(getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", 1) or 1))
+        heads = int(getattr(model.config, "num_attention_heads", None) or 1)  # per row of a decode step; under GQA
+        self._heads = min(heads, int(getattr(model.config, "num_key_value_heads", None) or heads))  # the KV heads
         self._stop_checkers: dict[tuple[str, ...], StopChecker] = {}
 
     # -- public API -------------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ training step ran 3x slower than alone, while 1 thread ran at its idle speed (20
 :class:`ThreadPolicy` therefore decides between steps: a sampler thread counts, every 0.2 s, the runnable tasks of
 the machine (``procs_running`` of /proc/stat) that are not this process's own threads; at each :meth:`ThreadPolicy.step`
 the stage uses ``min(limit, cores - others)`` threads (at least 1), where ``others`` is that count averaged over the
-last step (:data:`BUSY`: 0.75 of a busy process counts as one). Nothing here changes results: the kernels the stages use
-give the same bits at 1 and 2 threads for this project's shapes (torch 2.13; tests/core/test_threads.py checks a
-training step in fp32 and bf16, GRPO's shared-prompt log-prob pass with its gradients and sampled generation), so
-the thread count only changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
+last step (:data:`BUSY`: 0.75 of a busy process counts as one). Only forward-only work adapts (generation, GRPO's
+log-prob passes, evaluation batches), whose kernels give the same bits at 1 and 2 threads for this project's shapes
+(torch 2.13; tests/core/test_threads.py checks GRPO's shared-prompt log-prob pass, sampled generation in float32 and
+bf16, and decode attention: :func:`invariant_attention`); training steps hold the limit (:data:`TRAINING`), so the
+thread count only changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
 """
 
 from __future__ import annotations
