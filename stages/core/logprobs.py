@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from stages.core import threads
+
 IGNORE = -100
 """Target value of positions that get no log-prob (prompt tokens, padding)."""
 
@@ -140,13 +142,14 @@ class ChunkedLogProbs(torch.autograd.Function):
                     gz.add_(extra)
                     del extra
                 gz = (gz / T).to(dtype)  # dL/d(h W^T + b)
-                if g_h is not None:
-                    g_h[s:s + chunk] = (gz @ weight.to(dtype)).to(hidden.dtype)
-                if g_w is not None:  # accumulated in float32 over the chunks
-                    if dtype == torch.float32:
-                        g_w.addmm_(gz.t(), h.float())
-                    else:
-                        g_w.add_(gz.t() @ h.to(dtype))
+                with threads.single():  # reductions over V and the chunk's rows: the same bits at any thread count
+                    if g_h is not None:
+                        g_h[s:s + chunk] = (gz @ weight.to(dtype)).to(hidden.dtype)
+                    if g_w is not None:  # accumulated in float32 over the chunks
+                        if dtype == torch.float32:
+                            g_w.addmm_(gz.t(), h.float())
+                        else:
+                            g_w.add_(gz.t() @ h.to(dtype))
                 if g_b is not None:
                     g_b.add_(gz.float().sum(0))
                 del gz

@@ -9,11 +9,12 @@ training step ran 3x slower than alone, while 1 thread ran at its idle speed (20
 :class:`ThreadPolicy` therefore decides between steps: a sampler thread counts, every 0.2 s, the runnable tasks of
 the machine (``procs_running`` of /proc/stat) that are not this process's own threads; at each :meth:`ThreadPolicy.step`
 the stage uses ``min(limit, cores - others)`` threads (at least 1), where ``others`` is that count averaged over the
-last step (:data:`BUSY`: 0.75 of a busy process counts as one). Only forward-only work adapts (generation, GRPO's
-log-prob passes, evaluation batches), whose kernels give the same bits at 1 and 2 threads for this project's shapes
-(torch 2.13; tests/core/test_threads.py checks GRPO's shared-prompt log-prob pass, sampled generation in float32 and
-bf16, and decode attention: :func:`invariant_attention`); training steps hold the limit (:data:`TRAINING`), so the
-thread count only changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
+last step (:data:`BUSY`: 0.75 of a busy process counts as one). Forward-only work (generation, GRPO's log-prob
+passes, evaluation batches) and bf16 training steps adapt, whose kernels give the same bits at 1 and 2
+threads for this project's shapes (torch 2.13; tests/core/test_threads.py checks the training loop's bf16 step,
+GRPO's shared-prompt log-prob pass, sampled generation in float32 and bf16, and decode attention:
+:func:`invariant_attention`); float32 training steps hold the limit (:data:`TRAINING`), so the thread count only
+changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.2
 """Seconds between two samples of the machine's runnable tasks."""
-TRAINING = "training steps run at the limit"
-"""Why training steps never adapt (``step(adapt=False)``; :func:`held` around GRPO's update): on a CPU with AMX
-(torch 2.13) a float32 weight gradient (a reduction over the tokens) and the LM head's input gradient (over the
-vocabulary) come out in other bits at 1 and 2 threads, and a clean default pipeline whose bf16 pretraining ran 9 of
-its 300 steps at 1 thread (an idle machine, the policy's first threshold) gave another pretrained model than one
-with 2 such steps, although the bf16 training step of tests/core/test_threads.py is the same bits at 1 and 2
-threads (issue 29's runs, docs/pipeline.md). Every forward product tested gives the same bits at any count, so only
-forward-only work follows the load: generation, GRPO's log-prob passes, the evaluation's batches."""
+TRAINING = "float32 training steps run at the limit; bf16-autocast ones follow the load"
+"""Which training steps adapt (``step(adapt=...)``; :func:`held` around GRPO's update). On a CPU with AMX (torch
+2.13) a float32 training step comes out in other bits at 1 and 2 threads (MKL splits a weight gradient's reduction
+over the tokens by thread count), so float32 steps hold the limit: GRPO's update, the continued-SFT baseline,
+pretraining / SFT with ``precision: fp32``. A bf16-autocast step of the training loop (pretraining and SFT on the
+default) is the same bits at 1 and 2 threads once the chunked LM head's backward products run on one thread
+(:func:`single`; before that a clean default run whose pretraining spent 9 of its 300 steps at 1 thread gave
+another model), tested at the default's shapes through the loop's own loss (tests/core/test_threads.py), so those
+steps follow the load like the forward-only work (generation, GRPO's log-prob passes, the evaluation's batches)."""
 BUSY = 0.75
 """Other runnable tasks, averaged over a step, that count as one busy process: a process that computes all the time
 reads ~1.0; the pipeline's own servers and short-lived helpers, seen runnable in one sample of a few, read 0.25-0.5
@@ -208,6 +210,26 @@ def invariant_attention(input_ids: Any, heads: int = 1) -> contextlib.AbstractCo
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel(SDPBackend.MATH)
+
+
+@contextlib.contextmanager
+def single() -> Any:
+    """Inside: torch on 1 thread (the count before is restored after). For a product whose reduction oneDNN would
+    otherwise split across threads at some shapes, so that its bits depend on the thread count: the chunked LM
+    head's backward products (stages/core/logprobs.py; measured, torch 2.13 on an AMX CPU, bf16: ``gz @ W`` of
+    (256, 2048) x (2048, 256) and ``gz.T @ h`` of (2048, 1024) x (1024, 256) differ at 1 and 2 threads, the same
+    products at 4096 rows do not). Cheap where it is used: those products are a few percent of a training step."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 _current: ThreadPolicy | None = None

@@ -259,7 +259,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     tok_w = 0
     live = Throughput()  # cores used and load beside tokens/s: why a step is slow
     for step in range(start, p.steps):
-        threads.step(adapt=False)  # training steps hold the thread limit (threads.TRAINING)
+        threads.step(adapt=autocast_bf16)  # bf16 steps follow the load, float32 steps hold it (threads.TRAINING)
         if fault_hook is not None:
             fault_hook(step)
         big = data.next_batch(rows_per_micro * p.grad_accum * world)

@@ -1,7 +1,8 @@
 """stages/core/threads.py: the torch thread count follows the machine's load where the stages' kernels give the same
-bits at 1 and 2 threads: checked here for the tiny default's shapes (a bf16-autocast training step, GRPO's
-shared-prompt log-prob pass, sampled generation in float32 and bf16, decode attention). Training steps hold the
-thread limit (float32 backward passes are not invariant on a CPU with AMX; tested below). If a torch or CPU change breaks one of these, the
+bits at 1 and 2 threads: checked here for the tiny default's shapes (the training loop's bf16-autocast step, GRPO's
+shared-prompt log-prob pass, sampled generation in float32 and bf16, decode attention). Float32 training steps hold
+the thread limit (their backward passes are not invariant on a CPU with AMX; tested below). If a torch or CPU change
+breaks one of these, the
 adaptation must go for that work (DSM_THREADS=fixed, or take it out): results would then depend on the load
 (issue 29)."""
 
@@ -43,27 +44,64 @@ def _digest(tensors: list[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-@pytest.mark.parametrize("bf16", [True])
-def test_a_training_step_is_the_same_bits_at_1_and_2_threads(bf16: bool) -> None:
-    """bf16 autocast only: a float32 step differs by thread count on a CPU with AMX (its weight and LM-head input
-    gradients). Training steps hold the limit anyway (threads.TRAINING; tested below): this is the evidence that a
-    bf16 step alone is not where the pipeline's pretraining differed."""
+def _packed_batch(g: torch.Generator, rows: int, seq: int) -> dict[str, torch.Tensor]:
+    """Random tokens packed as the pretraining stream packs documents: position_ids restart at each document start
+    (block-diagonal attention), labels = input ids."""
+    x = torch.randint(0, 2048, (rows, seq), generator=g)
+    pos = torch.zeros(rows, seq, dtype=torch.long)
+    for r in range(rows):
+        cuts = sorted(torch.randint(1, seq, (3,), generator=g).tolist())
+        start = 0
+        for c in [*cuts, seq]:
+            pos[r, start:c] = torch.arange(c - start)
+            start = c
+    return {"input_ids": x, "labels": x.clone(), "position_ids": pos}
+
+
+@pytest.mark.parametrize(("chunk_tokens", "rows", "seq"), [(256, 16, 256), (1024, 16, 256), (0, 16, 256), (256, 8, 512)])
+def test_a_bf16_training_step_of_the_loop_is_the_same_bits_at_1_and_2_threads(chunk_tokens: int, rows: int,
+                                                                               seq: int) -> None:
+    """Two AdamW steps through the training loop's own loss (stages.train.loop.forward_nll: bf16 autocast, packed
+    position_ids, the chunked LM head at params.yaml's ``logprob_chunk_tokens`` 256 and others, 0 = whole logits;
+    pretraining's 16 x 256 and SFT's 8 x 512 micro-batches) with gradient clipping: the same bits at 1 and 2 threads, so the loop's bf16 steps may follow the load
+    (threads.TRAINING). Before the chunked head's backward products ran on one thread (threads.single) its
+    ``gz @ W`` at 256 rows and ``gz.T @ h`` at 1024 rows rounded by thread count, and so did this test."""
+    from stages.train.loop import forward_nll
+
     def train() -> tuple[str, list[float]]:
         model = _default_model()
+        model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)  # as stages/train/loop.py
         g = torch.Generator().manual_seed(1)
         norms = []
         for _ in range(2):
-            x = torch.randint(0, 2048, (16, 256), generator=g)  # pretrain's micro-batch
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = model(input_ids=x, labels=x).loss
-            loss.backward()
+            b = _packed_batch(g, rows, seq)
+            nll, n = forward_nll(model, b, True, torch.device("cpu"), chunk_tokens)
+            (nll / n).backward()
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
             opt.step()
             opt.zero_grad(set_to_none=True)
         return _digest(list(model.state_dict().values())), norms
 
     assert _at(1, train) == _at(2, train)
+
+
+def test_a_float32_training_step_is_not_the_same_bits_at_1_and_2_threads_with_amx() -> None:
+    """Why float32 training steps hold the limit (threads.TRAINING): MKL splits a float32 weight gradient's reduction
+    over the tokens by thread count. Asserted where it was measured (an AMX CPU); elsewhere it may hold."""
+    if not getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+        pytest.skip("measured on CPUs with AMX")
+    from stages.train.loop import forward_nll
+
+    def grads() -> str:
+        model = _default_model()
+        model.train()
+        b = _packed_batch(torch.Generator().manual_seed(1), 16, 256)
+        nll, n = forward_nll(model, b, False, torch.device("cpu"), 256)
+        (nll / n).backward()
+        return _digest([q.grad for q in model.parameters()])
+
+    assert _at(1, grads) != _at(2, grads)
 
 
 def test_grpo_shared_prompt_logprobs_are_the_same_bits_at_1_and_2_threads() -> None:
@@ -97,11 +135,11 @@ def test_grpo_shared_prompt_logprobs_are_the_same_bits_at_1_and_2_threads() -> N
     assert _digest([t for fwd, _ in one for t in fwd]) == _digest([t for fwd, _ in two for t in fwd])
 
 
-def test_training_steps_hold_the_limit_while_the_load_halves_the_forward_threads(
+def test_float32_training_steps_hold_the_limit_while_the_load_halves_the_other_threads(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A busy machine: an adapting step (generation, evaluation batches) drops to 1 thread, ``step(adapt=False)`` (the
-    training loop, the continued-SFT baseline) and ``held()`` (GRPO's update) run at the limit, and after ``held()``
-    the step's count is back."""
+    """A busy machine: an adapting step (generation, evaluation batches, a bf16 training step) drops to 1 thread,
+    ``step(adapt=False)`` (a float32 training step: the continued-SFT baseline) and ``held()`` (GRPO's update) run at
+    the limit, and after ``held()`` the step's count is back."""
     monkeypatch.setattr(threads, "cores", lambda: 2)
     monkeypatch.setattr(threads, "_procs_running", lambda: 2)  # one other runnable task besides our one
     monkeypatch.setattr(threads, "_own_running", lambda: 1)
