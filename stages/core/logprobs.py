@@ -142,7 +142,7 @@ class ChunkedLogProbs(torch.autograd.Function):
                     gz.add_(extra)
                     del extra
                 gz = (gz / T).to(dtype)  # dL/d(h W^T + b)
-                with threads.single():  # reductions over V and the chunk's rows: the same bits at any thread count
+                with threads.single(h.device.type == "cpu"):  # reductions over V and the chunk's rows: the same bits
                     if g_h is not None:
                         g_h[s:s + chunk] = (gz @ weight.to(dtype)).to(hidden.dtype)
                     if g_w is not None:  # accumulated in float32 over the chunks

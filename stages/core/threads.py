@@ -10,10 +10,10 @@ training step ran 3x slower than alone, while 1 thread ran at its idle speed (20
 the machine (``procs_running`` of /proc/stat) that are not this process's own threads; at each :meth:`ThreadPolicy.step`
 the stage uses ``min(limit, cores - others)`` threads (at least 1), where ``others`` is that count averaged over the
 last step (:data:`BUSY`: 0.75 of a busy process counts as one). Forward-only work (generation, GRPO's log-prob
-passes, evaluation batches) and bf16 training steps adapt, whose kernels give the same bits at 1 and 2
-threads for this project's shapes (torch 2.13; tests/core/test_threads.py checks the training loop's bf16 step,
-GRPO's shared-prompt log-prob pass, sampled generation in float32 and bf16, and decode attention:
-:func:`invariant_attention`); float32 training steps hold the limit (:data:`TRAINING`), so the thread count only
+passes, evaluation batches) and bf16 training steps of one fixed shape (pretraining) adapt, whose kernels give the
+same bits at 1 and 2 threads for this project's shapes (torch 2.13; tests/core/test_threads.py checks pretraining's
+bf16 step, GRPO's shared-prompt log-prob pass, sampled generation in float32 and bf16, and decode attention:
+:func:`invariant_attention`); other training steps hold the limit (:data:`TRAINING`), so the thread count only
 changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
 """
 
@@ -29,15 +29,19 @@ log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.2
 """Seconds between two samples of the machine's runnable tasks."""
-TRAINING = "float32 training steps run at the limit; bf16-autocast ones follow the load"
-"""Which training steps adapt (``step(adapt=...)``; :func:`held` around GRPO's update). On a CPU with AMX (torch
-2.13) a float32 training step comes out in other bits at 1 and 2 threads (MKL splits a weight gradient's reduction
-over the tokens by thread count), so float32 steps hold the limit: GRPO's update, the continued-SFT baseline,
-pretraining / SFT with ``precision: fp32``. A bf16-autocast step of the training loop (pretraining and SFT on the
-default) is the same bits at 1 and 2 threads once the chunked LM head's backward products run on one thread
-(:func:`single`; before that a clean default run whose pretraining spent 9 of its 300 steps at 1 thread gave
-another model), tested at the default's shapes through the loop's own loss (tests/core/test_threads.py), so those
-steps follow the load like the forward-only work (generation, GRPO's log-prob passes, the evaluation's batches)."""
+TRAINING = "training steps hold the limit, but bf16-autocast steps of one fixed shape follow the load"
+"""Which training steps adapt (``step(adapt=...)``; :func:`held` around GRPO's update). Measured on a CPU with AMX
+(torch 2.13): a float32 training step comes out in other bits at 1 and 2 threads (MKL splits a weight gradient's
+reduction over the tokens by thread count), and so does a bf16 step at many shapes: SFT's batches, padded to their
+longest row (8 x 477..509 tokens), gave other weight gradients at 1 and 2 threads in 5 of 6 batches, and a default
+run's SFT model beside a busy process was not the idle run's. Pretraining's batches are all (16, 256) (the packed
+stream, ``BatchSource.fixed_shape``), and at that shape a bf16 step is the same bits at 1 and 2 threads once the
+chunked LM head's backward products run on one thread (:func:`single`; before that a clean default run whose
+pretraining spent 9 of its 300 steps at 1 thread gave another model), tested through the loop's own loss
+(tests/core/test_threads.py), and a default pretraining that ran 299 of its 300 steps at 1 thread beside a busy
+process gave the idle run's bytes. So pretraining follows the load like the forward-only work (generation, GRPO's
+log-prob passes, the evaluation's batches); SFT, GRPO's update, the continued-SFT baseline and float32 training hold
+the limit."""
 BUSY = 0.75
 """Other runnable tasks, averaged over a step, that count as one busy process: a process that computes all the time
 reads ~1.0; the pipeline's own servers and short-lived helpers, seen runnable in one sample of a few, read 0.25-0.5
@@ -213,16 +217,19 @@ def invariant_attention(input_ids: Any, heads: int = 1) -> contextlib.AbstractCo
 
 
 @contextlib.contextmanager
-def single() -> Any:
-    """Inside: torch on 1 thread (the count before is restored after). For a product whose reduction oneDNN would
+def single(enabled: bool = True) -> Any:
+    """Inside: torch on 1 thread (the count before is restored after; ``enabled=False``: nothing changes, e.g. for
+    tensors on an accelerator). For a product whose reduction oneDNN would
     otherwise split across threads at some shapes, so that its bits depend on the thread count: the chunked LM
     head's backward products (stages/core/logprobs.py; measured, torch 2.13 on an AMX CPU, bf16: ``gz @ W`` of
     (256, 2048) x (2048, 256) and ``gz.T @ h`` of (2048, 1024) x (1024, 256) differ at 1 and 2 threads, the same
-    products at 4096 rows do not). Cheap where it is used: those products are a few percent of a training step."""
+    products at 4096 rows do not). Its cost where it is used, measured in one process on the 2-core AMX machine: a
+    pretraining micro-batch's forward + backward through the chunked head 659 ms against 628 ms without it (median of
+    15 interleaved; +5%), the price of letting bf16 training steps follow the load (:data:`TRAINING`)."""
     import torch
 
     before = torch.get_num_threads()
-    if before == 1:
+    if not enabled or before == 1:
         yield
         return
     torch.set_num_threads(1)

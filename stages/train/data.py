@@ -23,7 +23,10 @@ from stages.train.losses import IGNORE
 
 
 class BatchSource(Protocol):
-    """What the training loop draws batches from."""
+    """What the training loop draws batches from. ``fixed_shape``: every batch of a given row count has the same
+    (rows, seq_len) shape (the loop's bf16 steps may then follow the load: stages.core.threads.TRAINING)."""
+
+    fixed_shape: bool
 
     def next_batch(self, n_rows: int) -> dict[str, torch.Tensor]:
         """The next ``n_rows`` rows as ``input_ids``, ``labels``, ``position_ids`` (B, T)."""
@@ -132,6 +135,9 @@ class PackedMixture:
     concatenated; a document may span sequences (no tokens are wasted on padding) and attention runs over
     the whole sequence, across document boundaries, as in standard LM pretraining. Every token is a target.
     """
+
+    fixed_shape = True
+    """Every batch is (n_rows, seq_len)."""
 
     def __init__(self, sources: Sequence[tuple[str | Path, float]], tokenizer: PreTrainedTokenizerBase, seq_len: int,
                  seed: int, skip_first_rows: int = 0) -> None:
@@ -242,6 +248,9 @@ def collate_rows(rows: Sequence[Sequence[Example]], pad_id: int) -> dict[str, to
 class PackedExamples:
     """An endless, resumable stream of packed SFT rows: each epoch shuffles the examples (seeded by
     ``seed`` and the epoch), packs them into rows and serves the rows in order."""
+
+    fixed_shape = False
+    """Batches are padded to their longest row (their token counts vary)."""
 
     def __init__(self, examples: Sequence[Example], seq_len: int, seed: int, pad_id: int, pack: bool = True) -> None:
         if not examples:
