@@ -219,13 +219,13 @@ def invariant_attention(input_ids: Any, heads: int = 1) -> contextlib.AbstractCo
 @contextlib.contextmanager
 def single(enabled: bool = True) -> Any:
     """Inside: torch on 1 thread (the count before is restored after; ``enabled=False``: nothing changes, e.g. for
-    tensors on an accelerator). For a product whose reduction oneDNN would
-    otherwise split across threads at some shapes, so that its bits depend on the thread count: the chunked LM
+    tensors on an accelerator). For a product whose reduction oneDNN would otherwise split across threads at some
+    shapes, so that its bits depend on the thread count: the chunked LM
     head's backward products (stages/core/logprobs.py; measured, torch 2.13 on an AMX CPU, bf16: ``gz @ W`` of
     (256, 2048) x (2048, 256) and ``gz.T @ h`` of (2048, 1024) x (1024, 256) differ at 1 and 2 threads, the same
     products at 4096 rows do not). Its cost where it is used, measured in one process on the 2-core AMX machine: a
     pretraining micro-batch's forward + backward through the chunked head 659 ms against 628 ms without it (median of
-    15 interleaved; +5%), the price of letting bf16 training steps follow the load (:data:`TRAINING`)."""
+    15 interleaved; +5%), the price of letting pretraining's steps follow the load (:data:`TRAINING`)."""
     import torch
 
     before = torch.get_num_threads()

@@ -2,9 +2,7 @@
 bits at 1 and 2 threads: checked here for the tiny default's shapes (pretraining's bf16-autocast step, GRPO's
 shared-prompt log-prob pass, sampled generation in float32 and bf16, decode attention). Other training steps hold
 the thread limit (float32 backward passes and bf16 ones at SFT's varying shapes are not invariant on a CPU with AMX;
-tested below). If a torch or CPU change
-breaks one of these, the
-adaptation must go for that work (DSM_THREADS=fixed, or take it out): results would then depend on the load
+tested below). If a torch or CPU change breaks one of these, the adaptation must go for that work (DSM_THREADS=fixed, or take it out): results would then depend on the load
 (issue 29)."""
 
 from __future__ import annotations
@@ -65,8 +63,9 @@ def test_a_bf16_training_step_of_the_loop_is_the_same_bits_at_1_and_2_threads(ch
     """Two AdamW steps through the training loop's own loss (stages.train.loop.forward_nll: bf16 autocast, packed
     position_ids, the chunked LM head at params.yaml's ``logprob_chunk_tokens`` 256 and others, 0 = whole logits;
     pretraining's 16 x 256 micro-batch, the only shape its packed stream makes) with gradient clipping: the same bits
-    at 1 and 2 threads, so pretraining's bf16 steps may follow the load (threads.TRAINING). Before the chunked head's backward products ran on one thread (threads.single) its
-    ``gz @ W`` at 256 rows and ``gz.T @ h`` at 1024 rows rounded by thread count, and so did this test."""
+    at 1 and 2 threads, so pretraining's bf16 steps may follow the load (threads.TRAINING). Before the chunked head's
+    backward products ran on one thread (threads.single) its ``gz @ W`` at 256 rows and ``gz.T @ h`` at 1024 rows
+    rounded by thread count, and so did this test."""
     from stages.train.loop import forward_nll
 
     def train() -> tuple[str, list[float]]:
@@ -94,9 +93,13 @@ def test_only_the_fixed_shape_stream_lets_training_steps_adapt() -> None:
     assert PackedMixture.fixed_shape is True and PackedExamples.fixed_shape is False
 
 
-def test_a_bf16_step_at_an_sft_batch_shape_is_not_the_same_bits_at_1_and_2_threads_with_amx() -> None:
-    """Why SFT's steps hold the limit (threads.TRAINING): at a batch of 8 x 498 tokens (an SFT batch padded to its
-    longest row) the body's weight gradients round by thread count. Asserted where it was measured (an AMX CPU)."""
+@pytest.mark.parametrize(("bf16", "rows", "seq"), [(True, 8, 498), (False, 16, 256)], ids=["bf16-sft-shape", "float32"])
+def test_the_training_steps_that_hold_the_limit_are_not_the_same_bits_at_1_and_2_threads_with_amx(
+        bf16: bool, rows: int, seq: int) -> None:
+    """Why SFT's and float32 training steps hold the limit (threads.TRAINING): at a bf16 batch of 8 x 498 tokens (an
+    SFT batch padded to its longest row), and in float32 at pretraining's shape, the weight gradients round by thread
+    count (oneDNN / MKL split their reductions over the tokens). Asserted where it was measured (an AMX CPU);
+    elsewhere it may hold."""
     if not getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
         pytest.skip("measured on CPUs with AMX")
     from stages.train.loop import forward_nll
@@ -104,26 +107,8 @@ def test_a_bf16_step_at_an_sft_batch_shape_is_not_the_same_bits_at_1_and_2_threa
     def grads() -> str:
         model = _default_model()
         model.train()
-        b = _packed_batch(torch.Generator().manual_seed(1), 8, 498)
-        nll, n = forward_nll(model, b, True, torch.device("cpu"), 256)
-        (nll / n).backward()
-        return _digest([q.grad for q in model.parameters()])
-
-    assert _at(1, grads) != _at(2, grads)
-
-
-def test_a_float32_training_step_is_not_the_same_bits_at_1_and_2_threads_with_amx() -> None:
-    """Why float32 training steps hold the limit (threads.TRAINING): MKL splits a float32 weight gradient's reduction
-    over the tokens by thread count. Asserted where it was measured (an AMX CPU); elsewhere it may hold."""
-    if not getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
-        pytest.skip("measured on CPUs with AMX")
-    from stages.train.loop import forward_nll
-
-    def grads() -> str:
-        model = _default_model()
-        model.train()
-        b = _packed_batch(torch.Generator().manual_seed(1), 16, 256)
-        nll, n = forward_nll(model, b, False, torch.device("cpu"), 256)
+        b = _packed_batch(torch.Generator().manual_seed(1), rows, seq)
+        nll, n = forward_nll(model, b, bf16, torch.device("cpu"), 256)
         (nll / n).backward()
         return _digest([q.grad for q in model.parameters()])
 
@@ -161,11 +146,11 @@ def test_grpo_shared_prompt_logprobs_are_the_same_bits_at_1_and_2_threads() -> N
     assert _digest([t for fwd, _ in one for t in fwd]) == _digest([t for fwd, _ in two for t in fwd])
 
 
-def test_float32_training_steps_hold_the_limit_while_the_load_halves_the_other_threads(
+def test_held_training_steps_keep_the_limit_while_the_load_halves_the_other_threads(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A busy machine: an adapting step (generation, evaluation batches, a bf16 training step) drops to 1 thread,
-    ``step(adapt=False)`` (a float32 training step: the continued-SFT baseline) and ``held()`` (GRPO's update) run at
-    the limit, and after ``held()`` the step's count is back."""
+    """A busy machine: an adapting step (generation, evaluation batches, a pretraining step) drops to 1 thread,
+    ``step(adapt=False)`` (SFT, the continued-SFT baseline) and ``held()`` (GRPO's update) run at the limit, and after
+    ``held()`` the step's count is back."""
     monkeypatch.setattr(threads, "cores", lambda: 2)
     monkeypatch.setattr(threads, "_procs_running", lambda: 2)  # one other runnable task besides our one
     monkeypatch.setattr(threads, "_own_running", lambda: 1)
