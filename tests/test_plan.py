@@ -270,7 +270,7 @@ def _setup(c: dict) -> TrainSetup:
                       checkpointing=c["checkpointing"], device="cpu", masked=False)
 
 
-@pytest.mark.slow  # four 2-rank runs, ~1 min each on the shared 2-core machine; .ci/run runs it
+@pytest.mark.slow  # four 2-rank runs, ~1 min each on the shared 2-core machine; .ci/slow gpu-scale runs it
 def test_estimates_within_20_percent_of_measured_peaks() -> None:
     """Each configuration trains 2 steps on 2 gloo ranks (DeepSpeed's CPU accelerator, fp32, the stages' chunked
     loss) in fresh processes (benchmarks/memory.py); the larger rank's peak RSS above its post-import baseline is
@@ -357,7 +357,7 @@ def test_the_7b_grpo_plan_with_lora_on_one_80gb_gpu(tmp_path, capsys) -> None:
     assert "grpo.lora.enabled: true" in capsys.readouterr().out
 
 
-@pytest.mark.slow  # two 2-rank runs, ~3 min in all at load 7 on the shared 2-core machine; .ci/run runs it
+@pytest.mark.slow  # two 2-rank runs, ~3 min in all at load 7 on the shared 2-core machine; .ci/slow gpu-scale runs it
 def test_lora_estimates_within_20_percent_of_measured_peaks() -> None:
     """Training with a rank-16 LoRA adapter on every linear map (stages.rl.lora.attach, AdamW over the adapter) on 2
     gloo ranks, ZeRO-2 and ZeRO-0, in fresh processes (benchmarks/memory.py): the planner's estimate within 20% of

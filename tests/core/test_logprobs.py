@@ -157,7 +157,7 @@ def test_wrapper_and_non_linear_heads() -> None:
     assert torch.allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.slow  # four fresh processes, ~5 GiB at peak (the materialised logits); .ci/run runs it
+@pytest.mark.slow  # four fresh processes, ~5 GiB at peak (the materialised logits); .ci/slow gpu-scale runs it
 def test_peak_memory_at_a_real_vocabulary_before_and_after() -> None:
     """Vocabulary 152,064 (Qwen2's), 4 outputs x 512 tokens, a 1-layer hidden-64 Qwen2: the log-prob pass (no
     gradient) and the update pass (forward with entropy, backward) of token_logprobs, each in a fresh process,

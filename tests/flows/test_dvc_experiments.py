@@ -15,6 +15,8 @@ import yaml
 
 from tests.flows._project import GIT, ROOT, env, make_project, run, tree_hash
 
+pytestmark = pytest.mark.slow  # dvc exp run and the run-cache on real graphs: ~145 s; a required step of .ci/run
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Path:

@@ -2,7 +2,7 @@
 project whose dvc.yaml keeps the grpo stage alone, as the project declares it) that stage runs twice under ``dvc exp run -s grpo -S ...`` on a tiny model; ``dvc exp show``
 lists both side by side with their dvclive metrics (data/dvclive/grpo/metrics.json) and params, and ``dvc plots diff``
 gives both runs' per-step curves (data/dvclive/grpo/plots/metrics/*.tsv). Slow (two Prefect flow runs of the stage,
-~1-2 min on the shared machine): in .ci/run."""
+~1-2 min on the shared machine): in .ci/slow rl-experiments."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ itself, records their outputs, and gives the weights of one process that draws t
 doubled) to 1e-6; the stage asserts WORLD_SIZE against its params; every rank's exit status and rank 0's log reach
 the Prefect run.
 
-Slow (``-m slow``; .ci/run runs it): a tiny data -> corpus -> base_model -> pretrain graph, twice pretrain. The first
+Slow (``-m slow``; .ci/slow launcher runs it): a tiny data -> corpus -> base_model -> pretrain graph, twice pretrain. The first
 multi-rank CPU run on a machine builds DeepSpeed's shared-memory all-reduce op (minutes; cached afterwards).
 """
 

@@ -5,7 +5,7 @@ out of ../shared/data) with a tiny local Qwen2 whose tokenizer has its own chat 
 is edited: `dvc status` names exactly the stages that read the file, and `dvc repro` re-runs those and what depends
 on their outputs, nothing else.
 
-Heavy (a few minutes): marked slow, run by .ci/run (`pytest -m slow tests/flows/test_real_graph.py`).
+Heavy (a few minutes): marked slow, run by .ci/slow real-graph (`pytest -m slow tests/flows/test_real_graph.py`).
 """
 
 from __future__ import annotations

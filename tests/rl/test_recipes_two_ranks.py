@@ -1,7 +1,7 @@
 """Dynamic sampling and the curriculum on two ranks (torchrun, gloo, DeepSpeed ZeRO-2 on the CPU accelerator) equal
 one process: the ranks gather each round's per-group figures, so they keep the same groups, draw the same extra and
 curriculum questions and apply the same update (tests/rl/_ds_two_ranks.py ``recipes``). Slow: two torchrun ranks
-and one process (7 min at load 7 on the shared 2-core machine); .ci/run runs it."""
+and one process (7 min at load 7 on the shared 2-core machine); .ci/slow two-ranks runs it."""
 
 from __future__ import annotations
 
