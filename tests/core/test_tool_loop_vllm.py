@@ -1,5 +1,5 @@
 """The tool loop (stages/core/tool_loop.py) on the vllm backend against the hf backend, on the memorising tiny model
-(tests/tool_model.py). Skipped where vllm is not installed; .ci/run runs it in .venv-vllm::
+(tests/tool_model.py). Skipped where vllm is not installed; .ci/slow vllm runs it in .venv-vllm::
 
     .venv-vllm/bin/python -m pytest tests/core/test_tool_loop_vllm.py -q
 """

@@ -71,7 +71,7 @@ def test_containment_spares_stock_phrases_and_catches_copies(tmp_path: Path) -> 
     assert sorted(loaded) == ["gsm8k", "math500"] and loaded["gsm8k"][0] == BenchmarkItem("g0", "Q one two three?", "x")
 
 
-@pytest.mark.slow  # 31 s over the real benchmark files; .ci/run runs it
+@pytest.mark.slow  # 31 s over the real benchmark files; .ci/slow robustness
 def test_planted_benchmark_problems_in_real_pages(shared_data: Path) -> None:
     """The real-mode rule (10-grams, min_overlap 0.7; benchmarks/decontam.py chose it on half A of the web sample)
     on the held-out half B: >= 99% of GSM8K test questions and MATH-500 problems planted into its pages (varied

@@ -14,7 +14,7 @@ from stages import corpus
 from stages.core import paths
 from tests.corpus.test_stage import _generate, _params
 
-pytestmark = pytest.mark.slow  # a local Dask cluster: ~45 s on 2 cores; .ci/run runs it (the suite stays under 10 min)
+pytestmark = pytest.mark.slow  # a local Dask cluster: ~45 s on 2 cores; .ci/slow robustness (the suite stays under 10 min)
 
 SMALL = dict(n_pages=1500, n_seed_pages=200)
 

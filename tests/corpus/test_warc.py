@@ -58,6 +58,7 @@ def _write_crawl(project: Path) -> dict[str, int]:
     return {"recrawled": len(recrawled), "german": len(german), "pages": len(rows)}
 
 
+@pytest.mark.slow  # ~15 s: .ci/slow heavy-suite (the README suite stays under 10 min)
 def test_warc_crawl_to_corpus(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(project)
     ref = corpus.run(_params(**{"recall.rounds": 2}))

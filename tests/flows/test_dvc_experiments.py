@@ -15,7 +15,7 @@ import yaml
 
 from tests.flows._project import GIT, ROOT, env, make_project, run, tree_hash
 
-pytestmark = pytest.mark.slow  # dvc exp run and the run-cache on real graphs: ~145 s; a required step of .ci/run
+pytestmark = pytest.mark.slow  # dvc exp run and the run-cache on real graphs: ~145 s; .ci/slow dvc-graphs
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import yaml
 
 from tests.flows._project import copy_sources
 
-pytestmark = pytest.mark.slow  # real dvc repro graphs: ~95 s on 2 cores; a required step of .ci/run
+pytestmark = pytest.mark.slow  # real dvc repro graphs: ~95 s on 2 cores; .ci/slow dvc-graphs
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ["data", "base_model"]

@@ -33,7 +33,7 @@ from tests.flows._project import (
     wait_gone,
 )
 
-pytestmark = pytest.mark.slow  # signals and kill -9 on real dvc / pipeline runs: ~110 s on 2 cores; .ci/run runs it (the suite stays under 10 min)
+pytestmark = pytest.mark.slow  # signals and kill -9 on real dvc / pipeline runs: ~110 s on 2 cores; .ci/slow robustness (the suite stays under 10 min)
 
 BUDGET_S = 5.0
 

@@ -85,6 +85,7 @@ def test_named_stages_run_with_their_upstream_stages(project: Path, monkeypatch:
         and len(plan([])) == 14
 
 
+@pytest.mark.slow  # ~15 s: .ci/slow heavy-suite (the README suite stays under 10 min)
 def test_run_then_the_closing_git_hint_works(project: Path, prefect_api: str) -> None:
     out = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(prefect_api), timeout=900)
     assert re.search(r"^data\s+ran\s", out.stdout, re.M), out.stdout[-2000:]
@@ -104,6 +105,7 @@ def test_run_then_the_closing_git_hint_works(project: Path, prefect_api: str) ->
     assert not (project / ".prefect" / "servers" / "api.log").exists()
 
 
+@pytest.mark.slow  # ~15 s: .ci/slow heavy-suite (the README suite stays under 10 min)
 def test_params_file_runs_with_its_values_and_leaves_params_yaml_as_it_was(project: Path, tmp_path: Path,
                                                                           prefect_api: str) -> None:
     """``--params FILE``: DVC records FILE's values (dvc.lock), params.yaml keeps its bytes, uncommitted edits

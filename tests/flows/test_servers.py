@@ -12,7 +12,7 @@ import pytest
 
 from tests.flows._project import env, make_project, processes_in, run, wait_gone
 
-pytestmark = pytest.mark.slow  # Prefect API server starts and a plain dvc repro: ~32 s on 2 cores; .ci/run runs it (the suite stays under 10 min)
+pytestmark = pytest.mark.slow  # Prefect API server starts and a plain dvc repro: ~32 s on 2 cores; .ci/slow robustness (the suite stays under 10 min)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.flows._project import copy_sources
 from tests.report.fake_run import write_fake_run
 
@@ -25,6 +27,7 @@ def _run(cmd: list[str], cwd: Path, ok: bool = True) -> subprocess.CompletedProc
     return proc
 
 
+@pytest.mark.slow  # ~15 s: .ci/slow heavy-suite (the README suite stays under 10 min)
 def test_dvc_repro_report_prints_headline_and_path(tmp_path: Path, prefect_api: str) -> None:
     copy_sources(tmp_path)
     write_fake_run(tmp_path, skip=("paradigm", "paradigm_rm", "iterative"))  # the committed comparison results stay

@@ -3,7 +3,7 @@ params/deepseekmath-7b.yaml overridden to a few steps: SFT under DeepSpeed ZeRO-
 and a DeepSpeed ZeRO-2 update (CPU accelerator, one process, gloo), evaluation with vLLM on GSM8K.
 
 Real data: a handful of GSM8K problems from ../shared/data, converted by the ingest stages' GSM8K adapter (train: SFT
-and RL prompts; test: held-out curve, and evaluation as the testsets stage writes it). The model: tests/tiny_models.py. Runs where vllm and deepspeed are installed (.venv-vllm: .ci/run's vllm step selects it with
+and RL prompts; test: held-out curve, and evaluation as the testsets stage writes it). The model: tests/tiny_models.py. Runs where vllm and deepspeed are installed (.venv-vllm: .ci/slow vllm selects it with
 ``-m vllm``); each stage runs in a process of its own (tests/rl/_real_smoke_runner.py).
 
     .venv-vllm/bin/python -m pytest -m vllm tests/rl/test_real_mode_smoke.py -s

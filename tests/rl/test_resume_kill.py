@@ -75,10 +75,12 @@ def _check(project: Path, over: dict) -> None:
     assert any(not torch.equal(start[k], got[k]) for k in start)  # the run trained
 
 
+@pytest.mark.slow  # ~15 s: .ci/slow heavy-suite (the README suite stays under 10 min)
 def test_sigkill_then_rerun_resumes_exactly(project) -> None:
     _check(project, OVER)
 
 
+@pytest.mark.slow  # ~15 s: .ci/slow heavy-suite (the README suite stays under 10 min)
 def test_sigkill_then_rerun_resumes_exactly_under_deepspeed(ds_env, project) -> None:  # noqa: F811
     over = {**OVER, "deepspeed": dict(enabled=True, zero_stage=2, offload_optimizer=False)}
     _check(project, over)

