@@ -41,3 +41,23 @@ def test_ci_run_names_existing_test_files() -> None:
     for f in named:
         assert (ROOT / f).is_file(), f".ci/run names {f}, which does not exist"
     assert "$(.ci/slow --list)" in text, ".ci/run no longer starts the checks of .ci/slow"
+
+
+def _check_pipeline():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_pipeline", ROOT / ".ci" / "check_pipeline.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pipeline_check_scales_budgets_by_the_measured_machine_speed() -> None:
+    cp = _check_pipeline()
+    ref = {"python": 0.5, "torch": 0.2}
+    assert cp.speed_factor([{"python": 0.4, "torch": 0.1}], ref) == 1.0  # a faster machine never tightens them
+    assert cp.speed_factor([{"python": 1.0, "torch": 0.3}, {"python": 0.6, "torch": 0.5}], ref) == 2.5  # the worst
+    assert cp.speed_factor([{"python": 9.0}], {}) == 1.0  # no reference: no scaling
+    assert all(v > 0 for v in cp.REFERENCE_S.values()), "REFERENCE_S must hold the reference machine's times"
+    measured = cp.calibrate(repeats=1)
+    assert set(measured) == set(cp.REFERENCE_S) and all(v > 0 for v in measured.values())
