@@ -118,6 +118,7 @@ class TrainLoopParams(Section):
     logprob_chunk_tokens: Annotated[NonNegInt, RUNTIME]
     """Positions whose log-probs over the vocabulary are computed at a time (stages/core/logprobs.py): the loss
     never holds more than this many (vocabulary,) float32 rows; 0 = the whole (batch, length, vocabulary) logits
-    at once (more memory, the same values)."""
+    at once (more memory). Another size computes the same maths but may round the head's products differently in
+    the last bits (tests/core/test_threads.py runs 256, 1024 and 0), and as a runtime value DVC does not rerun on it."""
     deepspeed: DeepSpeedParams
     """DeepSpeed settings (real mode on GPUs)."""
