@@ -12,7 +12,8 @@ in one line before Prefect starts and before any output is touched; then it find
 API server (flows/_servers.py).
 
 Nothing here changes what a stage computes: dvc.yaml does not list this file as a code dep
-(tests/flows/test_dvc_yaml.py, ``LAUNCHER_ONLY``).
+(tests/flows/test_dvc_yaml.py, ``LAUNCHER_ONLY``). The one setting :func:`begin` makes that does (MKL's strict
+reproducibility mode) takes its value from stages/core/threads.py, which is a code dep.
 """
 
 from __future__ import annotations
@@ -66,7 +67,14 @@ def begin(stage: str | None) -> None:
        status; when there is none or it refuses, the command goes on here;
     2. Prefect's settings (:func:`prefect_environment`) for this process and the ones it starts;
     3. ``DS_ACCELERATOR=cpu`` when no GPU device is visible: transformers imports DeepSpeed (when installed) in every
-       process that saves or loads a model, and DeepSpeed would warn in each that it falls back to the CPU."""
+       process that saves or loads a model, and DeepSpeed would warn in each that it falls back to the CPU.
+
+    Before all of these, ``MKL_CBWR`` (unless set): MKL's strict reproducibility mode, read by MKL at its first call,
+    so that float32 CPU products give the same bits at any thread count (stages.core.threads.MKL_CBWR; it changes
+    what stages compute, which is why its value lives there, a code dependency of every stage)."""
+    from stages.core.threads import MKL_CBWR
+
+    os.environ.setdefault("MKL_CBWR", MKL_CBWR)
     if stage is not None:
         from flows._stage_server import forward
 

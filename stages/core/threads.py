@@ -10,11 +10,12 @@ training step ran 3x slower than alone, while 1 thread ran at its idle speed (20
 the machine (``procs_running`` of /proc/stat) that are not this process's own threads; at each :meth:`ThreadPolicy.step`
 the stage uses ``min(limit, cores - others)`` threads (at least 1), where ``others`` is that count averaged over the
 last step (:data:`BUSY`: 0.75 of a busy process counts as one). Forward-only work (generation, GRPO's log-prob
-passes, evaluation batches) and bf16 training steps of one fixed shape (pretraining) adapt, whose kernels give the
-same bits at 1 and 2 threads for this project's shapes (torch 2.13; tests/core/test_threads.py checks pretraining's
-bf16 step, GRPO's shared-prompt log-prob pass, sampled generation in float32 and bf16, and decode attention:
-:func:`invariant_attention`); other training steps hold the limit (:data:`TRAINING`), so the thread count only
-changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
+passes, evaluation batches), float32 training steps under MKL's strict reproducibility mode (:func:`strict_blas`:
+GRPO's update, its continued-SFT baseline) and bf16 training steps of one fixed shape (pretraining, packed SFT)
+adapt: their kernels give the same bits at 1 and 2 threads for this project's shapes (torch 2.13;
+tests/core/test_threads.py checks the training steps, GRPO's shared-prompt log-prob pass, sampled generation in
+float32 and bf16, and decode attention: :func:`invariant_attention`); other training steps hold the limit
+(:data:`TRAINING`), so the thread count only changes speed. ``DSM_THREADS=fixed`` turns the adaptation off (every step uses ``limit``).
 """
 
 from __future__ import annotations
@@ -29,25 +30,94 @@ log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.2
 """Seconds between two samples of the machine's runnable tasks."""
-TRAINING = "training steps hold the limit, but bf16-autocast steps of one fixed shape follow the load"
-"""Which training steps adapt (``step(adapt=...)``; :func:`held` around GRPO's update). Measured on a CPU with AMX
-(torch 2.13): a float32 training step comes out in other bits at 1 and 2 threads (MKL splits a weight gradient's
-reduction over the tokens by thread count), and so does a bf16 step at many shapes: SFT's batches, padded to their
-longest row (8 x 477..509 tokens), gave other weight gradients at 1 and 2 threads in 5 of 6 batches, and a default
-run's SFT model beside a busy process was not the idle run's. Pretraining's batches are all (16, 256) (the packed
-stream, ``BatchSource.fixed_shape``), and at that shape a bf16 step is the same bits at 1 and 2 threads once the
-chunked LM head's backward products run on one thread (:func:`single`; before that a clean default run whose
-pretraining spent 9 of its 300 steps at 1 thread gave another model), tested through the loop's own loss
-(tests/core/test_threads.py), and a default pretraining that ran 299 of its 300 steps at 1 thread beside a busy
-process gave the idle run's bytes. So pretraining follows the load like the forward-only work (generation, GRPO's
-log-prob passes, the evaluation's batches); SFT, GRPO's update, the continued-SFT baseline and float32 training hold
-the limit."""
+TRAINING = ("float32 training steps follow the load under MKL's strict reproducibility mode (strict_blas), "
+            "bf16-autocast steps of one fixed shape too; the others hold the limit")
+"""Which training steps adapt (:func:`training_adapts`: the loops' ``step(adapt=...)``, :func:`held` around GRPO's
+update). Measured on a CPU with AMX (torch 2.13, tests/core/test_threads.py):
+
+- **float32**: a training step comes out in other bits at 1 and 2 threads in MKL's default mode (its sgemm splits a
+  weight gradient's reduction over the tokens by thread count), and in the same bits under MKL's *strict* conditional
+  numerical reproducibility mode (:data:`MKL_CBWR`, :func:`strict_blas`), at every shape tried, at no measured cost
+  (the model's backward at 16 x 256: 0.61 s at 2 threads strict, 0.64 s default). A whole default GRPO stage (40 steps
+  and its continued-SFT baseline, float32) at 1 thread gave the 2-thread run's policy and baseline bytes. So float32
+  steps follow the load where strict mode is on (every project command: flows/_common.py ``begin``), and hold the
+  limit where it is not (a torch without MKL, or MKL used before it could be switched on).
+- **bf16 autocast** (oneDNN's kernels, which strict MKL does not govern): the same bits at 1 and 2 threads at
+  pretraining's (16, 256) and SFT's (8, 512) batches once the chunked LM head's backward products run on one thread
+  (:func:`single`), other bits at many other shapes (8 x 477..509, SFT's batches when they were padded to their
+  longest row). Pretraining's stream and SFT's packed rows are one shape (``BatchSource.fixed_shape``), so their steps
+  follow the load; a default pretraining that ran 299 of its 300 steps at 1 thread, and a default SFT with 246 of 250
+  steps at 1 thread, beside a busy process, gave the idle runs' bytes. bf16 steps of varying shape hold the limit.
+- **DeepSpeed** (ZeRO's partitioned reductions, its bf16 mode): not measured, hold the limit."""
 BUSY = 0.75
 """Other runnable tasks, averaged over a step, that count as one busy process: a process that computes all the time
 reads ~1.0; the pipeline's own servers and short-lived helpers, seen runnable in one sample of a few, read 0.25-0.5
 and should not halve the threads (at 0.5 they did: 9 of pretraining's 300 steps ran on 1 thread on an idle machine)."""
 ENV = "DSM_THREADS"
 """``fixed``: no adaptation (the stage's ``num_threads``, or torch's default, on every step)."""
+
+
+MKL_CBWR = "AUTO,STRICT"
+"""Intel MKL's conditional numerical reproducibility (CNR) mode of the project's processes (the ``MKL_CBWR``
+environment variable, set by flows/_common.py ``begin`` unless already set): the code path MKL picks for this CPU
+(``AUTO``) in its *strict* mode, whose ?gemm gives the same bits at any thread count (oneMKL Developer Guide,
+"Reproducibility Conditions": in strict CNR mode ?gemm, ?symm, ?hemm, ?trsm and their CBLAS forms are bitwise
+reproducible "even when the number of threads changes", on the AVX2 and AVX-512 code paths). torch's x86 wheels
+link MKL for float32 CPU matrix products; CUDA is not affected. Bits are still specific to the CPU's code path:
+another machine may round otherwise."""
+_MKL_STRICT = 0x10000
+"""MKL_CBWR_STRICT of mkl_cbwr.h."""
+_strict: bool | None = None
+
+
+def _mkl_cbwr() -> Any:
+    """MKL's CNR get / set functions in torch's CPU library (exported there as ``mkl_serv_cbwr_get`` / ``_set``), or
+    None (a torch without MKL, another platform)."""
+    import ctypes
+
+    import torch
+
+    if not torch.backends.mkl.is_available():
+        return None
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        get, put = lib.mkl_serv_cbwr_get, lib.mkl_serv_cbwr_set
+    except (OSError, AttributeError):
+        return None
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
+    put.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+    return get, put
+
+
+def strict_blas() -> bool:
+    """Whether this process's float32 CPU matrix products are in MKL's strict reproducibility mode (:data:`MKL_CBWR`):
+    then a float32 training step gives the same bits at 1 and 2 threads (:data:`TRAINING`). Switches it on when MKL
+    has not computed anything yet in this process (it reads ``MKL_CBWR`` once, at its first call; a project command
+    has it set from the start) and ``MKL_CBWR`` does not ask for another mode; False without MKL, with a non-strict
+    ``MKL_CBWR`` of the user's, or when MKL already runs in another mode (a process that multiplied matrices first):
+    float32 training steps then hold the thread limit."""
+    global _strict
+    chosen = os.environ.setdefault("MKL_CBWR", MKL_CBWR)  # for the processes this one starts (ranks)
+    if _strict is None or not _strict:
+        fns = _mkl_cbwr()
+        if fns is None:
+            _strict = False
+        else:
+            get, put = fns
+            if not get(-1) & _MKL_STRICT and "STRICT" in chosen.upper():  # MKL_CBWR_ALL
+                put(_MKL_STRICT | 2)  # MKL_CBWR_AUTO; refused (MKL_CBWR_ERR_MODE_CHANGE_FAILURE) once MKL has run
+            _strict = bool(get(-1) & _MKL_STRICT)
+    return _strict
+
+
+def training_adapts(*, autocast_bf16: bool, fixed_shape: bool, deepspeed: bool = False) -> bool:
+    """Whether a training loop's steps may follow the load (:data:`TRAINING`): float32 steps under strict MKL
+    (:func:`strict_blas`), bf16-autocast steps of one fixed shape; never under DeepSpeed."""
+    if deepspeed:
+        return False
+    if autocast_bf16:
+        return fixed_shape
+    return strict_blas()
 
 
 def cores() -> int:
@@ -153,9 +223,13 @@ class ThreadPolicy:
         return self.threads
 
     @contextlib.contextmanager
-    def held(self) -> Any:
+    def held(self, hold: bool = True) -> Any:
         """Inside: the limit's thread count, whatever the load (the update of a GRPO step that adapted for its
-        generation and log-prob passes, :data:`TRAINING`); after: the count the step had."""
+        generation and log-prob passes, when :func:`training_adapts` says no: :data:`TRAINING`); after: the count the
+        step had. ``hold=False``: the step's count stays (an update that may follow the load)."""
+        if not hold:
+            yield
+            return
         before = self.threads
         self._set(self.limit if self.adaptive else self.threads)
         try:
@@ -165,7 +239,7 @@ class ThreadPolicy:
 
     def stats(self) -> dict[str, Any]:
         """For data/timings: ``steps_at_threads`` {count: steps}, ``others_mean`` and whether it adapted."""
-        return {"adaptive": self.adaptive, "limit": self.limit,
+        return {"adaptive": self.adaptive, "limit": self.limit, "strict_blas": strict_blas(),
                 "steps_at_threads": {str(k): v for k, v in sorted(self.counts.items())},
                 "others_mean": round(self.others_total / self.others_n, 2) if self.others_n else None}
 
@@ -248,6 +322,7 @@ def use(limit: int = 0) -> ThreadPolicy:
     global _current
     if _current is not None:
         _current.close()
+    strict_blas()  # as early as the stage starts (a project command set MKL_CBWR before anything ran)
     _current = ThreadPolicy(limit)
     return _current
 
@@ -257,9 +332,9 @@ def step(adapt: bool = True) -> int | None:
     return _current.step(adapt) if _current is not None else None
 
 
-def held() -> contextlib.AbstractContextManager[Any]:
+def held(hold: bool = True) -> contextlib.AbstractContextManager[Any]:
     """:meth:`ThreadPolicy.held` of the current policy (nothing when no stage started one)."""
-    return _current.held() if _current is not None else contextlib.nullcontext()
+    return _current.held(hold) if _current is not None else contextlib.nullcontext()
 
 
 def stats() -> dict[str, Any] | None:

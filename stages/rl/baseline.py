@@ -21,7 +21,7 @@ from stages.core.plots import write_metric_files
 from stages.core.prompts import prompt_format
 from stages.rl import lora
 from stages.rl.data import step_questions
-from stages.rl.update import rl_updater
+from stages.rl.update import rl_updater, update_adapts
 from stages.train.losses import lm_nll_sum
 from stages.train.update import Updater, micro_slices
 
@@ -114,8 +114,9 @@ def train_baseline(p: Any, init: Path, tokenizer: Any, rows: list[dict[str, Any]
         bh = continued_sft(model, tokenizer, rows, steps=p.steps * p.iterative.iterations,
                            per_step=p.questions_per_step, seed=p.seed, lr=p.baseline.lr,
                            max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size,
-                           updater=rl_updater(model, p, lr=p.baseline.lr, weight_decay=0.0),
-                           chunk_tokens=p.compute.logprob_chunk_tokens, on_step=lambda _done: threads.step(adapt=False))  # threads.TRAINING
+                           updater=(upd := rl_updater(model, p, lr=p.baseline.lr, weight_decay=0.0)),
+                           chunk_tokens=p.compute.logprob_chunk_tokens,
+                           on_step=lambda _done: threads.step(adapt=update_adapts(upd)))
         out = {"steps": len(bh), "sft_loss_first": round(bh[0]["sft_loss"], 4),
                "sft_loss_last": round(bh[-1]["sft_loss"], 4)}
         extra = {"stage": "grpo", "baseline": "continued_sft", "init": str(init), "params": p.tracked_dump()}

@@ -47,7 +47,7 @@ from stages.rl.rewards import Rewards
 from stages.rl.rollout import Rollout, mismatch_metrics, token_logprobs, truncation
 from stages.rl.sync import sync_policy
 from stages.rl.types import Batch, LogProbs, RewardStats, StepContext, Targets
-from stages.rl.update import on_device
+from stages.rl.update import on_device, update_adapts
 from stages.train.update import Updater, micro_slices
 
 LOSS_METRICS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "nll")
@@ -308,9 +308,10 @@ def _normalizer(p: Any, tg: Targets, mb: Tensor, n_slices: int, distributed: boo
 
 
 def update(ctx: StepContext, batch: Batch, tg: Targets, lp: LogProbs) -> dict[str, Any]:
-    """``mu`` passes of ``minibatches`` optimizer steps over the outputs that train (module docstring), at the thread
-    limit whatever the load (stages.core.threads.TRAINING)."""
-    with threads.held():
+    """``mu`` passes of ``minibatches`` optimizer steps over the outputs that train (module docstring), at the step's
+    thread count where the update's kernels give the same bits at any count (float32 under strict MKL), else at the
+    thread limit whatever the load (stages.core.threads.TRAINING)."""
+    with threads.held(not update_adapts(ctx.updater, *([ctx.critic.updater] if ctx.critic is not None else []))):
         return _update(ctx, batch, tg, lp)
 
 

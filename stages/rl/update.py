@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from stages.core import threads
 from stages.core.dist import train_device
 from stages.core.modeling import load_model
 from stages.train.ds_config import build_deepspeed_config
@@ -79,6 +80,14 @@ def release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def update_adapts(*updaters: Any) -> bool:
+    """Whether RL updates on ``updaters`` (the policy's, a value model's) may follow the machine's load
+    (stages.core.threads.training_adapts): plain float32 under MKL's strict mode; their micro-batches vary in shape,
+    so bf16 autocast and DeepSpeed hold the thread limit."""
+    return all(threads.training_adapts(autocast_bf16=bool(getattr(u, "autocast_bf16", False)), fixed_shape=False,
+                                       deepspeed=getattr(u, "engine", None) is not None) for u in updaters)
 
 
 def as_updater(model: torch.nn.Module, optimizer: Any, p: Any) -> Updater:

@@ -223,12 +223,16 @@ def pack_examples(examples: Sequence[Example], seq_len: int, pack: bool = True) 
     return rows
 
 
-def collate_rows(rows: Sequence[Sequence[Example]], pad_id: int) -> dict[str, torch.Tensor]:
+def collate_rows(rows: Sequence[Sequence[Example]], pad_id: int, width: int | None = None) -> dict[str, torch.Tensor]:
     """Concatenate each row's examples; ``position_ids`` restart at 0 for every example, which makes the
     model's attention block-diagonal (transformers detects packed sequences from position_ids when no
-    attention mask is given): no token attends to another example. Rows are right-padded to the longest
-    row with ``pad_id`` (label IGNORE; the padding forms its own segment)."""
-    width = max(sum(len(e.input_ids) for e in row) for row in rows)
+    attention mask is given): no token attends to another example. Rows are right-padded with ``pad_id`` (label
+    IGNORE; the padding forms its own segment) to ``width`` tokens, or to the longest row when ``width`` is None."""
+    longest = max(sum(len(e.input_ids) for e in row) for row in rows)
+    if width is None:
+        width = longest
+    elif longest > width:
+        raise ValueError(f"a row has {longest} tokens > width {width}")
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
     pos = torch.zeros((len(rows), width), dtype=torch.long)
@@ -247,16 +251,21 @@ def collate_rows(rows: Sequence[Sequence[Example]], pad_id: int) -> dict[str, to
 
 class PackedExamples:
     """An endless, resumable stream of packed SFT rows: each epoch shuffles the examples (seeded by
-    ``seed`` and the epoch), packs them into rows and serves the rows in order."""
+    ``seed`` and the epoch), packs them into rows and serves the rows in order.
 
-    fixed_shape = False
-    """Batches are padded to their longest row (their token counts vary)."""
+    Packed rows (``pack``) are padded to ``seq_len``, so every batch of n rows is (n, seq_len) (``fixed_shape``):
+    a bf16 step of one shape gives the same bits at 1 and 2 threads, and the loop may then follow the machine's
+    load (stages.core.threads.TRAINING). Greedy packing fills a row to within one example of ``seq_len``, so this
+    costs a few per cent of tokens (the tiny default: a batch's longest row was 477..509 of 512). One example per
+    row (``pack=False``) pads to the batch's longest row instead (padding short examples to ``seq_len`` would
+    waste most of the batch), and such steps hold their thread count."""
 
     def __init__(self, examples: Sequence[Example], seq_len: int, seed: int, pad_id: int, pack: bool = True) -> None:
         if not examples:
             raise PipelineError("sft: no training examples left; check sft.problems and sft.formats")
         self.examples = list(examples)
         self.seq_len, self.seed, self.pad_id, self.pack = seq_len, seed, pad_id, pack
+        self.fixed_shape = pack
         self.epoch, self.index = 0, 0
         self._rows = self._epoch_rows(0)
 
@@ -277,7 +286,7 @@ class PackedExamples:
                 self._rows = self._epoch_rows(self.epoch)
             rows.append([self.examples[i] for i in self._rows[self.index]])
             self.index += 1
-        return collate_rows(rows, self.pad_id)
+        return collate_rows(rows, self.pad_id, self.seq_len if self.fixed_shape else None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "index": self.index}

@@ -210,7 +210,8 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     zero_stage = p.deepspeed.zero_stage if engine is not None else 0
     net: torch.nn.Module = engine.module if engine is not None else model
     autocast_bf16 = bf16 and engine is None  # DeepSpeed's bf16 mode replaces autocast
-    adapt = autocast_bf16 and bool(getattr(data, "fixed_shape", False))  # threads.TRAINING
+    adapt = threads.training_adapts(autocast_bf16=autocast_bf16, fixed_shape=bool(getattr(data, "fixed_shape", False)),
+                                    deepspeed=engine is not None)
     is_main = rank == 0
 
     state: dict[str, Any] = {"step": 0, "skipped": 0, "tokens": 0, "target_tokens": 0, "history": [], "evals": [],
@@ -260,7 +261,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     tok_w = 0
     live = Throughput()  # cores used and load beside tokens/s: why a step is slow
     for step in range(start, p.steps):
-        threads.step(adapt=adapt)  # bf16 steps of fixed shape follow the load, the others hold it (threads.TRAINING)
+        threads.step(adapt=adapt)  # float32 under strict MKL and bf16 of one shape follow the load (threads.TRAINING)
         if fault_hook is not None:
             fault_hook(step)
         big = data.next_batch(rows_per_micro * p.grad_accum * world)

@@ -1,8 +1,9 @@
 """stages/core/threads.py: the torch thread count follows the machine's load where the stages' kernels give the same
-bits at 1 and 2 threads: checked here for the tiny default's shapes (pretraining's bf16-autocast step, GRPO's
-shared-prompt log-prob pass, sampled generation in float32 and bf16, decode attention). Other training steps hold
-the thread limit (float32 backward passes and bf16 ones at SFT's varying shapes are not invariant on a CPU with AMX;
-tested below). If a torch or CPU change breaks one of these, the adaptation must go for that work (DSM_THREADS=fixed, or take it out): results would then depend on the load
+bits at 1 and 2 threads: checked here for the tiny default's shapes (pretraining's and packed SFT's bf16-autocast
+steps, float32 training steps under MKL's strict mode, GRPO's shared-prompt log-prob pass, sampled generation in
+float32 and bf16, decode attention). Other training steps hold the thread limit (bf16 ones at varying shapes, and
+float32 ones without strict MKL, are not invariant on a CPU with AMX; tested below). The test process runs in
+strict MKL mode as every project command does (conftest.py calls flows/_common.py ``begin``). If a torch or CPU change breaks one of these, the adaptation must go for that work (DSM_THREADS=fixed, or take it out): results would then depend on the load
 (issue 29)."""
 
 from __future__ import annotations
@@ -57,12 +58,13 @@ def _packed_batch(g: torch.Generator, rows: int, seq: int) -> dict[str, torch.Te
     return {"input_ids": x, "labels": x.clone(), "position_ids": pos}
 
 
-@pytest.mark.parametrize(("chunk_tokens", "rows", "seq"), [(256, 16, 256), (1024, 16, 256), (0, 16, 256)])
+@pytest.mark.parametrize(("chunk_tokens", "rows", "seq"), [(256, 16, 256), (1024, 16, 256), (0, 16, 256), (256, 8, 512)])
 def test_a_bf16_training_step_of_the_loop_is_the_same_bits_at_1_and_2_threads(chunk_tokens: int, rows: int,
                                                                                seq: int) -> None:
     """Two AdamW steps through the training loop's own loss (stages.train.loop.forward_nll: bf16 autocast, packed
     position_ids, the chunked LM head at params.yaml's ``logprob_chunk_tokens`` 256 and others, 0 = whole logits;
-    pretraining's 16 x 256 micro-batch, the only shape its packed stream makes) with gradient clipping: the same bits
+    pretraining's 16 x 256 micro-batch, the only shape its packed stream makes, and packed SFT's 8 x 512) with gradient
+    clipping: the same bits
     at 1 and 2 threads, so pretraining's bf16 steps may follow the load (threads.TRAINING). Before the chunked head's
     backward products ran on one thread (threads.single) its ``gz @ W`` at 256 rows and ``gz.T @ h`` at 1024 rows
     rounded by thread count, and so did this test."""
@@ -86,33 +88,90 @@ def test_a_bf16_training_step_of_the_loop_is_the_same_bits_at_1_and_2_threads(ch
     assert _at(1, train) == _at(2, train)
 
 
-def test_only_the_fixed_shape_stream_lets_training_steps_adapt() -> None:
-    """Pretraining's packed stream makes one shape; SFT's rows are padded to the longest of each batch."""
-    from stages.train.data import PackedExamples, PackedMixture
+def test_the_fixed_shape_streams_make_one_shape() -> None:
+    """Pretraining's packed stream and SFT's packed rows (padded to seq_len) make one shape, so their bf16 steps may
+    adapt; SFT's one-example rows are padded to each batch's longest and hold the limit."""
+    from stages.train.data import Example, PackedExamples, PackedMixture
 
-    assert PackedMixture.fixed_shape is True and PackedExamples.fixed_shape is False
+    exs = [Example(tuple(range(1, n + 1)), tuple(range(1, n + 1))) for n in (30, 50, 70, 20, 90, 40)]
+    packed = PackedExamples(exs, 128, seed=0, pad_id=0, pack=True)
+    single = PackedExamples(exs, 128, seed=0, pad_id=0, pack=False)
+    assert PackedMixture.fixed_shape is True and packed.fixed_shape is True and single.fixed_shape is False
+    assert [tuple(packed.next_batch(2)["input_ids"].shape) for _ in range(3)] == [(2, 128)] * 3
+    assert max(tuple(single.next_batch(2)["input_ids"].shape)[1] for _ in range(3)) < 128
+    assert threads.training_adapts(autocast_bf16=True, fixed_shape=True)
+    assert not threads.training_adapts(autocast_bf16=True, fixed_shape=False)
+    assert not threads.training_adapts(autocast_bf16=False, fixed_shape=True, deepspeed=True)
+    assert threads.training_adapts(autocast_bf16=False, fixed_shape=False) is threads.strict_blas()
 
 
-@pytest.mark.parametrize(("bf16", "rows", "seq"), [(True, 8, 498), (False, 16, 256)], ids=["bf16-sft-shape", "float32"])
-def test_the_training_steps_that_hold_the_limit_are_not_the_same_bits_at_1_and_2_threads_with_amx(
-        bf16: bool, rows: int, seq: int) -> None:
-    """Why SFT's and float32 training steps hold the limit (threads.TRAINING): at a bf16 batch of 8 x 498 tokens (an
-    SFT batch padded to its longest row), and in float32 at pretraining's shape, the weight gradients round by thread
-    count (oneDNN / MKL split their reductions over the tokens). Asserted where it was measured (an AMX CPU);
-    elsewhere it may hold."""
-    if not getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
-        pytest.skip("measured on CPUs with AMX")
+def _grads(bf16: bool, rows: int, seq: int) -> str:
+    """One forward + backward of the default model's loss (stages.train.loop.forward_nll) on a packed batch."""
     from stages.train.loop import forward_nll
 
-    def grads() -> str:
-        model = _default_model()
-        model.train()
-        b = _packed_batch(torch.Generator().manual_seed(1), rows, seq)
-        nll, n = forward_nll(model, b, bf16, torch.device("cpu"), 256)
-        (nll / n).backward()
-        return _digest([q.grad for q in model.parameters()])
+    model = _default_model()
+    model.train()
+    b = _packed_batch(torch.Generator().manual_seed(1), rows, seq)
+    nll, n = forward_nll(model, b, bf16, torch.device("cpu"), 256)
+    (nll / n).backward()
+    return _digest([q.grad for q in model.parameters()])
 
-    assert _at(1, grads) != _at(2, grads)
+
+def test_a_bf16_step_of_a_varying_shape_is_not_the_same_bits_at_1_and_2_threads_with_amx() -> None:
+    """Why bf16 steps of varying shape hold the limit (threads.TRAINING): at 8 x 498 tokens (an SFT batch when it was
+    padded to its longest row) the weight gradients round by thread count (oneDNN splits their reductions over the
+    tokens; MKL's strict mode does not govern oneDNN). Asserted where it was measured (an AMX CPU)."""
+    if not getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+        pytest.skip("measured on CPUs with AMX")
+    assert _at(1, lambda: _grads(True, 8, 498)) != _at(2, lambda: _grads(True, 8, 498))
+
+
+@pytest.mark.parametrize(("rows", "seq"), [(16, 256), (8, 498), (4, 137), (8, 61), (24, 83)])
+def test_a_float32_step_is_the_same_bits_at_1_and_2_threads_under_strict_mkl(rows: int, seq: int) -> None:
+    """float32 training steps (GRPO's update and its baseline: micro-batches of any shape) follow the load because
+    strict MKL makes their gradients the same bits at 1 and 2 threads (threads.MKL_CBWR), in this process as in a
+    stage's."""
+    if not threads.strict_blas():
+        pytest.skip("torch without MKL: float32 training steps hold the limit")
+    assert _at(1, lambda: _grads(False, rows, seq)) == _at(2, lambda: _grads(False, rows, seq))
+
+
+_FP32_CHILD = """
+import sys
+import torch
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from stages.core import threads
+from test_threads import _at, _grads
+if sys.argv[3] == "switch":
+    threads.strict_blas()
+same = _at(1, lambda: _grads(False, 16, 256)) == _at(2, lambda: _grads(False, 16, 256))
+print(threads.strict_blas(), same)
+"""
+
+
+@pytest.mark.parametrize("mode", ["AUTO", "AUTO,STRICT", None])
+def test_strict_mkl_is_what_makes_float32_steps_the_same_bits(mode: str | None) -> None:
+    """In a new process: MKL's default mode (``AUTO``) gives a float32 step other bits at 1 and 2 threads on this
+    CPU (MKL splits the weight gradients' reductions over the tokens by thread count), ``AUTO,STRICT`` (the project's,
+    threads.MKL_CBWR) the same bits; with MKL_CBWR unset, :func:`threads.strict_blas` switches strict mode on before
+    MKL first runs (a user's ``AUTO`` it leaves, and says so). Asserted where measured (AVX-512 with AMX)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not torch.backends.mkl.is_available():
+        pytest.skip("torch without MKL")
+    if not getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+        pytest.skip("measured on CPUs with AMX")
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    if mode is not None:
+        env["MKL_CBWR"] = mode
+    here = Path(__file__).resolve()
+    out = subprocess.run([sys.executable, "-c", _FP32_CHILD, str(here.parents[2]), str(here.parent), "switch"], env=env,
+                         capture_output=True, text=True, check=True, timeout=300).stdout.split()
+    strict = mode != "AUTO"
+    assert out == [str(strict), str(strict)]
 
 
 def test_grpo_shared_prompt_logprobs_are_the_same_bits_at_1_and_2_threads() -> None:
