@@ -879,15 +879,19 @@ def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at:
               bootstrap_resamples: int = 2000, bootstrap_seed: int = 0,
               comps: list[Comparison] | None = None) -> str:
     """The whole page: headline (with standard errors), the model comparisons with their paired-bootstrap intervals,
-    the verifier-sensitivity table, the paper beside ours, the stages overview, one section per stage."""
-    when = (generated_at or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
+    the verifier-sensitivity table, the paper beside ours, the stages overview, one section per stage.
+
+    No clock reading: the same inputs give the same bytes (issue 29; the page is a DVC output, and a build time on it
+    made two runs of the same inputs differ whenever they ended in different minutes). ``generated_at``, given by a
+    caller, is printed."""
+    when = f" {generated_at.astimezone(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}" if generated_at else ""
     if comps is None:
         comps = comparisons(inputs.evaluate, bootstrap_resamples, bootstrap_seed)
     head_rows = headline(inputs)
     seps = ["model-sep" if i and r.model != head_rows[i - 1].model else "" for i, r in enumerate(head_rows)]
     parts = [
         f"<header><h1>{esc(title)}</h1>",
-        f'<p class="sub">Generated {esc(when)} by the report stage (<code>dvc repro report</code>) from '
+        f'<p class="sub">Generated{esc(when)} by the report stage (<code>dvc repro report</code>) from '
         f'<code>data/details</code>, <code>data/plots</code> and <code>benchmarks/results</code>. Paper: '
         f'<a href="{paper.PAPER_URL}">{esc(paper.PAPER)}</a>.</p>',
         "<nav>" + "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (

@@ -373,7 +373,8 @@ class GrpoComputeParams(Section):
     change results in the last bits; the runtime ones (under runtime.grpo.compute) do not."""
 
     num_threads: NonNegInt
-    """torch CPU threads (0 = torch's default); 1 is much faster than 2 on a machine shared with other jobs."""
+    """The most torch CPU threads (0 = every core); fewer while other work competes for the cores, with the same
+    results (stages/core/threads.py)."""
     precision: Literal["auto", "bf16", "fp32"]
     """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
     master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is

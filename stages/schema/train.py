@@ -102,7 +102,8 @@ class TrainLoopParams(Section):
     precision: Literal["auto", "bf16", "fp32"]
     """bf16: bf16 autocast with fp32 weights and optimizer; fp32: plain; auto: bf16 where the hardware has fast bf16 (AMX, CUDA)."""
     num_threads: NonNegInt
-    """torch CPU threads; 0 = torch's default."""
+    """The most torch CPU threads (0 = every core); fewer while other work competes for the cores where that keeps
+    the same bits (stages/core/threads.py TRAINING)."""
     checkpoint_every: Annotated[NonNegInt, RUNTIME]
     """Save a resumable checkpoint (model, optimizer, scheduler, data position, RNG) every N steps; 0 = only at the end."""
     eval_every: NonNegInt
