@@ -37,7 +37,8 @@ that could not be set up is logged as a warning when the zygote starts, never sk
   with the sandbox;
 - limits: wall clock (``timeout_s``), CPU seconds (``RLIMIT_CPU``), CPUs at once (``cpu_limit``: a cgroup CPU
   quota of ``cpus`` for the whole tree, or pinning), memory (``RLIMIT_AS`` = the interpreter's
-  own address space + ``memory_mb``, and a memory cgroup for the whole tree), processes and threads
+  own address space + ``memory_mb``, and a memory cgroup for the whole tree that caps RAM + swap where the
+  kernel accounts swap, RAM alone otherwise: ``isolation_report()['memory_cap']``), processes and threads
   (``RLIMIT_NPROC`` and a pids cgroup), file size, 256 open files, no core dumps; the program is the
   out-of-memory killer's first choice (``oom_score_adj`` 1000). Threads share one malloc arena and get
   stacks of at most 8 MiB, so a thread costs 8 MiB of address space, not 72: at ``memory_mb=512`` a pool of
