@@ -57,7 +57,7 @@ def _crawl_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Path]:
         write_jsonl(gen / "problems" / "test.jsonl", splits["test"])
         crawl.generate(CrawlParams(n_pages=3000, n_seed_pages=800, n_math_domains=9, n_general_domains=36,
                                    math_domain_share=0.35, min_words=100, max_words=400, max_steps=3, max_value=20,
-                                   near_dup_frac=0.0, n_contaminated=0, avoid_ngram=20),
+                                   near_dup_frac=0.0, n_contaminated=0, r1_share=0.0, avoid_ngram=20),
                        seed=0, test_problems=splits["test"], crawl_path=gen / "crawl.jsonl", seed_path=gen / "seed.jsonl")
     read = lambda p: [json.loads(x) for x in p.open(encoding="utf-8")]  # noqa: E731
     return read(gen / "crawl.jsonl"), read(gen / "seed.jsonl"), gen / "problems" / "test.jsonl"

@@ -43,6 +43,23 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def machine() -> dict[str, Any]:
+    """The CPU the runs ran on (its model and the flags that decide torch's kernels: results differ between AMX and
+    other CPUs, docs/pipeline.md), and its core count."""
+    info = {"cpu": "?", "amx": False, "avx512_bf16": False, "cores": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name") and info["cpu"] == "?":
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = line.split()
+                    info["amx"], info["avx512_bf16"] = "amx_tile" in flags, "avx512_bf16" in flags
+    except OSError:
+        pass
+    return info
+
+
 def _json_files(clone: Path) -> dict[str, Any]:
     """The small JSON results (metrics, details, reports, models' pipeline.json), to explain a difference."""
     out = {}
@@ -93,7 +110,8 @@ def run(code: str, load: str, out: Path, keep: Path | None, extra_env: list[str]
         for f in sorted((clone / "data" / "metrics").glob("evaluate_*.json")):
             g = json.loads(f.read_text()).get("generated", {}).get("cot", {}).get("greedy", {}).get("acc")
             acc[f.stem.removeprefix("evaluate_")] = g
-        result = {"code": label, "rev": sha[:10], "env": extra_env or [], "load": load, "rc": proc.returncode, "wall_s": round(wall, 1),
+        result = {"code": label, "rev": sha[:10], "env": extra_env or [], "load": load, "machine": machine(),
+                  "rc": proc.returncode, "wall_s": round(wall, 1),
                   "uptime_before": up0, "uptime_after": up1, "stages": _stage_rows(proc.stdout),
                   "heldout_greedy_cot": acc, "files": output_hashes(clone) if proc.returncode == 0 else {},
                   "json": _json_files(clone) if proc.returncode == 0 else {},

@@ -10,11 +10,19 @@ samples: these rates say which reward a run from this model can ever see.
 ``--variants`` (each a set of grpo params changes), held-out greedy accuracy in the run's template before, during and
 after; one seed each (the 3-seed comparison is benchmarks/paradigm.py's ``grpo_zero`` methods).
 
+``--build DIR``: a project for the above, built from this checkout's HEAD: a clone in DIR whose params.yaml takes the
+``--set`` values, through ``pretrain`` and ``testsets@generated`` (``python -m flows.pipeline``); what an R1-Zero start
+needs is found by building base models that differ in one thing (the corpus's R1-format share
+``data.crawl.r1_share``, the pretraining budget ``pretrain.train.steps``) and training from each.
+
     python benchmarks/r1_zero.py --data DIR --diagnose [--problems 64] [--budgets 64 128 256]
     python benchmarks/r1_zero.py --data DIR --train --variants r1 r1_len192 --steps 40
+    python benchmarks/r1_zero.py --build /tmp/r1fmt --set data.crawl.r1_share=0.25 --set pretrain.train.steps=1200
+    python benchmarks/r1_zero.py --data /tmp/r1fmt/data --label fmt_1200 --train --seed 1 --steps 60
 
-``--data``: a pipeline run's data/ (models/pretrain, models/sft, corpus/problems/rl.jsonl,
-testsets/generated.jsonl). Writes benchmarks/results/r1_zero.json (``--out``), merging with what is there.
+``--data``: a pipeline run's data/ (models/pretrain, models/sft if there, corpus/problems/rl.jsonl,
+testsets/generated.jsonl). Writes benchmarks/results/r1_zero.json (``--out``), merging with what is there; with
+``--label L`` its keys are ``L/...`` and a training run's ``L/variant/seed``.
 """
 
 from __future__ import annotations
@@ -80,6 +88,8 @@ def diagnose(data: Path, n: int, budgets: list[int], templates: list[str], seed:
     out: dict[str, Any] = {}
     for name in ("pretrain", "sft"):
         path = data / "models" / name
+        if not path.is_dir():  # a --build project stops at pretrain
+            continue
         tok, model = load_tokenizer(path), load_model(path, dtype=torch.float32)
         model.eval()
         gen = make_generator("hf", model, tok, batch_size=n * 8)
@@ -160,9 +170,53 @@ def train(data: Path, variants: list[str], steps: int, seed: int, heldout: int, 
     return out
 
 
+def set_key(doc: Any, dotted: str, text: str) -> None:
+    """``doc[a][b][c] = value`` for ``a.b.c``, the value parsed as YAML; a key that is not there is an error."""
+    import yaml
+
+    *parents, last = dotted.split(".")
+    node = doc
+    for k in parents:
+        node = node[k]
+    if last not in node:
+        raise SystemExit(f"--set {dotted}: no such key in params.yaml")
+    node[last] = yaml.safe_load(text)
+
+
+def build(target: Path, sets: list[str]) -> dict[str, Any]:
+    """Clone HEAD into ``target``, apply ``sets`` to its params.yaml, run the graph through pretrain and the test set."""
+    import subprocess
+
+    from ruamel.yaml import YAML
+
+    if target.exists():
+        raise SystemExit(f"--build {target}: already exists; pick a new directory")
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(target)], check=True)
+    y = YAML()
+    params = target / "params.yaml"
+    doc = y.load(params.read_text())
+    for kv in sets:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {kv!r}: not KEY=VALUE")
+        set_key(doc, key, value)
+    with params.open("w") as f:
+        y.dump(doc, f)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PREFECT_API_URL", "PREFECT_HOME")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "flows.pipeline", "pretrain", "testsets@generated"], cwd=target, env=env,
+                   check=True)
+    metrics = json.loads((target / "data" / "metrics" / "pretrain.json").read_text())
+    return {"sets": sets, "wall_s": round(time.perf_counter() - t0, 1), "pretrain_metrics": metrics}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, help="a pipeline run's data/ directory")
+    ap.add_argument("--data", help="a pipeline run's data/ directory")
+    ap.add_argument("--build", type=Path, help="make a project here (module docstring)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params.yaml value for --build")
+    ap.add_argument("--label", default="", help="prefix of the result keys (the base model's name)")
     ap.add_argument("--diagnose", action="store_true")
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--problems", type=int, default=64)
@@ -175,17 +229,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
-    data = Path(args.data).resolve()
+    if (args.build is None) == (args.data is None):
+        ap.error("give --data DIR (--diagnose / --train) or --build DIR")
     out_path = Path(args.out)
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
     result.setdefault("note", "shared 2-core machine; load average beside each timing")
+    prefix = f"{args.label}/" if args.label else ""
+    if args.build is not None:
+        built = build(args.build.resolve(), args.set)
+        print(json.dumps(built))
+        result.setdefault("builds", {})[args.label or args.build.name] = built
+        data = args.build.resolve() / "data"
+    else:
+        data = Path(args.data).resolve()
     if args.diagnose:
-        result["diagnose"] = {**result.get("diagnose", {}),
-                              **diagnose(data, args.problems, args.budgets, args.templates, args.seed)}
+        d = diagnose(data, args.problems, args.budgets, args.templates, args.seed)
+        result["diagnose"] = {**result.get("diagnose", {}), **{prefix + k: v for k, v in d.items()}}
         result["diagnose_load"] = os.getloadavg()[0]
     if args.train:
-        result.setdefault("train", {}).update(train(data, args.variants, args.steps, args.seed, args.heldout,
-                                                    args.every))
+        runs = train(data, args.variants, args.steps, args.seed, args.heldout, args.every)
+        suffix = f"/seed{args.seed}" if args.label else ""
+        result.setdefault("train", {}).update({prefix + k + suffix: v for k, v in runs.items()})
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1) + "\n")

@@ -387,7 +387,16 @@ _PROBLEM_TIPS = [
 ]
 
 
-def _worked_problem_page(rng: random.Random, target: int, draw: Callable[[], dict[str, Any]], chatty: bool = False) -> str:
+def r1_section(question: str, cot: str) -> str:
+    """A worked problem in DeepSeek-R1's output format: the reasoning inside ``<think> ... </think>``, then the
+    boxed answer (the CoT's last line, ``The answer is \\boxed{x}.``). Pages with such sections are the pretraining
+    text from which a base model can know the tags that the R1-Zero start (``grpo.template: r1``) asks for."""
+    reasoning, _, final = cot.rpartition("\n")
+    return f"Question: {question}\nAnswer: <think> {reasoning} </think> {final}"
+
+
+def _worked_problem_page(rng: random.Random, target: int, draw: Callable[[], dict[str, Any]], chatty: bool = False,
+                         r1_share: float = 0.0) -> str:
     header = _fill(rng, rng.choice(_PROBLEM_HEADERS))
     counter = [0]
 
@@ -404,6 +413,9 @@ def _worked_problem_page(rng: random.Random, target: int, draw: Callable[[], dic
         counter[0] += 1
         prob = draw()
         style = rng.random()
+        if style < r1_share:
+            return r1_section(prob["question"], prob["cot"])
+        style = (style - r1_share) / (1.0 - r1_share)  # the other formats keep their shares of the rest (exact at 0)
         if style < 0.6:
             return f"Problem {counter[0]}. {prob['question']}\nSolution.\n{prob['cot']}"
         if style < 0.8:
@@ -683,7 +695,7 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
     def make_text(kind: str, r: random.Random, math_site: bool) -> str:
         target = r.randint(p.min_words, p.max_words)
         if kind == "worked_problem":
-            return _worked_problem_page(r, target, draw, chatty=not math_site)
+            return _worked_problem_page(r, target, draw, chatty=not math_site, r1_share=p.r1_share)
         if kind == "arithmetic":
             return _arithmetic_page(r, target, p.max_value)
         if kind == "definition":

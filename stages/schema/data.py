@@ -51,6 +51,10 @@ class CrawlParams(Section):
     """Near-duplicate copies added, as a fraction of the pages (half case/whitespace variants, half edited copies)."""
     n_contaminated: NonNegInt
     """Planted pages that copy a held-out test question (sometimes with its solution), for decontamination."""
+    r1_share: Annotated[float, Field(ge=0.0, lt=1.0)]
+    """Share of the worked problems on crawl pages written in DeepSeek-R1's format (``<think> reasoning </think>``
+    and the boxed answer): the pretraining text an R1-Zero start (``grpo.start: pretrain``, ``grpo.template: r1``)
+    needs to know the tags (docs/rl.md). 0 in the default; the other formats keep their proportions of the rest."""
     avoid_ngram: Annotated[int, Field(ge=3)]
     """No other page shares an n-gram of this length with a test question or solution (redrawn if so); keep <= corpus.decontam.ngram."""
 

@@ -19,7 +19,7 @@ from stages.schema.base import merge_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CRAWL = dict(n_pages=3000, n_seed_pages=300, n_math_domains=9, n_general_domains=36, math_domain_share=0.35,
-                   min_words=100, max_words=250, max_steps=3, max_value=20, near_dup_frac=0.05, n_contaminated=30,
+                   min_words=100, max_words=250, max_steps=3, max_value=20, near_dup_frac=0.05, n_contaminated=30, r1_share=0.0,
                    avoid_ngram=20)
 
 

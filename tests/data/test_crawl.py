@@ -13,7 +13,7 @@ from stages.data import crawl, problems
 from stages.params import CrawlParams
 
 PARAMS = dict(n_pages=900, n_seed_pages=60, n_math_domains=6, n_general_domains=12, math_domain_share=0.35,
-              min_words=80, max_words=200, max_steps=3, max_value=20, near_dup_frac=0.05, n_contaminated=20,
+              min_words=80, max_words=200, max_steps=3, max_value=20, near_dup_frac=0.05, n_contaminated=20, r1_share=0.0,
               avoid_ngram=20)
 
 
@@ -120,3 +120,21 @@ def test_only_planted_pages_copy_test_problems(generated):
             planted += 1
             assert " ".join(grams(by_id[r["contaminated_by"]]["question"])) in joined
     assert planted >= PARAMS["n_contaminated"]
+
+
+def test_r1_share_writes_worked_problems_in_r1_format(generated, tmp_path):
+    """data.crawl.r1_share: that share of worked problems as ``<think> reasoning </think> The answer is \\boxed{x}.``
+    (the text an R1-Zero start needs to know the tags); the default crawl has none."""
+    _, test, _, rows, _ = generated
+    assert not any("</think>" in r["text"] for r in rows)
+    p = CrawlParams(**{**PARAMS, "r1_share": 0.3})
+    crawl.generate(p, seed=3, test_problems=test, crawl_path=tmp_path / "c.jsonl", seed_path=tmp_path / "s.jsonl")
+    r1 = [json.loads(line) for line in (tmp_path / "c.jsonl").open()]
+    worked = [r for r in r1 if r["kind"] == "worked_problem"]
+    sections = [s for r in worked for s in r["text"].split("\n\n") if "\nAnswer: <think> " in s]
+    assert sections and all(s.count("</think>") == 1 and s.rstrip().endswith("}.") for s in sections)
+    shares = len(sections) / sum(1 for r in worked for s in r["text"].split("\n\n")
+                                 if "Solution.\n" in s or "\nAnswer:" in s or "In Python:" in s or "```python" in s)
+    assert 0.2 < shares < 0.4, shares
+    sec = crawl.r1_section("Q?", "Step one: 1 + 1 = 2.\nThe answer is \\boxed{2}.")
+    assert sec == "Question: Q?\nAnswer: <think> Step one: 1 + 1 = 2. </think> The answer is \\boxed{2}."
