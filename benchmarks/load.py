@@ -126,6 +126,38 @@ def run(code: str, load: str, out: Path, keep: Path | None, extra_env: list[str]
     return result
 
 
+def stage_patterns(dvc_yaml: Path = ROOT / "dvc.yaml") -> list[tuple[re.Pattern[str], str]]:
+    """(path regex, stage name) for every out, metric and plot path of dvc.yaml's stages; a foreach stage's
+    ``${key}`` / ``${item...}`` match one path part and name the stage ``stage@key``."""
+    import yaml
+
+    pats: list[tuple[re.Pattern[str], str]] = []
+    for name, st in yaml.safe_load(dvc_yaml.read_text())["stages"].items():
+        body = st.get("do", st)
+        for kind in ("outs", "metrics", "plots"):
+            for o in body.get(kind, []):
+                path = next(iter(o)) if isinstance(o, dict) else o
+                rx = ""
+                for part in re.split(r"(\$\{[^}]*\})", path):
+                    if part == "${key}":
+                        rx += "(?P<key>[^/]+)" if "(?P<key>" not in rx else "(?P=key)"
+                    elif part.startswith("${"):
+                        rx += "[^/]+"
+                    else:
+                        rx += re.escape(part)
+                pats.append((re.compile(rx + "(/.*)?$"), name + ("@{key}" if "foreach" in st else "")))
+    return pats
+
+
+def stage_of(path: str, pats: list[tuple[re.Pattern[str], str]]) -> str:
+    """The dvc.yaml stage whose output holds ``path`` (``dvc.lock``, ``other`` for anything else)."""
+    for rx, name in pats:
+        m = rx.match(path)
+        if m:
+            return name.format(key=m.groupdict().get("key", ""))
+    return "dvc.lock" if path == "dvc.lock" else "other"
+
+
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
@@ -171,6 +203,7 @@ def report(out: Path) -> dict[str, Any]:
         print(f"  {r['code']} {r['load']} ({r['rev']}, {r['wall_s']} s; {r['uptime_before'].split('load average:')[-1]}"
               f" -> {r['uptime_after'].split('load average:')[-1]}): {r['heldout_greedy_cot']}")
     identity = []
+    pats = stage_patterns()
     for i, a in enumerate(runs):
         for b in runs[i + 1:]:
             if a["rev"] != b["rev"]:
@@ -189,6 +222,15 @@ def report(out: Path) -> dict[str, Any]:
                              "files": len(paths), "differ": differ, "why": why})
             print(f"\n{a['code']} {a['load']} vs {b['code']} {b['load']} ({a['rev']}): {len(paths)} files, "
                   f"{len(differ)} differ")
+            per_stage: dict[str, list[int]] = {}
+            for p in paths:
+                n = per_stage.setdefault(stage_of(p, pats), [0, 0])
+                n[0] += 1
+                n[1] += p in differ
+            print("| stage | files | identical | differ |\n|---|---|---|---|")
+            for st, (n, d) in per_stage.items():
+                print(f"| {st} | {n} | {n - d} | {d} |")
+            identity[-1]["per_stage"] = {st: {"files": n, "differ": d} for st, (n, d) in per_stage.items()}
             for top, ps in by_stage.items():
                 print(f"  {top}: {len(ps)} file(s), e.g. {ps[0]}")
             for p, ks in why.items():

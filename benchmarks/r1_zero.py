@@ -46,6 +46,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "r1": {"template": "r1", "reward.format_weight": 1.0},
     "r1_len192": {"template": "r1", "reward.format_weight": 1.0, "rollout.max_new_tokens": 192,
                   "heldout.max_new_tokens": 192},
+    "r1_len128": {"template": "r1", "reward.format_weight": 1.0, "rollout.max_new_tokens": 128,
+                  "heldout.max_new_tokens": 128},
 }
 """``--train`` variants: grpo.template values only (the corpus-format prompts of :data:`PROBE_TEMPLATES` are probes of
 ``--diagnose``: docs/rl.md#what-the-r1-zero-start-needs-at-toy-scale-issue-32-item-6 says why none was trained)."""
