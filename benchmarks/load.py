@@ -126,35 +126,12 @@ def run(code: str, load: str, out: Path, keep: Path | None, extra_env: list[str]
     return result
 
 
-def stage_patterns(dvc_yaml: Path = ROOT / "dvc.yaml") -> list[tuple[re.Pattern[str], str]]:
-    """(path regex, stage name) for every out, metric and plot path of dvc.yaml's stages; a foreach stage's
-    ``${key}`` / ``${item...}`` match one path part and name the stage ``stage@key``."""
-    import yaml
-
-    pats: list[tuple[re.Pattern[str], str]] = []
-    for name, st in yaml.safe_load(dvc_yaml.read_text())["stages"].items():
-        body = st.get("do", st)
-        for kind in ("outs", "metrics", "plots"):
-            for o in body.get(kind, []):
-                path = next(iter(o)) if isinstance(o, dict) else o
-                rx = ""
-                for part in re.split(r"(\$\{[^}]*\})", path):
-                    if part == "${key}":
-                        rx += "(?P<key>[^/]+)" if "(?P<key>" not in rx else "(?P=key)"
-                    elif part.startswith("${"):
-                        rx += "[^/]+"
-                    else:
-                        rx += re.escape(part)
-                pats.append((re.compile(rx + "(/.*)?$"), name + ("@{key}" if "foreach" in st else "")))
-    return pats
-
-
-def stage_of(path: str, pats: list[tuple[re.Pattern[str], str]]) -> str:
-    """The dvc.yaml stage whose output holds ``path`` (``dvc.lock``, ``other`` for anything else)."""
-    for rx, name in pats:
-        m = rx.match(path)
-        if m:
-            return name.format(key=m.groupdict().get("key", ""))
+def stage_of(path: str, known: list[Any]) -> str:
+    """The dvc.yaml stage whose output (out, metric or plot of :func:`flows._dvc.stages`, foreach stages expanded
+    with this checkout's params) holds ``path``; ``dvc.lock``, or ``other`` for anything else."""
+    for st in known:
+        if any(path == o or path.startswith(o.rstrip("/") + "/") for o in st.outs):
+            return st.name
     return "dvc.lock" if path == "dvc.lock" else "other"
 
 
@@ -203,7 +180,9 @@ def report(out: Path) -> dict[str, Any]:
         print(f"  {r['code']} {r['load']} ({r['rev']}, {r['wall_s']} s; {r['uptime_before'].split('load average:')[-1]}"
               f" -> {r['uptime_after'].split('load average:')[-1]}): {r['heldout_greedy_cot']}")
     identity = []
-    pats = stage_patterns()
+    from flows._dvc import stages
+
+    known = stages(ROOT)
     for i, a in enumerate(runs):
         for b in runs[i + 1:]:
             if a["rev"] != b["rev"]:
@@ -224,7 +203,7 @@ def report(out: Path) -> dict[str, Any]:
                   f"{len(differ)} differ")
             per_stage: dict[str, list[int]] = {}
             for p in paths:
-                n = per_stage.setdefault(stage_of(p, pats), [0, 0])
+                n = per_stage.setdefault(stage_of(p, known), [0, 0])
                 n[0] += 1
                 n[1] += p in differ
             print("| stage | files | identical | differ |\n|---|---|---|---|")
