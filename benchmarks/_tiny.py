@@ -6,7 +6,8 @@
   and a tokenizer trained on the problems' texts, saved as an HF directory;
 - :class:`RssPeak`: peak resident memory of this process over a block, sampled by a thread;
 - :func:`loglog_slope`: the exponent k of a least-squares fit y ~ x^k; :func:`linear_fit`: y = a + b x and R^2;
-- :func:`machine`: CPU, torch threads and load average, recorded next to every timing.
+- :func:`machine`: CPU (model, AMX / AVX512_BF16), torch threads and load average, recorded next to every timing;
+- :func:`pipeline_env`: the environment to run a clone's pipeline in, with this interpreter.
 """
 
 from __future__ import annotations
@@ -124,13 +125,35 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | N
 
 
 def machine() -> dict[str, Any]:
-    """Where and under what load a timing was taken."""
+    """Where and under what load a timing was taken: the CPU's model and the instructions that decide which kernels
+    torch runs (results differ in bits between AMX and other CPUs: docs/pipeline.md), its cores, torch, the load."""
     import torch
 
-    return {"arch": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
+    from stages.core.hardware import has_amx, has_avx512_bf16
+
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        pass
+    return {"arch": platform.machine(), "cpu": cpu, "amx": has_amx(), "avx512_bf16": has_avx512_bf16(),
+            "cpus": os.cpu_count(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "loadavg": [round(x, 2) for x in os.getloadavg()],
             "note": "shared machine: other jobs may compete for the cores; compare rows measured together"}
+
+
+def pipeline_env() -> dict[str, str]:
+    """The environment for ``python -m flows.pipeline`` in a clone of this repository: this interpreter's directory
+    first on PATH (the ``python`` of dvc.yaml's commands), unbuffered output, and none of the caller's
+    PYTHONPATH, PREFECT_API_URL or PREFECT_HOME (the clone runs its own code with its own Prefect home)."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PREFECT_API_URL", "PREFECT_HOME")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def digit_share(*, completion: str, **_: Any) -> float:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -33,31 +32,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "load.json"
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._tiny import machine, pipeline_env  # noqa: E402
 from stages.core.io import output_hashes  # noqa: E402
 
 
 def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def machine() -> dict[str, Any]:
-    """The CPU the runs ran on (its model and the flags that decide torch's kernels: results differ between AMX and
-    other CPUs, docs/pipeline.md), and its core count."""
-    info = {"cpu": "?", "amx": False, "avx512_bf16": False, "cores": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name") and info["cpu"] == "?":
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = line.split()
-                    info["amx"], info["avx512_bf16"] = "amx_tile" in flags, "avx512_bf16" in flags
-    except OSError:
-        pass
-    return info
 
 
 def _json_files(clone: Path) -> dict[str, Any]:
@@ -90,9 +72,7 @@ def run(code: str, load: str, out: Path, keep: Path | None, extra_env: list[str]
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         subprocess.run(["git", "checkout", "-q", sha], cwd=clone, check=True)
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PREFECT_API_URL", "PREFECT_HOME")}
-        env["PATH"] = f"{BIN}:{env['PATH']}"
-        env["PYTHONUNBUFFERED"] = "1"
+        env = pipeline_env()
         env.update(dict(kv.split("=", 1) for kv in extra_env or []))  # e.g. DSM_THREADS=fixed: the policy off
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None
         up0 = _uptime()

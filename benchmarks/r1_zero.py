@@ -204,11 +204,11 @@ def build(target: Path, sets: list[str]) -> dict[str, Any]:
         set_key(doc, key, value)
     with params.open("w") as f:
         y.dump(doc, f)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PREFECT_API_URL", "PREFECT_HOME")}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    from benchmarks._tiny import pipeline_env
+
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "flows.pipeline", "pretrain", "testsets@generated"], cwd=target, env=env,
-                   check=True)
+    subprocess.run([sys.executable, "-m", "flows.pipeline", "pretrain", "testsets@generated"], cwd=target,
+                   env=pipeline_env(), check=True)
     metrics = json.loads((target / "data" / "metrics" / "pretrain.json").read_text())
     return {"sets": sets, "wall_s": round(time.perf_counter() - t0, 1), "pretrain_metrics": metrics}
 
