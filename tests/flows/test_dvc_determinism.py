@@ -2,19 +2,28 @@
 grpo steps -> evaluate of every model -> report, shrunk to seconds per stage, runs with ``dvc repro`` in two clean
 temporary repositories at once (each is the other's load), and every output DVC tracks is the same bytes in both:
 dvc.lock's hashes, and every file under data/ except data/timings/ (what each run measured about itself: no DVC
-output, git-ignored). The full default pipeline twice: benchmarks/load.py."""
+output, git-ignored). The full default pipeline twice: benchmarks/load.py.
+
+With ``CI_SPEED_BASE=<revision>`` (.ci/run sets it to the commit that last passed CI's core) a third graph, that
+revision's code shrunk by its own ``shrink_graph``, runs at the same time: each stage's wall time here against
+there is CI's speed check, a ratio in the same run on the same machine, recorded (``$CI_SPEED_OUT``), never a
+pass / fail."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from stages.core.io import output_hashes
-from tests.flows._project import GIT, env, kill_group, make_project, run, shrink, start
+from tests.flows._project import GIT, ROOT, env, kill_group, make_project, run, shrink, start
 
 
 def shrink_graph(raw: dict[str, Any]) -> dict[str, Any]:
@@ -35,6 +44,20 @@ def shrink_graph(raw: dict[str, Any]) -> dict[str, Any]:
 pytestmark = pytest.mark.slow  # two shrunk full graphs at once: minutes (in .ci/run)
 
 
+def base_project(dst: Path, rev: str) -> Path:
+    """Revision ``rev`` of this repository as a project, its params shrunk by that revision's own ``shrink_graph``."""
+    dst.mkdir(parents=True)
+    tar = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dst)], input=tar, check=True)
+    subprocess.run([sys.executable, "-c", "import yaml; from tests.flows.test_dvc_determinism import shrink_graph as s;"
+                    "p = 'params.yaml'; open(p, 'w').write(yaml.safe_dump(s(yaml.safe_load(open(p))), sort_keys=False))"],
+                   cwd=dst, check=True, env={**os.environ, "PYTHONPATH": str(dst)})
+    run(["git", "init", "-q"], dst)
+    run(["git", "add", "-A"], dst)
+    run(GIT + ["commit", "-qm", f"{rev}, shrunk graph"], dst)
+    return dst
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("determinism")
@@ -45,16 +68,23 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> dict
         (proj / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         run(GIT + ["commit", "-qam", "shrunk graph"], proj)
         projects.append(proj)
+    speed_base = os.environ.get("CI_SPEED_BASE")
+    others = [base_project(base / "base", speed_base)] if speed_base else []
     t0 = time.perf_counter()
-    procs = [start(["dvc", "repro"], p, env(prefect_api), p.parent / f"{p.name}.log") for p in projects]
-    for p, proc in zip(projects, procs, strict=True):
+    procs = [start(["dvc", "repro"], p, env(prefect_api), p.parent / f"{p.name}.log") for p in projects + others]
+    for p, proc in zip(projects + others, procs, strict=True):
         try:
             proc.wait(timeout=900)
         finally:
             kill_group(proc)
         assert proc.returncode == 0, (p.parent / f"{p.name}.log").read_text()[-4000:]
-    return {"projects": projects, "wall_s": time.perf_counter() - t0,
+    return {"projects": projects, "base": others[0] if others else None, "wall_s": time.perf_counter() - t0,
             "logs": [(p.parent / f"{p.name}.log").read_text() for p in projects]}
+
+
+def stage_walls(project: Path) -> dict[str, float]:
+    """{stage: wall seconds} as each stage recorded it (data/timings/<stage>.json)."""
+    return {f.stem: float(json.loads(f.read_text())["wall_s"]) for f in sorted((project / "data/timings").glob("*.json"))}
 
 
 def test_two_clean_runs_give_the_same_bytes_except_the_timings(two_runs: dict[str, Any]) -> None:
@@ -80,3 +110,24 @@ def test_a_forced_rerun_changes_nothing_tracked(two_runs: dict[str, Any], prefec
     run(["dvc", "repro", "-f", "-s", "grpo"], a, env(prefect_api))
     assert output_hashes(a) == before
     assert run(["dvc", "status"], a).stdout.strip() == "Data and pipelines are up to date."
+
+
+def test_speed_against_the_base_revision(two_runs: dict[str, Any]) -> None:
+    """Each stage's wall time in this code's two runs against the base revision's run beside them (CI_SPEED_BASE):
+    printed and written to $CI_SPEED_OUT as ratios (here / base). Speed is recorded, not judged: no budget."""
+    if two_runs["base"] is None:
+        pytest.skip("CI_SPEED_BASE not set (.ci/run sets it to the commit that last passed CI's core)")
+    a, b = (stage_walls(p) for p in two_runs["projects"])
+    base = stage_walls(two_runs["base"])
+    assert set(base) & set(a), f"no stage in common: {sorted(base)} vs {sorted(a)}"
+    rows = {s: {"here_s": round((a[s] + b[s]) / 2, 2), "base_s": base[s], "ratio": round((a[s] + b[s]) / 2 / base[s], 2)}
+            for s in sorted(set(a) & set(base)) if base[s] > 0}
+    here, there = sum(r["here_s"] for r in rows.values()), sum(r["base_s"] for r in rows.values())
+    out = {"base": os.environ["CI_SPEED_BASE"], "loadavg": [round(x, 2) for x in os.getloadavg()], "stages": rows,
+           "total": {"here_s": round(here, 1), "base_s": round(there, 1), "ratio": round(here / there, 3)}}
+    print(f"{'stage':<24}{'here s':>9}{'base s':>9}{'ratio':>7}")
+    for s, r in rows.items():
+        print(f"{s:<24}{r['here_s']:>9}{r['base_s']:>9}{r['ratio']:>7}")
+    print(f"{'all':<24}{out['total']['here_s']:>9}{out['total']['base_s']:>9}{out['total']['ratio']:>7}")
+    if os.environ.get("CI_SPEED_OUT"):
+        Path(os.environ["CI_SPEED_OUT"]).write_text(json.dumps(out, indent=1) + "\n")
