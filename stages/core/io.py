@@ -296,13 +296,17 @@ def write_metrics(stage: str, metrics: dict[str, Any], keys: Iterable[str]) -> N
     first two are the same bytes for the same inputs, so a rerun changes nothing that DVC tracks and the run-cache
     can restore them. When the process checked answers (stages.core.answers), the timings also hold how the checks
     were decided (``answer_checks.timeout``: symbolic checks that ran out of their CPU-time budget and counted as not
-    equivalent, the one verdict a faster or slower CPU could change)."""
+    equivalent, the one verdict a faster or slower CPU could change), and the model FLOPs of its passes
+    (stages.core.flops)."""
     from stages.core import paths
 
     results, timings = split_timings(metrics)
     checks = getattr(sys.modules.get("stages.core.answers"), "stats", None)  # only when the process checked answers
     if checks:  # fast / symbolic / cached / timeout: how this process's checks were decided (thread timing decides
         timings = {**(timings or {}), "answer_checks": dict(sorted(checks.items()))}  # cached vs symbolic)
+    counted = getattr(sys.modules.get("stages.core.flops"), "record", lambda: None)()  # when it ran a model
+    if counted:
+        timings = {**(timings or {}), "model_flops": counted}
     write_json(paths.details_file(stage), results)
     write_json(paths.metrics_file(stage), headline(results, keys))
     write_timings(stage, timings)

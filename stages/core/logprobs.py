@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stages.core import threads
+from stages.core import flops, threads
 
 IGNORE = -100
 """Target value of positions that get no log-prob (prompt tokens, padding)."""
@@ -215,6 +215,7 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, target
     h = flat_h if all_kept else flat_h.index_select(0, keep)
     t = flat_t if all_kept else flat_t.index_select(0, keep)
     chunk = max(1, int(chunk_tokens or DEFAULT_CHUNK_TOKENS))
+    flops.add(2.0 * h.shape[0] * weight.shape[0] * weight.shape[1])
     lp, ent = ChunkedLogProbs.apply(h, weight, bias, t, float(temperature), chunk, bool(entropy), int(top_k),
                                     float(top_p), bool(entropy_grad))
     if not all_kept:
@@ -240,12 +241,14 @@ def output_head(model: Any) -> torch.nn.Module | None:
 
 @contextlib.contextmanager
 def head_forward(head: torch.nn.Module, fn: Callable[[Tensor], Tensor]) -> Iterator[None]:
-    """Inside: ``head(x)`` returns ``fn(x)`` (the module's hooks still run around it)."""
+    """Inside: ``head(x)`` returns ``fn(x)`` (the module's hooks still run around it; its FLOPs are counted by
+    :func:`chunked_logprobs`, for the positions it scores)."""
     head.forward = fn  # an instance attribute shadows the class's forward
+    head._flops_elsewhere = True
     try:
         yield
     finally:
-        del head.forward
+        del head.forward, head._flops_elsewhere
 
 
 def select_cache_rows(cache: Any, index: Tensor) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from stages.core import flops
 from stages.core.errors import PipelineError, cause
 from stages.core.io import atomic_path
 from stages.core.model_files import MODEL_REF, model_dir_problem
@@ -141,7 +142,7 @@ def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float
     cls = auto_class or AutoModelForCausalLM
     try:
         with zero3_init(ds_config):
-            return cls.from_pretrained(resolve_model(path), dtype=dtype, **kw)
+            return flops.watch(cls.from_pretrained(resolve_model(path), dtype=dtype, **kw))
     except (OSError, ValueError) as e:
         raise PipelineError(f"{path}: cannot load model ({str(e).splitlines()[0]})") from None
 
