@@ -14,6 +14,7 @@ runs made on different hardware are told apart.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import torch
@@ -28,16 +29,30 @@ def cpu_capability() -> str:
         return "unknown"
 
 
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                "AVX512_CORE_BF16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512")
+
+
+def _isa_allows(isa: str) -> bool:
+    """Whether ``ONEDNN_MAX_CPU_ISA`` (oneDNN's cap on the instructions its kernels use; unset or ``ALL``: none)
+    admits ``isa``: a run capped to AVX2 (with ``ATEN_CPU_CAPABILITY=avx2`` and ``MKL_ENABLE_INSTRUCTIONS=AVX2``,
+    how docs/pipeline.md emulates an AVX2 machine) resolves ``auto`` as one would."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return cap not in _ONEDNN_ISAS or _ONEDNN_ISAS.index(cap) >= _ONEDNN_ISAS.index(isa)
+
+
 @functools.cache
 def has_amx() -> bool:
-    """Whether the CPU has AMX tiles (what makes bf16 matmuls fast on a CPU)."""
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    """Whether the CPU has AMX tiles (what makes bf16 matmuls fast on a CPU) that oneDNN may use."""
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()) and _isa_allows("AVX10_1_512_AMX")
 
 
 @functools.cache
 def has_avx512_bf16() -> bool:
     """Whether the CPU has the AVX512_BF16 instructions (bf16 dot products: oneDNN's bf16 matmuls run ~3x faster than
-    fp32 on them; Linux's /proc/cpuinfo flags, False where it cannot be read)."""
+    fp32 on them; Linux's /proc/cpuinfo flags, False where it cannot be read or oneDNN may not use them)."""
+    if not _isa_allows("AVX512_CORE_BF16"):
+        return False
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:

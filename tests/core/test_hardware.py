@@ -43,3 +43,22 @@ def test_generation_record_names_the_backend_and_dtype(monkeypatch: pytest.Monke
     assert rec["dtype"] == "float32" and rec["generation_backend"] == "hf"
     assert rec["dtype_from"] == ("auto: CUDA GPU with bf16" if hardware.torch.cuda.is_available()
                                  else "auto: CPU without AMX (AVX2)")
+
+
+def test_a_capped_onednn_isa_resolves_auto_as_that_cpu_kind_would(monkeypatch) -> None:
+    """ONEDNN_MAX_CPU_ISA=AVX2 (the AVX2 emulation of docs/pipeline.md): no AMX, no AVX512_BF16, so fp32."""
+    from stages.core import hardware
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    for f in (hardware.has_amx, hardware.has_avx512_bf16):
+        f.cache_clear()
+    try:
+        assert not hardware.has_amx() and not hardware.has_avx512_bf16()
+        assert hardware.resolve_precision("auto", "cpu") == "fp32"
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+        assert hardware._isa_allows("AVX10_1_512_AMX") and hardware._isa_allows("AVX512_CORE_BF16")
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_bf16")
+        assert hardware._isa_allows("AVX512_CORE_BF16") and not hardware._isa_allows("AVX10_1_512_AMX")
+    finally:
+        for f in (hardware.has_amx, hardware.has_avx512_bf16):
+            f.cache_clear()
