@@ -242,6 +242,12 @@ QA_STOP = "\nQ:"
 """Stop string of the ``Q:``/``A:`` few-shot formats (GSM8K and the generated problems)."""
 MINERVA_STOP = "\nProblem:"
 """Stop string of the Minerva MATH format."""
+PARAGRAPH_STOP = "\n\n"
+"""Second stop string of the generated problems' few-shot format: their exemplar answers are one paragraph, so a
+blank line ends an answer. A model pretrained on the generated corpus goes on with the corpus's next problem
+(``Problem 3. ...``), which :data:`QA_STOP` never meets: without it every few-shot completion ran to
+``max_new_tokens``, three quarters of it past the answer, and no verdict of any checker changed when it was cut.
+The real benchmarks keep the paper's stops (GSM8K ``\nQ:``, as lm-evaluation-harness's gsm8k-cot ``Q:``)."""
 
 
 def qa_fewshot_prompt(question: str, exemplars: Sequence[tuple[str, str]]) -> str:

@@ -26,6 +26,7 @@ from stages.core.io import iter_jsonl
 from stages.core.problems import Problem
 from stages.core.prompts import (
     MINERVA_STOP,
+    PARAGRAPH_STOP,
     QA_STOP,
     PromptFormat,
     chat_prompt,
@@ -66,6 +67,8 @@ def stop_strings(benchmark: str, mode: str, prompting: str) -> tuple[str, ...]:
     stops: list[str] = []
     if prompting == "few_shot":
         stops.append(MINERVA_STOP if benchmark == "math" else QA_STOP)
+        if benchmark == "generated":
+            stops.append(PARAGRAPH_STOP)
     if mode == "tir":
         stops.append(TIR_STOP)
     return tuple(stops)

@@ -61,7 +61,8 @@ class EvalCommonParams(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"]
     """Weights dtype for generation; auto: bfloat16 where it is fast (CUDA, CPUs with AMX), else float32."""
     num_threads: NonNegInt
-    """torch CPU threads (0 = torch's default); on the shared 2-core machine 1 thread generated 6x faster than 2."""
+    """Most torch CPU threads (0 = every core); fewer while other work competes (stages/core/threads.py), and the
+    results are the same bytes at any count."""
     batch_size: PosInt
     """Prompts per generate call and per resumable checkpoint write; the hf backend decodes all their samples together."""
     max_new_tokens: PosInt

@@ -67,7 +67,8 @@ class RewardModelParams(RmDataParams):
     """n of the best-of-n reranking metric: on the held-out questions, the first n samples of each are reranked by
     the RM and the pick is scored by the rule grader (at most samples_per_question)."""
     num_threads: NonNegInt
-    """torch CPU threads (0 = torch's default)."""
+    """Most torch CPU threads (0 = every core); fewer while other work competes (stages/core/threads.py), and the
+    results are the same bytes at any count."""
     attn_implementation: AttnImplementation
     """Attention kernel of the policy and the RM (transformers' attn_implementation): sdpa, eager, flash_attention_2
     (a CUDA GPU and the flash-attn package), auto = flash_attention_2 where installed, else sdpa."""

@@ -69,6 +69,7 @@ def test_prompt_and_stop_selection() -> None:
     assert stop_strings("math", "cot", "few_shot") == ("\nProblem:",)
     assert stop_strings("generated", "tir", "zero_shot") == ("```output",)
     assert stop_strings("generated", "cot", "zero_shot") == ()
+    assert stop_strings("generated", "cot", "few_shot") == ("\nQ:", "\n\n")  # one-paragraph exemplar answers
     assert strip_stops("The answer is 5.\nQ:", ("\nQ:",)) == "The answer is 5."
     with pytest.raises(PipelineError, match="few-shot pot on gsm8k"):
         build_prompt(gsm, "pot", "few_shot")
