@@ -1,12 +1,13 @@
 """The CI scripts: every group of .ci/slow names test files that exist and hold tests its marker selects; a group
-covers what its tests can execute, so a change runs the groups it can break and a docs-only change runs none; and
-.ci/run runs the core, then the changed groups."""
+covers what its tests executed (every process traced), so a change runs the groups it can reach and a docs-only
+change runs none; and .ci/run runs the core, then the changed groups."""
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -47,31 +48,44 @@ def test_every_group_names_test_files_its_marker_selects(slow) -> None:
             pytest.fail(f"{files[f]}: -m {marker!r} selects nothing in {f}")
 
 
-def test_a_group_covers_what_its_tests_execute(slow) -> None:
-    cov = {name: set(slow.covers(name)) for name in slow.GROUPS}
-    for name, files in cov.items():
-        assert "pyproject.toml" in files and ".ci/slow" in files and "tests/conftest.py" in files, name
-        assert not any(f.startswith("docs/") or f.endswith(".md") for f in files), name
-        assert set(slow.GROUPS[name].tests) <= files
-    assert "stages/core/vllm_backend.py" in cov["vllm"]
-    for name in ("two-ranks", "gpu-scale", "vllm", "heavy-suite"):  # the RL groups run the loss
-        assert "stages/rl/losses.py" in cov[name], name
-    # a test that copies the project runs its graph: every stage's flow, dvc.yaml and the params files
-    for name in ("dvc-graphs", "rl-experiments", "real-graph", "launcher"):
-        assert {"dvc.yaml", "params.yaml", "flows/grpo.py", "flows/pipeline.py"} <= cov[name], name
-    assert "dvc.yaml" not in cov["two-ranks"]  # no graph there
+def test_the_trace_records_every_process_a_group_starts(slow, tmp_path: Path) -> None:
+    """The .pth line .ci/slow installs runs .ci/import_trace.py: a process and its forked child (ending in os._exit,
+    as the stage server's forks do) each write the project modules they imported."""
+    site = tmp_path / "venv" / "lib" / "python3" / "site-packages"
+    site.mkdir(parents=True)
+    slow._install_trace(tmp_path / "venv")
+    line = (site / "dsm_import_trace.pth").read_text()
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    env = {**os.environ, "DSM_IMPORT_TRACE": str(trace), "DSM_IMPORT_TRACE_HOOK": str(ROOT / ".ci" / "import_trace.py")}
+    code = line + "import os, stages.core.errors\nif os.fork() == 0:\n    import stages.core.paths\n    os._exit(0)\nos.wait()\n"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+    files = slow.measured(trace, slow.GROUPS["two-ranks"])
+    assert {"stages/core/errors.py", "stages/core/paths.py", "stages/__init__.py", ".ci/slow", "pyproject.toml"} <= set(files)
+    assert "dvc.yaml" not in files and not any(f.startswith("docs/") for f in files)
+    (trace / "1.txt").write_text("tests.flows._project\n")  # a test copied the project: its graph is covered
+    assert {"dvc.yaml", "params.yaml", "tests/flows/_project.py"} <= set(slow.measured(trace, slow.GROUPS["two-ranks"]))
 
 
 def test_changed_groups_follow_the_record(slow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     record = tmp_path / "passed.json"
     monkeypatch.setattr(slow, "RECORD", record)
     assert slow.changed() == list(slow.GROUPS)  # nothing recorded: every group
-    record.write_text(json.dumps({n: {"covers_sha256": slow.digest(n)} for n in slow.GROUPS}))
+    covers = ["stages/rl/losses.py", "pyproject.toml"]
+    record.write_text(json.dumps({n: {"covers": covers, "covers_sha256": slow.digest(covers)} for n in slow.GROUPS}))
     assert slow.changed() == []
     rec = json.loads(record.read_text())
-    rec["two-ranks"]["covers_sha256"] = "0" * 64  # its files changed since it passed
+    rec["two-ranks"]["covers_sha256"] = "0" * 64  # a file it covers changed since it passed
     record.write_text(json.dumps(rec))
     assert slow.changed() == ["two-ranks"]
+    assert slow.digest(covers) != slow.digest(["stages/rl/advantages.py", "pyproject.toml"])
+    # a module added beside a covered one (a package that discovers its modules) changes the digest
+    monkeypatch.setattr(slow, "ROOT", tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    before = slow.digest(["pkg/a.py"])
+    (tmp_path / "pkg" / "b.py").write_text("y = 1\n")
+    assert slow.digest(["pkg/a.py"]) != before
 
 
 def test_ci_run_runs_the_core_then_the_changed_groups() -> None:
