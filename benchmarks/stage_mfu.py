@@ -6,8 +6,8 @@ stage ran (fp32, or bf16 where the stage's ``hardware`` record says so), with ea
     python benchmarks/stage_mfu.py RUN_DIR --walls benchmarks/results/load_2026-12-06.json:I   # another run's walls
     python benchmarks/stage_mfu.py RUN_DIR --label after --out benchmarks/results/stage_mfu.json  # append a row set
 
-The peak is measured here and now (benchmarks.training.matmul_peak: square GEMMs on all cores, the best of several
-sizes), with the load beside it. ``--walls FILE:LABEL`` takes the stage wall times of the run labelled LABEL in a
+The peak is measured here and now: one core's best FLOP per CPU-second on square GEMMs (1 thread, process CPU time,
+so that other work on a shared machine does not lower it), times the cores; the load is recorded beside it. ``--walls FILE:LABEL`` takes the stage wall times of the run labelled LABEL in a
 benchmarks/load.py results file (an idle run of the same bytes: the same work) instead of RUN_DIR's own.
 """
 
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,26 @@ def _precision(run: Path, stage: str) -> str:
     hw = json.loads(f.read_text()).get("hardware", {}) if f.is_file() else {}
     said = f"{hw.get('precision', '')} {hw.get('dtype', '')} {hw.get('resolved', '')}".lower()
     return "bf16" if "bf16" in said or "bfloat16" in said else "fp32"
+
+
+def core_peak(dtype: Any, sizes: tuple[int, ...] = (1024, 2048), reps: int = 5) -> float:
+    """TFLOP per CPU-second of one core on ``a @ b`` (square, the best over sizes and repeats; 1 thread)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    best = 0.0
+    try:
+        for n in sizes:
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            a @ b
+            for _ in range(reps):
+                t = time.process_time()
+                a @ b
+                best = max(best, 2 * n**3 / max(time.process_time() - t, 1e-9) / 1e12)
+    finally:
+        torch.set_num_threads(threads)
+    return best
 
 
 def stage_rows(run: Path, walls: dict[str, float] | None, peaks: dict[str, float]) -> list[dict[str, Any]]:
@@ -62,18 +83,16 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from benchmarks.training import matmul_peak
-
-    torch.set_num_threads(os.cpu_count() or 1)
     load_before = [round(x, 2) for x in os.getloadavg()]
-    peaks = {"fp32": matmul_peak(torch.float32)["tflops"], "bf16": matmul_peak(torch.bfloat16)["tflops"]}
+    peaks = {"fp32": core_peak(torch.float32) * (os.cpu_count() or 1),
+             "bf16": core_peak(torch.bfloat16) * (os.cpu_count() or 1)}
     walls = None
     if a.walls:
         path, _, label = a.walls.rpartition(":")
         run = next(r for r in json.loads(Path(path).read_text())["runs"] if r["code"] == label)
         walls = {s: v["wall_s"] for s, v in run["stages"].items()}
     rows = stage_rows(a.run, walls, peaks)
-    print(f"peak matmul on {os.cpu_count()} threads: fp32 {peaks['fp32'] * 1e3:.0f} GFLOP/s, bf16 "
+    print(f"peak matmul, {os.cpu_count()} cores x one core's best per CPU-second: fp32 {peaks['fp32'] * 1e3:.0f} GFLOP/s, bf16 "
           f"{peaks['bf16'] * 1e3:.0f} GFLOP/s (load {load_before})")
     print(f"{'stage':<24}{'wall s':>8}{'share':>7}{'GFLOP':>9}{'prec':>6}{'GFLOP/s':>9}{'MFU':>7}")
     for r in rows:
