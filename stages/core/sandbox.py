@@ -576,6 +576,35 @@ def isolation_report() -> dict[str, Any]:
     return get_executor().report()
 
 
+REQUIRED = ("allowlist_fs", "pidns", "netns")
+"""What model-written programs need (:func:`require_isolation`): none of the caller's files, processes or network."""
+
+
+def require_isolation(what: str) -> dict[str, Any] | None:
+    """Before a run executes model-written programs (``what``, e.g. ``evaluate@sft (pot/tir)``): None where the sandbox
+    has every :data:`REQUIRED` mechanism; else a one-line PipelineError naming what is missing and the fix, unless the
+    params opt in (``runtime.allow_reduced_isolation: true``, stages.schema.base), and then the record the run writes
+    into its metrics (``{"isolation": "reduced", "missing": [...], "why": ...}``)."""
+    from stages.core.errors import PipelineError
+    from stages.schema.base import ALLOW_REDUCED_ISOLATION, reduced_isolation_allowed
+
+    if not sys.platform.startswith("linux"):
+        missing, why = list(REQUIRED), f"{sys.platform} has no Linux namespaces; run on Linux"
+    else:
+        rep = isolation_report()
+        missing = [m for m in REQUIRED if not rep["mechanisms"].get(m)]
+        why = "; ".join(dict.fromkeys(rep["reasons"].get(m, "inactive") for m in missing))
+    if not missing:
+        return None
+    if not reduced_isolation_allowed():
+        raise PipelineError(f"{what} runs model-written programs, but the code sandbox lacks {', '.join(missing)} "
+                            f"({why}); fix that, or set runtime.{ALLOW_REDUCED_ISOLATION}: true in the params file to "
+                            "run them with reduced isolation")
+    logger.warning("sandbox: %s runs model-written programs without %s (runtime.%s: true): %s", what,
+                   ", ".join(missing), ALLOW_REDUCED_ISOLATION, why)
+    return {"isolation": "reduced", "missing": missing, "why": why}
+
+
 WALL_PER_CPU = 3.0
 """Under :func:`cpu_limit`, the wall-clock cap of a program as a multiple of its CPU-time limit."""
 
