@@ -637,6 +637,7 @@ class Zygote:
         self.ready: list[dict] = []
         self.children: dict[int, dict[str, str | None]] = {}  # I pid -> its cgroup dirs
         self.counter = 0
+        self.spawned = 0  # sandboxes forked so far (the CPU a pinned one starts on)
         self.cg_parents: dict[str, str] = {}
         self.cg_free: list[dict[str, str | None]] = []
         self.cg_dying: list[str] = []
@@ -945,6 +946,7 @@ class Zygote:
                 os.close(fd)
             self._release_cgroups(cgdirs)
             raise
+        self.spawned += 1
         if pid == 0:  # I
             code = 111
             try:
@@ -1369,6 +1371,14 @@ class Sandbox:
     # ---- U (the program) -------------------------------------------------------------------------------
     def user(self) -> int:
         os.close(self.life_r)
+        # --- what needs no request, done while waiting for it (pre-forked): off the program's path
+        os.setsid()
+        try:  # I is exempt from the OOM killer; the program is its first choice
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
+        pinned = self.pin(1.0)
         head = read_exact(self.req_r, 8)
         if len(head) < 8:  # sandbox discarded unused
             return 0
@@ -1378,7 +1388,6 @@ class Sandbox:
         if len(body) < size:
             return 0
         req = json.loads(body.decode("utf-8"))
-        os.setsid()
         # --- limits, while still root
         max_procs = int(req.get("max_procs", 32))
         memory_mb = int(req.get("memory_mb", 512))
@@ -1398,24 +1407,13 @@ class Sandbox:
         if self.memsw_fd is not None:
             os.close(self.memsw_fd)
             self.memsw_fd = None
-        try:  # I is exempt from the OOM killer; the program is its first choice
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")
-        except OSError:
-            pass
         if self.on["private_tmp"] and disk_mb != self.z.disk_mb:
             opts = f"size={max(1, disk_mb)}m" + (f",nr_inodes={inode_cap(disk_mb)}" if self.on["inode_cap"] else "")
             mount("private_tmp", None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
             if not self.on["shared_quota"] and os.path.isdir("/dev/shm"):
                 mount("private_tmp", None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
-        if self.on["cpu_limit"] and "cpu_limit" not in self.cg_fds:  # no cpu cgroup: pinned to ceil(cpus) CPUs
-            cpus_list = sorted(self.z.cpus)
-            k = min(len(cpus_list), max(1, math.ceil(cpus)))
-            start = self.host_pid % len(cpus_list)  # spreads consecutive sandboxes over the CPUs
-            try:
-                os.sched_setaffinity(0, {cpus_list[(start + i) % len(cpus_list)] for i in range(k)})
-            except OSError as e:
-                raise SetupError("cpu_limit", f"sched_setaffinity: {e}") from e
+        if pinned is not None and math.ceil(cpus) != 1:
+            self.pin(cpus)
         cpu = max(1, math.ceil(float(req.get("cpu_s") or req.get("timeout_s", 10))))
         with open("/proc/self/statm") as f:
             vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -1466,6 +1464,20 @@ class Sandbox:
         call = req.get("call")
         close_fds_except({0, 1, 2, self.res_w} if call else {0, 1, 2})
         return run_program(req["code"], call, self.res_w)
+
+    def pin(self, cpus: float) -> float | None:
+        """Without a cpu cgroup (``cpu_limit`` by affinity): pin this process to ``ceil(cpus)`` CPUs; returns ``cpus``
+        (None: not pinned, a cgroup quota applies or the mechanism is off)."""
+        if not self.on["cpu_limit"] or self.cgdirs.get("cpu_limit"):
+            return None
+        cpus_list = sorted(self.z.cpus)
+        k = min(len(cpus_list), max(1, math.ceil(cpus)))
+        start = self.z.spawned % len(cpus_list)  # consecutive sandboxes on consecutive CPUs
+        try:
+            os.sched_setaffinity(0, {cpus_list[(start + i) % len(cpus_list)] for i in range(k)})
+        except OSError as e:
+            raise SetupError("cpu_limit", f"sched_setaffinity: {e}") from e
+        return cpus
 
     def _host_workdir(self) -> str:
         """Without a mount namespace: a fresh directory under /tmp (removed by the client)."""

@@ -216,7 +216,8 @@ class SandboxExecutor:
     ``disable``: mechanisms to switch off (for tests of degraded hosts; each one is logged as a warning);
     ``disk_mb``: tmpfs size prepared in advance (other sizes cost a remount); ``max_concurrent``: programs
     running at once through this executor (more callers wait); ``python``: the interpreter of the zygote and
-    of every program (default: this one), whose installation the sandboxes see.
+    of every program (default: this one), whose installation the sandboxes see; ``user``: a uid to start the zygote as
+    (its primary group, no other; the caller must be root): what that user's pipeline gets, for benchmarks and tests.
     """
 
     def __init__(
@@ -232,6 +233,7 @@ class SandboxExecutor:
         max_concurrent: int | None = None,
         startup_timeout_s: float = 120.0,
         python: str | None = None,
+        user: int | None = None,
     ) -> None:
         self._cfg: dict[str, Any] = {
             "prefork": int(prefork), "preload": list(preload), "disable": list(disable),
@@ -240,6 +242,7 @@ class SandboxExecutor:
         }
         self._startup_timeout_s = startup_timeout_s
         self._python = python or sys.executable
+        self._user = user
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -265,11 +268,16 @@ class SandboxExecutor:
         cfg = dict(self._cfg, ctl_fd=b.fileno())
         env = {"PATH": os.defpath, "LC_ALL": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1"}
+        as_user: dict[str, Any] = {}
+        if self._user is not None:
+            import pwd
+
+            as_user = {"user": self._user, "group": pwd.getpwuid(self._user).pw_gid, "extra_groups": []}
         try:
             proc = subprocess.Popen(
                 [self._python, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
                 pass_fds=[b.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True, **as_user,
             )
         finally:
             b.close()
