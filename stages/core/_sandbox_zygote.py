@@ -7,7 +7,9 @@ straight from the client to the sandbox through pipes whose ends are passed to t
 socket (``SCM_RIGHTS``). So the zygote's memory, which every sandbox inherits, holds nothing of any other
 program.
 
-Process tree of one sandbox (``Z`` = this zygote, root, host namespaces)::
+Process tree of one sandbox (``Z`` = this zygote, root, host namespaces; without root, Z is PID 1 of a PID namespace of
+its own inside a user namespace that maps the caller's uid, whose parent only waits for it: :func:`enter_user_namespace`,
+and U leaves for a user namespace of its own with no capability: :func:`own_user_namespace`)::
 
     Z --fork--> I  PID 1 of a new PID namespace (Z unshares CLONE_NEWPID for that one fork, then setns back):
                    joins the sandbox's cgroups, unshares mount/net/ipc/uts/cgroup namespaces, pivot_roots into the
@@ -828,6 +830,9 @@ class Zygote:
         for ctrl, mech in (("pids", "cgroup_pids"), ("memory", "cgroup_memory"), ("cpu", "cpu_limit")):
             if not self.enabled[mech]:
                 continue
+            if ctrl == "cpu" and "cpu_cgroup" in self.cfg.get("disable", []):  # (benchmarks: pinned as without root)
+                self.reasons["cpu_limit"] = "cpu cgroup disabled by configuration; pinned to CPUs instead"
+                continue
             base = f"/sys/fs/cgroup/{ctrl}"
             try:
                 if not os.path.isfile(os.path.join(base, "cgroup.procs")):
@@ -1378,7 +1383,6 @@ class Sandbox:
                 f.write("1000")
         except OSError:
             pass
-        pinned = self.pin(1.0)
         head = read_exact(self.req_r, 8)
         if len(head) < 8:  # sandbox discarded unused
             return 0
@@ -1412,8 +1416,7 @@ class Sandbox:
             mount("private_tmp", None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
             if not self.on["shared_quota"] and os.path.isdir("/dev/shm"):
                 mount("private_tmp", None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
-        if pinned is not None and math.ceil(cpus) != 1:
-            self.pin(cpus)
+        self.pin(cpus)
         cpu = max(1, math.ceil(float(req.get("cpu_s") or req.get("timeout_s", 10))))
         with open("/proc/self/statm") as f:
             vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -1465,19 +1468,19 @@ class Sandbox:
         close_fds_except({0, 1, 2, self.res_w} if call else {0, 1, 2})
         return run_program(req["code"], call, self.res_w)
 
-    def pin(self, cpus: float) -> float | None:
-        """Without a cpu cgroup (``cpu_limit`` by affinity): pin this process to ``ceil(cpus)`` CPUs; returns ``cpus``
-        (None: not pinned, a cgroup quota applies or the mechanism is off)."""
+    def pin(self, cpus: float) -> None:
+        """Without a cpu cgroup (``cpu_limit`` by affinity): pin this process to ``ceil(cpus)`` CPUs, starting with the
+        one the scheduler woke it on (no migration; consecutive sandboxes do not pile up on one CPU)."""
         if not self.on["cpu_limit"] or self.cgdirs.get("cpu_limit"):
-            return None
+            return
         cpus_list = sorted(self.z.cpus)
         k = min(len(cpus_list), max(1, math.ceil(cpus)))
-        start = self.z.spawned % len(cpus_list)  # consecutive sandboxes on consecutive CPUs
+        here = libc.sched_getcpu()
+        start = cpus_list.index(here) if here in cpus_list else self.z.spawned % len(cpus_list)
         try:
             os.sched_setaffinity(0, {cpus_list[(start + i) % len(cpus_list)] for i in range(k)})
         except OSError as e:
             raise SetupError("cpu_limit", f"sched_setaffinity: {e}") from e
-        return cpus
 
     def _host_workdir(self) -> str:
         """Without a mount namespace: a fresh directory under /tmp (removed by the client)."""

@@ -1,12 +1,16 @@
 """The one executor for model-written Python: SFT data checks, PoT/TIR evaluation and tool-integrated rollouts.
 
-Programs are untrusted and the pipeline often runs as root, so isolation is enforced by the kernel, never by
-inspecting the code. Every program runs in a fresh process forked from a pre-started *zygote* (a clean
+Programs are untrusted, and the pipeline runs as root (CI, containers) or as an ordinary user (a laptop, a shared
+login node), so isolation is enforced by the kernel, never by inspecting the code. Every program runs in a fresh process forked from a pre-started *zygote* (a clean
 Python with math modules such as ``sympy`` and ``numpy`` already imported, see :data:`DEFAULT_PRELOAD`), and
 every sandbox is used once and destroyed.
 
 Guaranteed on a Linux host where the pipeline runs as root (check :func:`isolation_report`; every mechanism
-that could not be set up is logged as a warning when the zygote starts, never skipped silently):
+that could not be set up is logged as a warning when the zygote starts, never skipped silently), and all but three
+(``uid``, ``cgroup_pids``, ``cgroup_memory``) for an ordinary user where the kernel allows unprivileged user
+namespaces: the zygote then isolates as bubblewrap does, inside a user namespace that maps only the caller's uid
+(report ``privileges``: "root", "user namespace" or "none: <why>"; each program gets a user namespace of its own, so
+``RLIMIT_NPROC`` counts its processes alone, and no capability):
 
 - ``uid``: the program runs as a fresh unprivileged uid (``uid_base`` + a pid; no supplementary groups, no
   capabilities), so it cannot signal, ptrace or read ``/proc/<pid>/environ`` of anything else, and rlimits
@@ -15,8 +19,8 @@ that could not be set up is logged as a warning when the zygote starts, never sk
   and sympy programs make (measured by ``benchmarks/sandbox_syscalls.py``); any other call fails with EPERM
   (Python raises ``PermissionError``), calls newer than the list included: no ``execve`` (no shell, no
   other binary), no ``socket``/``connect``/``bind``, ``ptrace``, ``mount``, ``unshare``/namespace clones,
-  ``bpf``, ``io_uring``, ``mincore``, keyrings, ...; ``clone`` without namespace flags, ``fcntl``,
-  ``ioctl``, ``prctl`` and ``madvise`` for listed requests only; foreign-ABI syscalls kill the process.
+  ``bpf``, ``io_uring``, ``mincore``, keyrings, ...; ``clone`` without namespace flags, ``kill`` / ``tgkill``
+  but not to PID 1 (the sandbox's monitor), ``fcntl``, ``ioctl``, ``prctl`` and ``madvise`` for listed requests only; foreign-ABI syscalls kill the process.
   Three parts of the filter are reported (and can be disabled) on their own: ``unix_stream_only``
   (``socketpair`` only for AF_UNIX stream / seqpacket, ``sendto`` without an address, no ``sendmsg``: no
   datagram reaches a host AF_UNIX socket), ``no_file_locks`` (no ``flock``, record / OFD locks or leases,
@@ -53,11 +57,12 @@ Not guaranteed: the program learns the paths of the Python installation it runs 
 the checkout names the checkout's directory, whose other content is not mounted); it can use up to its limits of
 CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the surface, it does not remove it; the kernel
 lets ``uretprobe``/``uprobe``, 335/336, bypass every filter, and they kill a caller outside a probe trampoline);
-timing side channels (CPU caches, the page cache by timing) are not closed; without root (or on another
-architecture, or with cgroup v2) the corresponding mechanisms are missing and reported as such (there is no
-user-namespace mode for non-root callers: they get rlimits, no_new_privs, seccomp, an empty environment, a fresh
-host working directory, CPU pinning and a process-group kill, and see the host's files as the caller does).
-docs/sandbox.md has the threat model and the red-team table.
+timing side channels (CPU caches, the page cache by timing) are not closed; without a user namespace (or on another
+architecture, or with cgroup v2) the corresponding mechanisms are missing and reported as such: without root and
+without user namespaces a program gets rlimits, no_new_privs, seccomp, an empty environment, a fresh host working
+directory, CPU pinning and a process-group kill, and sees the host's files as the caller does, so the stages refuse
+to run model-written programs there unless the params opt in (:func:`require_isolation`). docs/sandbox.md has the
+threat model and the red-team table.
 
 Fast path: the zygote pre-forks sandboxes (namespaces and mounts ready, program not yet known), so a
 program costs a few forks, not an interpreter start-up. State cannot leak between programs: each runs in
