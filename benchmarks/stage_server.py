@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 RUN = r'''
-import json, os, statistics, subprocess, sys, tempfile, time
+import json, os, shutil, statistics, subprocess, sys, tempfile, time
 sys.path.insert(0, os.getcwd())
 from flows._common import begin
 begin(None)
@@ -42,6 +42,7 @@ for _ in range(int(sys.argv[1])):
     times.append(time.perf_counter() - t)
 s.stop()
 ran = sum(x.startswith("ran ") for x in Path(s.log).read_text().splitlines())
+shutil.rmtree(s.dir)
 print(json.dumps({"median_ms": 1000 * statistics.median(times), "ran_in_server": ran}))
 '''
 

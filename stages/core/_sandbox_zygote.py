@@ -915,7 +915,13 @@ class Zygote:
                     err += chunk
                 else:
                     stat += chunk
-        for line in stat.decode("utf-8", "replace").splitlines():
+        lines = stat.decode("utf-8", "replace").splitlines()
+        for line in lines:  # a host working directory (no private /tmp): removed, as the client does
+            if line.startswith("W /tmp/dsm-sandbox-"):
+                import shutil
+
+                shutil.rmtree(line[2:], ignore_errors=True)
+        for line in lines:
             if line.startswith("E "):
                 parts = line.split(" ", 2)
                 return parts[1], parts[2] if len(parts) > 2 else ""
