@@ -1423,6 +1423,8 @@ class Sandbox:
             if not self.on["shared_quota"] and os.path.isdir("/dev/shm"):
                 mount("private_tmp", None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
         self.pin(cpus)
+        if self.z.userns:  # before RLIMIT_NPROC: the kernel checks each enclosing user namespace's count against the
+            own_user_namespace()  # limit its creator had (the zygote's namespace counts every sandbox's processes)
         cpu = max(1, math.ceil(float(req.get("cpu_s") or req.get("timeout_s", 10))))
         with open("/proc/self/statm") as f:
             vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -1449,8 +1451,6 @@ class Sandbox:
                 os.close(fd)
         os.environ.clear()
         # --- drop privileges
-        if self.z.userns:
-            own_user_namespace()
         if self.on["uid"]:
             try:
                 os.setgroups([])

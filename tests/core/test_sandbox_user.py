@@ -76,7 +76,7 @@ def test_without_root_the_sandbox_isolates_through_a_user_namespace(other_user) 
     assert not set(facts["root"]) - {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp",
                                      "usr"} - {other_user.python.split("/")[1]}, facts["root"]
     assert len(facts["pids"]) == 1 and facts["hostname"] == "sandbox" and facts["tmp"] == []
-    assert isinstance(out["forks"], int) and out["forks"] < 8  # RLIMIT_NPROC per program (its own user namespace)
+    assert out["forks"] in (6, 7), out["forks"]  # RLIMIT_NPROC 8 per program (its own user namespace), as root
     # without a user namespace: the reduced mode, in which the gold answer is read
     assert out["without"]["privileges"] == "none: disabled by configuration"
     assert out["without"]["missing"] == ["allowlist_fs", "pidns", "netns"]
