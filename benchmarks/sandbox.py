@@ -11,7 +11,9 @@ uses sympy:
 - ``fresh interpreter``: the naive alternative, a new ``python -I -c`` per program, serial, with no
   isolation at all - the start-up cost the zygote avoids.
 Also reports the CPU time the zygote and its sandboxes spent per program (less dependent on other load).
-Writes benchmarks/results/sandbox.json and prints a table. Numbers depend on the machine's load.
+Writes benchmarks/results/sandbox.json (``--out``: another file) and prints a table. Numbers depend on the machine's
+load. As root and as an ordinary user (issue 46), run it alternately as each, with the same interpreter and
+``SHARED_DATA`` (benchmarks/results/sandbox_users.json: the runs side by side).
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ def timed(fn: Callable[[], list], zpid: int | None) -> tuple[float, float | None
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=200, help="programs per sandbox measurement")
-    ap.add_argument("--fresh-n", type=int, default=20, help="programs for the fresh-interpreter baseline")
+    ap.add_argument("--fresh-n", type=int, default=20, help="programs for the fresh-interpreter baseline (0: none)")
     ap.add_argument("--workers", type=int, default=None, help="pool size (default: CPUs)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sandbox.json", help="results file")
     args = ap.parse_args()
     workers = args.workers or sandbox.default_workers()
     load_before = os.getloadavg()
@@ -111,7 +114,7 @@ def main() -> None:
     record("TIR with sympy", f"pooled x{workers}", n_sym, dt, cpu, sum(r.stdout.strip() == "5/2" for r in out))
 
     env = {"PATH": os.defpath}
-    for name, code in (("trivial", TRIVIAL), ("TIR with sympy", SYMPY_TIR)):
+    for name, code in (("trivial", TRIVIAL), ("TIR with sympy", SYMPY_TIR)) if args.fresh_n else ():
         n = args.fresh_n if name == "trivial" else max(3, args.fresh_n // 4)
 
         def fresh(code: str = code, n: int = n) -> list:
@@ -121,9 +124,12 @@ def main() -> None:
         dt, _, out = timed(fresh, None)
         record(name, "fresh interpreter (no isolation)", n, dt, None, sum(p.returncode == 0 for p in out))
 
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     result = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()} "
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()} "
                    f"(Python {platform.python_version()})",
+        "uid": os.getuid(),
+        "privileges": rep["privileges"],
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "note": "shared machine: other jobs were running; cpu_ms_per_program (zygote + sandboxes) depends "
@@ -135,7 +141,7 @@ def main() -> None:
         "workers": workers,
         "results": rows,
     }
-    out_path = ROOT / "benchmarks" / "results" / "sandbox.json"
+    out_path = args.out
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'program':<26}{'mode':<34}{'n':>5}{'prog/s':>9}{'ms/prog':>9}{'cpu ms':>8}{'ok':>6}")
@@ -144,7 +150,7 @@ def main() -> None:
         print(f"{r['program']:<26}{r['mode']:<34}{r['n']:>5}{r['programs_per_s']:>9.1f}{r['ms_per_program']:>9.1f}"
               f"{cpu_s:>8}{r['ok']:>6}")
     print(f"zygote start-up {startup_s:.2f}s; load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}; "
-          f"wrote {out_path.relative_to(ROOT)}")
+          f"wrote {out_path}")
 
 
 if __name__ == "__main__":

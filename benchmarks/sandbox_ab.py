@@ -14,6 +14,13 @@ writes benchmarks/results/sandbox_ab.json. Not part of benchmarks/run_all.py (it
 second checkout). ``--bwrap``: bubblewrap as a third version, set up as benchmarks/sandbox_attacks.py's
 ``BwrapRunner`` (the same allow-list and seccomp filter; a fresh interpreter per program, which imports what the
 program imports), in the same rounds.
+
+Root against an ordinary user (issue 46), as root: ``python benchmarks/sandbox_ab.py --user dsmtest [--python PY]``
+runs this checkout's sandbox twice, its zygote started as root ("baseline") and as that user ("this": a user
+namespace instead of root), both with interpreter PY (one the user can run; the checkout must be readable by the
+user), in the same rounds; writes benchmarks/results/sandbox_ab_users.json. ``--root-pinned``: root's programs pinned to
+CPUs as an ordinary user's are, instead of root's cpu cgroup (whose weight, 1024 x CPUs for the sandboxes together,
+gives them more of a contended machine than plain processes get); writes sandbox_ab_users_pinned.json.
 """
 
 from __future__ import annotations
@@ -110,18 +117,32 @@ class BwrapVersion:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", type=Path, required=True, help="root of the checkout to compare against")
+    ap.add_argument("--baseline", type=Path, help="root of the checkout to compare against")
+    ap.add_argument("--user", help="compare this checkout's sandbox as root (baseline) and as this user (this)")
+    ap.add_argument("--python", help="with --user: the interpreter of both (default: this one)")
+    ap.add_argument("--root-pinned", action="store_true", help="with --user: root's programs pinned, no cpu cgroup")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--batch", type=int, default=40, help="programs per batch (sympy: a quarter)")
     ap.add_argument("--bwrap", action="store_true", help="bubblewrap as a third version")
     args = ap.parse_args()
     n = args.batch
-    versions = {"baseline": load_sandbox(args.baseline.resolve(), "sandbox_baseline"),
-                "this": load_sandbox(ROOT, "sandbox_this")}
-    ex: dict[str, Any] = {k: m.SandboxExecutor() for k, m in versions.items()}
+    if args.user:
+        import pwd
+
+        this = load_sandbox(ROOT, "sandbox_this")
+        uid = pwd.getpwnam(args.user).pw_uid
+        ex: dict[str, Any] = {"baseline": this.SandboxExecutor(python=args.python,
+                                                               disable=["cpu_cgroup"] if args.root_pinned else ()),
+                              "this": this.SandboxExecutor(python=args.python, user=uid)}
+    elif args.baseline:
+        ex = {k: m.SandboxExecutor() for k, m in {"baseline": load_sandbox(args.baseline.resolve(), "sandbox_baseline"),
+                                                  "this": load_sandbox(ROOT, "sandbox_this")}.items()}
+    else:
+        ap.error("--baseline or --user is required")
     if args.bwrap:
         ex["bwrap"] = BwrapVersion()
     active = {k: e.report()["active"] for k, e in ex.items()}
+    privileges = {k: e.report().get("privileges") for k, e in ex.items() if k != "bwrap"}
     pal, src = pot_programs(n * args.rounds)
 
     def serial(e, codes: list[str], call: str | None = None) -> list[bool]:
@@ -156,8 +177,8 @@ def main() -> None:
     load_end = os.getloadavg()
     for e in ex.values():
         e.close()
-    cost = filter_cost({"baseline": load_zygote(args.baseline.resolve(), "zygote_baseline"),
-                        "this": load_zygote(ROOT, "zygote_this")})
+    cost = {} if args.user else filter_cost({"baseline": load_zygote(args.baseline.resolve(), "zygote_baseline"),
+                                             "this": load_zygote(ROOT, "zygote_this")})
     for k, c in cost.items():
         print(f"seccomp filter, {k}: {c}")
     results = {}
@@ -172,12 +193,17 @@ def main() -> None:
             results[name].update(bwrap_programs_per_s=round(w, 1), bwrap_over_this=round(w / t, 3))
             line += f"  bwrap {w:6.1f}/s ({w / t:.2f}x this)"
         print(line)
-    out = {"baseline": str(args.baseline), "rounds": args.rounds, "batch": n,
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    out = {"baseline": f"this checkout as root{' (pinned, no cpu cgroup)' if args.root_pinned else ''}; this: as "
+                       f"{args.user}" if args.user else str(args.baseline),
+           "python": args.python or sys.executable, "cpu": f"{os.cpu_count()} x {cpu}", "privileges": privileges,
+           "rounds": args.rounds, "batch": n,
            "load_average_start": [round(x, 2) for x in load_start], "load_average_end": [round(x, 2) for x in load_end],
            "active_mechanisms": active, "results": results, "seccomp_filter_cost": cost}
-    path = ROOT / "benchmarks" / "results" / "sandbox_ab.json"
+    name = ("sandbox_ab_users_pinned" if args.root_pinned else "sandbox_ab_users") if args.user else "sandbox_ab"
+    path = ROOT / "benchmarks" / "results" / f"{name}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"load average {load_start[0]:.1f} -> {load_end[0]:.1f}; wrote {path.relative_to(ROOT)}")
+    print(f"load average {load_start[0]:.1f} -> {load_end[0]:.1f}; wrote {path}")
 
 
 if __name__ == "__main__":

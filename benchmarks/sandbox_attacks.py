@@ -1,7 +1,12 @@
 """The red-team table of docs/sandbox.md: issue 28's attacks on the code sandbox and fourteen more, each through
 several sandboxes side by side.
 
-    python benchmarks/sandbox_attacks.py [--baseline <checkout of main>] [--bwrap] [--only KEY ...]
+    python benchmarks/sandbox_attacks.py [--baseline <checkout of main>] [--bwrap] [--only KEY ...] [--out FILE]
+    python benchmarks/sandbox_attacks.py --merge ROOT.json USER.json   # side by side: root and an ordinary user
+
+As root and as an ordinary user (issue 46): run it once as root with ``--out root.json`` and once as another user from
+a copy of the checkout that user owns (the attacks plant their host-side objects in it), with an interpreter it can
+run, ``--out user.json``; ``--merge`` writes the two side by side into benchmarks/results/sandbox_attacks.json.
 
 Sandboxes: ``this`` (this checkout's stages/core/sandbox.py), ``baseline`` (another checkout's, e.g. main before
 issue 28: ``git archive main | tar -x -C /tmp/sandbox-main``) and ``bwrap`` (Debian's bubblewrap as a field
@@ -940,17 +945,22 @@ def _patched_python(mod: ModuleType, py: str) -> ModuleType:
 
 
 def markdown(result: dict) -> str:
-    """The red-team table: one row per attack, a cell per sandbox (contained or not, and the evidence)."""
+    """The red-team table: one row per attack, a cell per sandbox and user (contained or not, and the evidence)."""
     names = {"baseline": "main before issue 28", "this": "this sandbox", "bwrap": "bubblewrap"}
-    cols = [c for c in ("baseline", "this", "bwrap") if c in result["sandboxes"] or any(c in r for r in
-                                                                                      result["rows"])]
-    out = ["| attack (technique) | " + " | ".join(names[c] for c in cols) + " |", "|---|" + "---|" * len(cols)]
-    for r in result["rows"]:
+    runs = result.get("runs", [result])
+    cols = [(c, i) for c in ("baseline", "this", "bwrap") for i, run in enumerate(runs)
+            if c in run["sandboxes"] or any(c in r for r in run["rows"])]
+    heads = [names[c] + (f" ({runs[i].get('user', '?')})" if len(runs) > 1 else "") for c, i in cols]
+    out = ["| attack (technique) | " + " | ".join(heads) + " |", "|---|" + "---|" * len(cols)]
+    rows = [{i: r for i, run in enumerate(runs) for r in run["rows"] if r["key"] == first["key"]}
+            for first in runs[0]["rows"]]
+    for by_run in rows:
         cells = []
-        for c in cols:
-            ok, ev = r.get(c, (None, ""))
+        for c, i in cols:
+            ok, ev = by_run.get(i, {}).get(c, (None, ""))
             cell = ev if ok is None else ("contained: " if ok else "**NOT contained**: ") + ev
             cells.append(cell.replace("|", "/"))
+        r = by_run[0]
         tag = " (issue 28)" if r["finding"] else ""
         out.append(f"| `{r['key']}`{tag}: {r['technique']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -963,9 +973,17 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="attack keys to run")
     ap.add_argument("--table", action="store_true", help="print results/sandbox_attacks.json as docs/sandbox.md's "
                     "markdown table and exit")
+    ap.add_argument("--out", type=Path, help="write the results here (default: benchmarks/results/sandbox_attacks.json)")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="RUN", help="write these runs' results (e.g. root's and "
+                    "an ordinary user's) side by side into benchmarks/results/sandbox_attacks.json and exit")
     args = ap.parse_args()
+    results = ROOT / "benchmarks" / "results" / "sandbox_attacks.json"
     if args.table:
-        print(markdown(json.loads((ROOT / "benchmarks" / "results" / "sandbox_attacks.json").read_text())))
+        print(markdown(json.loads(results.read_text())))
+        return
+    if args.merge:
+        results.write_text(json.dumps({"runs": [json.loads(f.read_text()) for f in args.merge]}, indent=2) + "\n")
+        print(markdown(json.loads(results.read_text())))
         return
     load0 = os.getloadavg()
     with host_setup() as host:
@@ -976,6 +994,7 @@ def main() -> None:
         from stages.core import sandbox
 
         runners["this"] = ExecutorRunner("this", sandbox.SandboxExecutor())
+        report = runners["this"].ex.report()
         if args.bwrap:
             runners["bwrap"] = BwrapRunner()
         rows = []
@@ -1008,15 +1027,20 @@ def main() -> None:
                 if name in row:
                     print(f"{'pth':16} {name:9} {'contained' if row[name][0] else 'NOT contained':14} {row[name][1]}")
             rows.append(row)
-    out = {"load_average_start": [round(x, 2) for x in load0],
+    import platform
+    import pwd
+
+    out = {"user": pwd.getpwuid(os.getuid()).pw_name, "uid": os.getuid(), "privileges": report["privileges"],
+           "inactive": {m: report["reasons"].get(m) for m in report["inactive"]}, "kernel": platform.release(),
+           "python": sys.executable, "load_average_start": [round(x, 2) for x in load0],
            "load_average_end": [round(x, 2) for x in os.getloadavg()],
            "sandboxes": list(runners), "baseline": str(args.baseline) if args.baseline else None,
            "bwrap": subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
            if args.bwrap else None, "limits": PIPELINE_LIMITS, "rows": rows}
-    if not args.only:
-        path = ROOT / "benchmarks" / "results" / "sandbox_attacks.json"
+    if args.out or not args.only:
+        path = args.out or results
         path.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {path.relative_to(ROOT)}")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

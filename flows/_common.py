@@ -233,10 +233,10 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
         preflight.check(params, [where])
         quiet_user_errors()
         url = _servers.api_url()
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import temporary_settings
 
         os.environ["PREFECT_API_URL"] = url  # for the processes this stage starts (ranks)
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        with temporary_settings(updates=_servers.settings_updates(url)):
             flow_fn(params_path=args.params, **extra)
     except Exception as e:
         user_error = pipeline_error(e)

@@ -247,6 +247,12 @@ def _say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+def _auth_header() -> dict[str, str]:
+    from flows._servers import auth_header  # (flows._servers imports this module)
+
+    return auth_header()
+
+
 def _cancel_runs(message: str, budget_s: float) -> None:
     """Mark the recorded Prefect runs (and the current flow run) cancelled, if the API answers in time."""
     url = os.environ.get("PREFECT_API_URL")
@@ -266,7 +272,7 @@ def _cancel_runs(message: str, budget_s: float) -> None:
         if left <= 0.05:
             return
         req = urllib.request.Request(f"{url.rstrip('/')}/{kind}/{run_id}/set_state", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **_auth_header()})
         with contextlib.suppress(Exception):
             urllib.request.urlopen(req, timeout=min(1.0, left)).close()
 

@@ -15,15 +15,25 @@ A server that does not answer its health check is replaced (and terminated when 
 ``PREFECT_API_URL`` set by the user (a ``prefect server start`` of their own, a Prefect Cloud workspace) is used as
 is and nothing is started. (The stage server, flows/_stage_server.py, is the pipeline's own: it starts and stops it.)
 
+Only its owner (issue 46): a loopback port is open to every user of the machine. The server requires a random
+``user:password`` on every request but the health check (Prefect's ``PREFECT_SERVER_API_AUTH_STRING``; its clients send
+``PREFECT_API_AUTH_STRING``), which lives in the record, in a directory only its owner can read (PREFECT_HOME and its
+``servers/`` are made 0700, the record 0600); a record is trusted only when this uid wrote it, and a server only when
+the process it names holds the socket listening on its port (/proc/net/tcp), checked before anything is sent to it, so
+a listener another user put on the port first is never taken for it.
+
 Nothing here changes what a stage computes (dvc.yaml does not list it as a code dep).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
 import os
+import secrets
+import stat
 import subprocess
 import sys
 import threading
@@ -43,6 +53,8 @@ IDLE_S = 300.0
 STARTUP_TIMEOUT_S = 120.0
 _SHELLS = {"sh", "bash", "dash", "zsh", "fish", "ksh"}
 _ROOT = Path(__file__).resolve().parent.parent
+AUTH_VAR = "PREFECT_API_AUTH_STRING"
+"""What a Prefect client sends (HTTP basic auth) to the project's API server, which requires it."""
 
 
 def state_dir() -> Path:
@@ -50,10 +62,20 @@ def state_dir() -> Path:
     return Path(os.environ.get("PREFECT_HOME", str(_ROOT / ".prefect"))) / "servers"
 
 
+def _private(d: Path) -> None:
+    """Make a directory of this uid readable by it alone (PREFECT_HOME holds the database and the servers' records)."""
+    with contextlib.suppress(OSError):
+        st = d.stat()
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            d.chmod(stat.S_IMODE(st.st_mode) & 0o700)
+
+
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
+    _private(d.parent)
+    _private(d)
     with open(d / "lock", "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -63,8 +85,10 @@ def _locked() -> Iterator[None]:
 
 
 def _read(name: str) -> dict[str, Any] | None:
+    """A record of this uid (one another user wrote is ignored)."""
     try:
-        return json.loads((state_dir() / name).read_text())
+        with open(state_dir() / name, encoding="utf-8") as f:
+            return json.loads(f.read()) if os.fstat(f.fileno()).st_uid == os.getuid() else None
     except (OSError, ValueError):
         return None
 
@@ -72,8 +96,54 @@ def _read(name: str) -> dict[str, Any] | None:
 def _write(name: str, info: dict[str, Any]) -> None:
     f = state_dir() / name
     tmp = f.with_name(f".{name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(info) + "\n")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as out:
+        out.write(json.dumps(info) + "\n")
     os.replace(tmp, f)
+
+
+def listener_uid(port: int) -> int | None:
+    """The uid of the socket listening on 127.0.0.1:``port`` (None: none, or no /proc/net/tcp to tell)."""
+    return next((uid for uid, _ in _listeners(port)), None)
+
+
+def _listeners(port: int) -> list[tuple[int, str]]:
+    """(uid, inode) of every socket listening on 127.0.0.1:``port`` or 0.0.0.0:``port`` (/proc/net/tcp)."""
+    out = []
+    with contextlib.suppress(OSError):
+        with open("/proc/net/tcp", encoding="ascii") as f:
+            for line in f.readlines()[1:]:
+                x = line.split()
+                addr, _, hexport = x[1].partition(":")
+                if x[3] == "0A" and int(hexport, 16) == port and addr in ("0100007F", "00000000"):
+                    out.append((int(x[7]), x[9]))
+    return out
+
+
+def serves(pid: int, port: int) -> bool:
+    """Process ``pid`` of this uid holds the (only) socket listening on 127.0.0.1:``port``. Where there is no
+    /proc/net/tcp (not Linux) it cannot be told, and True is returned (the auth string still guards the state)."""
+    if not os.path.exists("/proc/net/tcp"):
+        return True
+    found = _listeners(port)
+    if len(found) != 1 or found[0][0] != os.getuid():
+        return False
+    want = f"socket:[{found[0][1]}]"
+    with contextlib.suppress(OSError):
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == want for fd in os.listdir(f"/proc/{pid}/fd"))
+    return False
+
+
+def auth_header() -> dict[str, str]:
+    """The HTTP header this process's Prefect client sends (for the few requests made without Prefect's client)."""
+    auth = os.environ.get(AUTH_VAR)
+    return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+
+
+def settings_updates(url: str) -> dict[Any, Any]:
+    """``temporary_settings`` updates for the API at ``url`` (its auth string, as :func:`start_api` set it)."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+
+    return {PREFECT_API_URL: url, PREFECT_API_AUTH_STRING: os.environ.get(AUTH_VAR)}
 
 
 def _is_ours(pid: int, module: str) -> bool:
@@ -195,7 +265,8 @@ def _spawn(args: Sequence[str], log_name: str, env: dict[str, str] | None = None
 
 def api_url(*, take: bool = True) -> str:
     """The Prefect API for this process: ``PREFECT_API_URL`` when set, else the project's shared server (started
-    here when none answers). Takes a lease on it unless ``take`` is false."""
+    here when none answers; its auth string is then set in this process's environment, :data:`AUTH_VAR`). Takes a
+    lease on it unless ``take`` is false."""
     url, wait = start_api(take=take)
     wait()
     return url
@@ -212,7 +283,8 @@ def start_api(*, take: bool = True) -> tuple[str, Callable[[], None]]:
         info = _read("api.json")
         if info is not None and alive(int(info["pid"])) and _is_ours(int(info["pid"]), "flows._servers"):
             pid, url = int(info["pid"]), str(info["url"])
-            if _healthy(url, timeout=2.0):
+            os.environ[AUTH_VAR] = str(info.get("auth", ""))
+            if serves(pid, _port(url)) and _healthy(url, timeout=2.0):
                 return url, lambda: None
             if time.time() - float(info.get("started", 0)) < STARTUP_TIMEOUT_S:
                 return url, lambda: _wait_healthy(url, pid)  # another stage process is starting it right now
@@ -221,19 +293,30 @@ def start_api(*, take: bool = True) -> tuple[str, Callable[[], None]]:
             terminate([pid], grace_s=2.0)  # a wedged server (e.g. one whose clients were killed with kill -9)
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
-        proc = _spawn(["-m", "flows._servers", "api", str(port)], "api.log")
+        auth = f"dsm:{secrets.token_urlsafe(24)}"
+        proc = _spawn(["-m", "flows._servers", "api", str(port)], "api.log",
+                      env={**os.environ, "PREFECT_SERVER_API_AUTH_STRING": auth})
         server_started(proc.pid)
-        _write("api.json", {"pid": proc.pid, "url": url, "started": time.time()})
+        _write("api.json", {"pid": proc.pid, "url": url, "started": time.time(), "auth": auth})
+        os.environ[AUTH_VAR] = auth
     return url, lambda: _wait_healthy(url, proc.pid, proc)
+
+
+def _port(url: str) -> int:
+    return int(url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[1])
 
 
 def _wait_healthy(url: str, pid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
     t0 = time.monotonic()
+    port = _port(url)
     while time.monotonic() - t0 < STARTUP_TIMEOUT_S:
         if (proc.poll() is not None) if proc is not None else not alive(pid):
-            raise RuntimeError(f"the Prefect API server exited (status {proc.returncode if proc else '?'}); see "
+            other = listener_uid(port)
+            raise RuntimeError((f"127.0.0.1:{port} was taken by another process (uid {other}) before the Prefect API "
+                                "server could listen on it; not using it (run again)") if other is not None else
+                               f"the Prefect API server exited (status {proc.returncode if proc else '?'}); see "
                                f"{state_dir() / 'api.log'}")
-        if _healthy(url, timeout=1.0):
+        if serves(pid, port) and _healthy(url, timeout=1.0):  # nothing is sent to a listener that is not the server
             return
         time.sleep(0.1)
     raise RuntimeError(f"the Prefect API server did not answer within {STARTUP_TIMEOUT_S:.0f} s; see "

@@ -20,7 +20,15 @@ another environment (variables other than DVC's ``DVC_*`` and the shell's ``PWD`
 other than a stage flow, or a project source file changed since the server imported it. So it never runs stale code or
 settings. Without the pipeline (a plain ``dvc repro``, a stage command run by hand, an import) nothing here runs.
 The server exits when the pipeline stops it or when its parent process is gone; its socket is in Linux's abstract
-namespace (no file; elsewhere a file under the project's ``.prefect/``), so nothing is left behind.
+namespace (no file; elsewhere a file in a private temporary directory), so nothing is left behind.
+
+Only its owner (issue 46). An abstract socket has no file permissions and its name is listed in /proc/net/unix, so
+each side checks the other's credentials (``SO_PEERCRED``) before it trusts anything: the server serves a connection
+only from a process of its own uid that descends from the pipeline (its parent), and closes any other at once, with a
+log line, without reading from it or telling it anything (a refusal names no reason on the wire, only in the log); a
+request must arrive within :data:`REQUEST_TIMEOUT_S`. The client sends its environment and descriptors only to a
+server of its own uid with the pid the pipeline recorded in ``DSM_STAGE_SERVER`` (``<pid>:<socket>``); the socket's
+name is random (128 bits), so nobody can bind it before the server.
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ import array
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +52,31 @@ from typing import Any
 ENV_VAR = "DSM_STAGE_SERVER"
 _IGNORED_ENV = ("PWD", "OLDPWD", "SHLVL", "_", ENV_VAR)
 _ROOT = Path(__file__).resolve().parent.parent
+REQUEST_TIMEOUT_S = 30.0
+"""A verified client that has not sent its request within this long is dropped (the server serves one at a time)."""
+
+
+def peer(conn: socket.socket) -> tuple[int, int] | None:
+    """(pid, uid) of the process at the other end of a unix socket (``SO_PEERCRED``; None where there is none)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """``pid`` is ``ancestor`` or one of its descendants (walking /proc/<pid>/stat's parent pids)."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                pid = int(f.read().rsplit(")", 1)[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,12 +139,18 @@ def forward(module: str, args: list[str]) -> None:
     """Run the command ``python -m <module> <args>`` in the pipeline's stage server (named by ``DSM_STAGE_SERVER``)
     and exit with its status; return (and let the command run here as usual) when there is none or it refuses the
     request. Called by :func:`flows._common.begin` only."""
-    path = os.environ.get(ENV_VAR)
-    if not path or _IN_SERVER or not _is_stage_module(module):
+    pid_text, _, path = os.environ.get(ENV_VAR, "").partition(":")
+    if not path or not pid_text.isdigit() or _IN_SERVER or not _is_stage_module(module):
         return
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(_address(path))
+        who = peer(conn)
+        if who is not None and who != (int(pid_text), os.getuid()):  # not the pipeline's server: send it nothing
+            conn.close()
+            print(f"stage server: {path} is served by pid {who[0]}, uid {who[1]}, not the pipeline's (pid {pid_text}, "
+                  f"uid {os.getuid()}); running here", file=sys.stderr)
+            return
         _send(conn, {"module": module, "args": args, "cwd": os.getcwd(), "env": dict(os.environ),
                      "executable": sys.executable, "pid": os.getpid()}, fds=(0, 1, 2))
         reply = _recv(conn)
@@ -276,8 +317,12 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
-            conn.settimeout(None)
             with conn:
+                who = peer(conn)
+                if who is not None and (who[1] != os.getuid() or not _descends_from(who[0], parent)):
+                    print(f"refused a connection from pid {who[0]}, uid {who[1]}: not this pipeline's", file=log)
+                    continue
+                conn.settimeout(REQUEST_TIMEOUT_S)
                 _handle(conn, env, added, files, listener, log)
     except KeyboardInterrupt:
         pass
@@ -336,7 +381,7 @@ def _handle(conn: socket.socket, env: dict[str, str], added: dict[str, str], fil
         why = "a Python thread is running in the server (fork would be unsafe)"
     if why is not None:
         print(f"refused {req.get('module')}: {why}", file=log)
-        _send(conn, {"accepted": False, "why": why})
+        _send(conn, {"accepted": False})
         for fd in fds:
             os.close(fd)
         return
@@ -350,6 +395,7 @@ def _handle(conn: socket.socket, env: dict[str, str], added: dict[str, str], fil
         _child(req, added, fds, log)
     for fd in fds:
         os.close(fd)
+    conn.settimeout(None)
     _send(conn, {"accepted": True, "pid": pid})
     status = _wait_child(pid, conn)
     code = os.waitstatus_to_exitcode(status)
@@ -396,10 +442,11 @@ class StageServer:
     def __init__(self, modules: Sequence[str], run_dir: str | os.PathLike[str]) -> None:
         self.modules = list(modules)
         self.dir = Path(run_dir)
-        # Linux: an abstract socket (no file, gone with the server); elsewhere a short path inside the project
-        # (a unix socket path is limited to ~100 characters)
-        name = f"dsm-stage-server-{os.getpid()}-{id(self):x}"
-        self.sock = f"@{name}" if sys.platform.startswith("linux") else os.path.relpath(self.dir / f"{name}.sock")
+        # Linux: an abstract socket (no file, gone with the server) with a random name; elsewhere a socket file in a
+        # private temporary directory (a unix socket path is limited to ~100 characters)
+        name = f"dsm-stage-server-{secrets.token_hex(16)}"
+        self.sock = f"@{name}" if sys.platform.startswith("linux") else \
+            os.path.join(tempfile.mkdtemp(prefix="dsm-"), "stage-server.sock")
         self.log = str(self.dir / "stage-server.log")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -411,7 +458,7 @@ class StageServer:
         self.proc = subprocess.Popen([sys.executable, "-m", "flows._stage_server", self.sock, self.log, *self.modules],
                                      env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(self.log, "w"), start_new_session=True)  # noqa: SIM115  (a fresh log per run)
-        os.environ[ENV_VAR] = self.sock
+        os.environ[ENV_VAR] = f"{self.proc.pid}:{self.sock}"
         return self
 
     def summary(self) -> str:
@@ -434,6 +481,10 @@ class StageServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.proc = None
+        if not self.sock.startswith("@"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.sock)
+                os.rmdir(os.path.dirname(self.sock))
 
     def __enter__(self) -> StageServer:
         return self.start()

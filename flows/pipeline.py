@@ -430,9 +430,9 @@ def _run_flow(args: argparse.Namespace, selected: list[str], started: float) -> 
         _say("starting the Prefect API server" + (" and the stage server (the stages' imports, once)"
                                                   if stage_server else "") + f"; Prefect's state: {_prefect_home()}")
         wait_api()
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import temporary_settings
 
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        with temporary_settings(updates=_servers.settings_updates(url)):
             return pipeline_flow(stages=selected, force=args.force)
     finally:
         if stage_server is not None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from stages.core import hardware, paths, threads
+from stages.core import hardware, paths, sandbox, threads
 from stages.core.dist import is_main_process, train_device
 from stages.core.errors import PipelineError
 from stages.core.generation import resolve_backend
@@ -47,6 +47,7 @@ from stages.rl.heldout import HeldoutEval
 from stages.rl.iterative import run_iterations
 from stages.rl.metrics import PLOT_METRICS, summarize
 from stages.rl.needs import run_needs
+from stages.rl.registry import ALGORITHMS
 from stages.rl.run import close, setup, train_sft
 from stages.rl.tracking import StepLog
 from stages.rl.update import load_policy, release_memory
@@ -58,6 +59,14 @@ START_MODELS = {"sft": paths.SFT_MODEL, "pretrain": paths.PRETRAIN_MODEL}
 """``grpo.start`` -> the model RL starts from (and the baseline and the reference model)."""
 
 Rows = list[dict[str, Any]]
+
+
+def rollout_modes(p: GrpoParams) -> set[str]:
+    """The modes the policy's samples are written in (none for an algorithm that does not sample)."""
+    if not ALGORITHMS.spec(p.algorithm).samples:
+        return set()
+    return {p.rollout.mode} if p.rollout.mode != "mixture" else \
+        {m for m in ("cot", "pot", "tir") if getattr(p.rollout.mixture, m) > 0}
 
 
 def check_rows(p: GrpoParams, rows: Rows) -> None:
@@ -127,6 +136,8 @@ def run(p: GrpoParams) -> dict[str, Any]:
     Under a DeepSpeed launch with several ranks every rank trains; rank 0 alone writes outputs, and the other ranks
     return an empty dict."""
     t_start = time.perf_counter()
+    tool_modes = sorted(rollout_modes(p) & {"pot", "tir"})
+    reduced = sandbox.require_isolation(f"grpo ({'/'.join(tool_modes)} rollouts)") if tool_modes else None
     threads.use(p.compute.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
     prompts_path = p.prompts_file or paths.RL_PROMPTS
     rows = load_prompts(prompts_path)
@@ -149,6 +160,8 @@ def run(p: GrpoParams) -> dict[str, Any]:
                                           resolve_backend(p.rollout.backend))
     metrics: dict[str, Any] = {"algorithm": p.algorithm, "grpo": summarize(history),
                                "grpo_wall_s": round(time.perf_counter() - t_start, 2), **info}
+    if reduced:
+        metrics["sandbox"] = reduced
     if main:
         save_policy(p, init, model, tokenizer, history, samples, info, heldout, validation)
         metrics["validation"] = info.get("validation")
@@ -167,7 +180,7 @@ def run(p: GrpoParams) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t_start, 2)
     write_metrics("grpo", metrics, ["algorithm", "world_size", "grpo.reward_mean_*", "grpo.accuracy_*", "grpo.kl_last5",
                                      "trained_parameters", "baseline.sft_loss_last", "heldout", "hardware",
-                                     "validation"])
+                                     "validation", "sandbox"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: a later run starts afresh
     return metrics
 

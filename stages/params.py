@@ -22,7 +22,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.rl.needs import run_needs
-from stages.schema.base import RUNTIME, Section, format_error, merge_runtime, read_params_file
+from stages.schema.base import (
+    ALLOW_REDUCED_ISOLATION,
+    RUNTIME,
+    Section,
+    format_error,
+    merge_runtime,
+    read_params_file,
+)
 from stages.schema.base_model import BaseModelParams
 from stages.schema.corpus import (
     ClassifierParams,
@@ -131,6 +138,12 @@ def parse_params(raw: Any, source: str = "params") -> Params:
     if not isinstance(runtime, dict):
         raise PipelineError(f"{source}: runtime: expected a mapping of sections, got {type(runtime).__name__}")
     classes = section_classes()
+    runtime = dict(runtime)
+    if ALLOW_REDUCED_ISOLATION not in runtime:
+        raise PipelineError(f"{source}: runtime.{ALLOW_REDUCED_ISOLATION}: missing; add it (false unless model-written "
+                            "programs may run with reduced isolation)")
+    if not isinstance(runtime.pop(ALLOW_REDUCED_ISOLATION), bool):
+        raise PipelineError(f"{source}: runtime.{ALLOW_REDUCED_ISOLATION}: expected true or false")
     for name in runtime:
         if name not in classes:
             raise PipelineError(f"{source}: runtime.{name}: unknown section; use one of {sorted(classes)}")

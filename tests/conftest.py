@@ -4,6 +4,8 @@
   that need it skip with a reason; CI sets REQUIRE_SHARED_DATA=1, which turns that skip into a failure.
 - ``tiny_llama``: a tiny random Llama with a tiny tokenizer saved as a HF directory (session-scoped).
 - ``tool_model_dir``: a tiny Llama that has memorised CoT / PoT / TIR answers (tests/tool_model.py; session-scoped).
+- ``other_user``: a second, non-root local user and an interpreter it can run (tests/other_user.py), for what holds
+  for an ordinary user; created where the suite runs as root (CI), skip with the reason otherwise.
 - ``browser``: Debian's chromium + chromedriver and selenium, for tests marked ``browser`` (the report page);
   skip when absent, and CI sets REQUIRE_BROWSER=1, which turns that skip into a failure.
 """
@@ -26,6 +28,18 @@ def pytest_configure(config: pytest.Config) -> None:
     from flows._common import begin
 
     begin(None)
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    """A second, non-root local user (tests/other_user.py): created where the suite runs as root; skip otherwise."""
+    from tests.other_user import cleanup, other_user
+
+    user, why = other_user()
+    if user is None:
+        pytest.skip(why)
+    yield user
+    cleanup(user)
 
 
 @pytest.fixture(scope="session")

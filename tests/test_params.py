@@ -302,3 +302,27 @@ def test_updated_applies_dotted_changes_and_validates() -> None:
     assert (q.optim.lr, q.steps, q.reward.source, q.reward.accuracy_weight) == (0.5, 3, "process_rule", 1.0)
     with pytest.raises(ValueError, match="unknown reward source 'nope'; registered: "):
         p.updated({"reward.source": "nope"})
+
+
+def test_the_reduced_isolation_opt_in_is_spelled_out_and_read(tmp_path: Path) -> None:
+    """``runtime.allow_reduced_isolation`` (issue 46): false in every committed file, required, a boolean; reading a
+    params file sets what stages.core.sandbox.require_isolation consults."""
+    from stages.schema import base
+
+    for path in [ROOT / "params.yaml", *(ROOT / "params").glob("*.yaml")]:
+        assert yaml.safe_load(path.read_text())["runtime"]["allow_reduced_isolation"] is False, path
+    raw = _raw()
+    del raw["runtime"]["allow_reduced_isolation"]
+    with pytest.raises(PipelineError, match=r"runtime\.allow_reduced_isolation: missing; add it"):
+        parse_params(raw)
+    raw["runtime"]["allow_reduced_isolation"] = "yes please"
+    with pytest.raises(PipelineError, match=r"runtime\.allow_reduced_isolation: expected true or false"):
+        parse_params(raw)
+    raw["runtime"]["allow_reduced_isolation"] = True
+    opted = tmp_path / "params.yaml"
+    opted.write_text(yaml.safe_dump(raw))
+    try:
+        assert isinstance(load_params(opted), Params) and base.reduced_isolation_allowed()
+    finally:
+        base.read_params_file(ROOT / "params.yaml")
+    assert not base.reduced_isolation_allowed()

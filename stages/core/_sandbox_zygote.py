@@ -7,7 +7,9 @@ straight from the client to the sandbox through pipes whose ends are passed to t
 socket (``SCM_RIGHTS``). So the zygote's memory, which every sandbox inherits, holds nothing of any other
 program.
 
-Process tree of one sandbox (``Z`` = this zygote, root, host namespaces)::
+Process tree of one sandbox (``Z`` = this zygote, root, host namespaces; without root, Z is PID 1 of a PID namespace of
+its own inside a user namespace that maps the caller's uid, whose parent only waits for it: :func:`enter_user_namespace`,
+and U leaves for a user namespace of its own with no capability: :func:`own_user_namespace`)::
 
     Z --fork--> I  PID 1 of a new PID namespace (Z unshares CLONE_NEWPID for that one fork, then setns back):
                    joins the sandbox's cgroups, unshares mount/net/ipc/uts/cgroup namespaces, pivot_roots into the
@@ -75,6 +77,7 @@ FSOPEN_CLOEXEC, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE, FSMOUNT_CLOEXEC = 1, 1
 # Syscalls numbered >= 424 are the same on every architecture.
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT, SYS_MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 1, 22, 38, 39
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, _LINUX_CAPABILITY_VERSION_3 = 24, 47, 4, 0x20080522
 SECCOMP_MODE_FILTER = 2
 MNT_DETACH = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "AMD64": 155, "aarch64": 41, "arm64": 41}.get(platform.machine())
@@ -201,12 +204,13 @@ _X86_64_ALLOW: dict[str, dict[str, int]] = {
         "geteuid": 107, "getegid": 108, "getppid": 110, "setsid": 112, "getgroups": 115, "gettid": 186,
         "prlimit64": 302,
     },
-    # signals and timers (kill: the uid and the PID namespace confine it to the program's own processes)
+    # signals and timers (kill and tgkill are argument-checked below: the uid or the user namespace and the PID
+    # namespace confine them to the program's own processes)
     # not measured: restart_syscall (the kernel resumes an interrupted sleep with it), tgkill (abort(),
     # raise(), signal.pthread_kill), pause, rt_sigtimedwait (signal.pause / sigwait / sigtimedwait)
     "signals": {
         "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15, "pause": 34, "alarm": 37, "setitimer": 38,
-        "kill": 62, "rt_sigtimedwait": 128, "sigaltstack": 131, "restart_syscall": 219, "tgkill": 234,
+        "rt_sigtimedwait": 128, "sigaltstack": 131, "restart_syscall": 219,
     },
     # clocks (mostly answered by the vDSO without a system call; CPU-time clocks always make one)
     # not measured: nanosleep (older glibc's sleep()), gettimeofday, time (without the vDSO), clock_getres
@@ -224,6 +228,7 @@ _X86_64_ALLOW: dict[str, dict[str, int]] = {
 # Checked arguments (the kernel reads these arguments as 32-bit ints: the filter compares the low half).
 _X86_64_CLONE, _X86_64_CLONE3, _X86_64_SOCKETPAIR, _X86_64_SENDTO = 56, 435, 53, 44
 _X86_64_FCNTL, _X86_64_IOCTL, _X86_64_PRCTL, _X86_64_MADVISE = 72, 16, 157, 28
+_X86_64_KILL, _X86_64_TGKILL = 62, 234  # not to PID 1, the sandbox's monitor (of the program's own uid without root)
 AF_UNIX, SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 1, 5, 0xF
 # fcntl: descriptor and status flags, duplication, pipe size. Not: record / OFD locks and leases (a lock
 # on a world-readable host file blocks host processes), F_NOTIFY (directory change signals), F_SETOWN.
@@ -279,7 +284,7 @@ def checked_syscalls() -> dict[str, int]:
     """The system calls the filter allows depending on their arguments (clone3: always ENOSYS)."""
     return {"clone": _X86_64_CLONE, "clone3": _X86_64_CLONE3, "socketpair": _X86_64_SOCKETPAIR,
             "sendto": _X86_64_SENDTO, "fcntl": _X86_64_FCNTL, "ioctl": _X86_64_IOCTL, "prctl": _X86_64_PRCTL,
-            "madvise": _X86_64_MADVISE}
+            "madvise": _X86_64_MADVISE, "kill": _X86_64_KILL, "tgkill": _X86_64_TGKILL}
 
 
 class _SockFilter(ctypes.Structure):
@@ -333,6 +338,8 @@ def build_seccomp(*, unix_stream_only: bool = True, no_file_locks: bool = True,
         _X86_64_PRCTL: [_arg_lo(0), *_one_of(sorted(_PRCTL_ALLOW.values()))],
         _X86_64_MADVISE: [_arg_lo(2), *[(_JEQ, 2 - i, 0, v) for i, v in enumerate(sorted(_MADV_DENY.values()))],
                           (_JGE, 0, 1, 100), _EPERM, _ALLOW],
+        _X86_64_KILL: [_arg_lo(0), (_JEQ, 0, 1, 1), _EPERM, _ALLOW],
+        _X86_64_TGKILL: [_arg_lo(0), (_JEQ, 0, 1, 1), _EPERM, _ALLOW],
     }
     if unix_stream_only:
         # socketpair(AF_UNIX, SOCK_STREAM | SOCK_SEQPACKET [| flags]): no datagram end, whose sendto() with
@@ -368,6 +375,82 @@ def install_seccomp(fprog: _SockFprog) -> None:
     """Install a filter from :func:`build_seccomp` on the calling process (needs no_new_privs first)."""
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "seccomp",
            "prctl(PR_SET_SECCOMP)")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Without root: a user namespace (what bubblewrap does; no setuid helper, no subordinate uids).
+def _userns_hint() -> str:
+    """Why an unprivileged user namespace may be refused here, and the fix."""
+    for knob, bad, fix in (("kernel/unprivileged_userns_clone", "0", "sysctl kernel.unprivileged_userns_clone=1"),
+                           ("user/max_user_namespaces", "0", "sysctl user.max_user_namespaces=10000"),
+                           ("kernel/apparmor_restrict_unprivileged_userns", "1",
+                            "sysctl kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile that "
+                            "allows userns for this python")):
+        try:
+            with open(f"/proc/sys/{knob}") as f:
+                if f.read().strip() == bad:
+                    return f"{knob.replace('/', '.')} is {bad}: {fix} (or run as root)"
+        except OSError:
+            pass
+    return "allow unprivileged user namespaces (or run as root)"
+
+
+def enter_user_namespace(ctl_fd: int) -> str | None:
+    """Become PID 1 of a new PID namespace inside a new user namespace that maps only the caller's uid and gid (to
+    themselves) and holds every capability *there*: what the zygote needs to build sandboxes (mount, PID, network,
+    IPC, UTS and cgroup namespaces, the allow-list root) without root. This process forks; the parent only waits for
+    the child (the zygote), which dies with it (PR_SET_PDEATHSIG), and exits with its status. A PID namespace of
+    the zygote's own is what lets it return there (``setns``) after forking each sandbox into a fresh one.
+    Returns None in the zygote, or why no user namespace could be made (then nothing changed)."""
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
+        return f"unshare(CLONE_NEWUSER) failed: {os.strerror(ctypes.get_errno())}; {_userns_hint()}"
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    except OSError as e:  # (not seen: a single mapping of one's own ids is always allowed)
+        return f"writing /proc/self/{name} of a new user namespace: {e}"
+    pid = os.fork()
+    if pid:
+        os.close(ctl_fd)  # the client sees the zygote's end of the control socket only
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            except InterruptedError:
+                continue
+    prctl("fresh_process", PR_SET_PDEATHSIG, signal.SIGKILL)
+    return None
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def own_user_namespace() -> None:
+    """(The program's process, in a zygote without root.) A user namespace of its own, mapping its uid to itself,
+    so that RLIMIT_NPROC counts this program's processes only (the kernel counts per user namespace and uid), then
+    no capability left in it: an empty bounding set, no ambient, effective, permitted or inheritable ones."""
+    uid, gid = os.geteuid(), os.getegid()
+    _check(libc.unshare(CLONE_NEWUSER), "rlimits", "unshare(CLONE_NEWUSER) of the program")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+            raise SetupError("uid", f"PR_CAPBSET_DROP {cap}: {os.strerror(ctypes.get_errno())}")
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    data = (_CapData * 2)()
+    _check(libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "uid", "capset")
+    with open("/proc/self/status") as f:
+        caps = {k: int(v, 16) for k, _, v in (ln.partition(":") for ln in f) if k in ("CapEff", "CapPrm", "CapBnd")}
+    if any(caps.values()) or len(caps) != 3:
+        raise SetupError("uid", f"capabilities left: {caps}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -544,8 +627,11 @@ def plan_fs(python_dirs: list[str], expose: list[str], hide: list[str], *, root:
 class Zygote:
     """Forks sandboxes; keeps ``prefork`` of them ready; reaps them and removes their cgroups."""
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, privileges: str = "root") -> None:
         self.cfg = cfg
+        self.privileges = privileges  # "root", "user namespace" or "none: <why>"
+        self.userns = privileges == "user namespace"
+        self.host_pid = int(os.readlink("/proc/self"))  # (in a user namespace the zygote is PID 1 of its own)
         self.ctl = socket.socket(fileno=cfg["ctl_fd"])
         self.warnings: list[str] = []
         self.enabled = {m: True for m in MECHANISMS}
@@ -553,6 +639,7 @@ class Zygote:
         self.ready: list[dict] = []
         self.children: dict[int, dict[str, str | None]] = {}  # I pid -> its cgroup dirs
         self.counter = 0
+        self.spawned = 0  # sandboxes forked so far (the CPU a pinned one starts on)
         self.cg_parents: dict[str, str] = {}
         self.cg_free: list[dict[str, str | None]] = []
         self.cg_dying: list[str] = []
@@ -582,10 +669,12 @@ class Zygote:
         for mech in self.cfg.get("disable", []):
             if mech in self.enabled:
                 self.disable(mech, "disabled by configuration")
-        if os.geteuid() != 0:
-            for mech in ("uid", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns", "cgroup_pids",
-                         "cgroup_memory"):
-                self.disable(mech, "the pipeline is not running as root")
+        if self.privileges != "root":
+            self.disable("uid", "not root: the programs run as the caller's uid (in a user namespace, their PID "
+                         "namespace and the seccomp filter keep them from the caller's other processes)")
+        if not self.userns and self.privileges != "root":
+            for mech in ("pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns"):
+                self.disable(mech, f"not root, and no user namespace: {self.privileges.removeprefix('none: ')}")
         if SYS_PIVOT_ROOT is None:
             self.disable("allowlist_fs", f"no pivot_root number for {platform.machine()}")
         if self.enabled["pidns"]:
@@ -739,7 +828,10 @@ class Zygote:
         ``ceil(cpus)`` CPUs instead (``sched_setaffinity``, which the seccomp filter does not let it undo)."""
         self.cpu_method = "affinity"
         for ctrl, mech in (("pids", "cgroup_pids"), ("memory", "cgroup_memory"), ("cpu", "cpu_limit")):
-            if not self.enabled[mech] or (mech == "cpu_limit" and os.geteuid() != 0):
+            if not self.enabled[mech]:
+                continue
+            if ctrl == "cpu" and "cpu_cgroup" in self.cfg.get("disable", []):  # (benchmarks: pinned as without root)
+                self.reasons["cpu_limit"] = "cpu cgroup disabled by configuration; pinned to CPUs instead"
                 continue
             base = f"/sys/fs/cgroup/{ctrl}"
             try:
@@ -752,7 +844,7 @@ class Zygote:
                         if ctrl in ctrls.split(","):
                             cur = path
                 remove_stale_cgroups(base + cur)
-                parent = os.path.join(base + cur, f"dsm-sandbox-{os.getpid()}")
+                parent = os.path.join(base + cur, f"dsm-sandbox-{self.host_pid}")
                 os.mkdir(parent)
                 self.cg_parents[mech] = parent
                 if mech == "cgroup_memory":
@@ -769,10 +861,11 @@ class Zygote:
                         f.write(str(1024 * len(self.cpus)))
                     self.cpu_method = "cgroup"
             except OSError as e:
+                why = str(e) if self.privileges == "root" else f"no cgroup delegated to this user ({e}); rlimits only"
                 if mech == "cpu_limit":
-                    self.reasons["cpu_limit"] = f"cgroup: {e}; pinned to CPUs instead"
+                    self.reasons["cpu_limit"] = f"cgroup: {why}; pinned to CPUs instead"
                 else:
-                    self.disable(mech, str(e))
+                    self.disable(mech, why)
 
     def _probe(self) -> None:
         """Run a real program in a sandbox; a mechanism whose setup fails is disabled (with a warning)."""
@@ -822,7 +915,13 @@ class Zygote:
                     err += chunk
                 else:
                     stat += chunk
-        for line in stat.decode("utf-8", "replace").splitlines():
+        lines = stat.decode("utf-8", "replace").splitlines()
+        for line in lines:  # a host working directory (no private /tmp): removed, as the client does
+            if line.startswith("W /tmp/dsm-sandbox-"):
+                import shutil
+
+                shutil.rmtree(line[2:], ignore_errors=True)
+        for line in lines:
             if line.startswith("E "):
                 parts = line.split(" ", 2)
                 return parts[1], parts[2] if len(parts) > 2 else ""
@@ -858,6 +957,7 @@ class Zygote:
                 os.close(fd)
             self._release_cgroups(cgdirs)
             raise
+        self.spawned += 1
         if pid == 0:  # I
             code = 111
             try:
@@ -964,7 +1064,8 @@ class Zygote:
                                                          notify=not self.enabled["no_fs_notify"])),
                 "argument_checked": sorted(checked_syscalls())},
             "threads": self.threads,
-            "zygote_pid": os.getpid(),
+            "zygote_pid": self.host_pid,
+            "privileges": self.privileges,
             "kernel": platform.release(),
             "python": sys.version.split()[0],
             "preloaded": list(self.cfg.get("preload", [])),
@@ -1100,14 +1201,6 @@ class Sandbox:
             _check(libc.sethostname(name, len(name)), "utsns", "sethostname")
         if self.on["mountns"]:
             self.build_fs()
-        if self.on["proc"]:
-            # hidepid=invisible: the program sees its own processes only (not PID 1, the root monitor);
-            # subset=pid: no /proc/sys, /proc/kcore, /proc/sysrq-trigger, ... (kernel >= 5.8)
-            if self.on["proc_hidepid"]:
-                mount("proc_hidepid", "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                      "hidepid=invisible,subset=pid")
-            else:
-                mount("proc", "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         upid = os.fork()
         if upid == 0:
             code = 111
@@ -1223,6 +1316,7 @@ class Sandbox:
                 fd = open_tree("allowlist_fs", os.path.join(tpl, b.lstrip("/")),
                                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
                 tmp_fds.append((b, fd))
+            self.mount_proc(os.path.join(tpl, "proc"))  # while the host's /proc is visible (a user namespace needs it)
             os.chdir(tpl)
             _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "allowlist_fs", "pivot_root")
             _check(libc.umount2(b".", MNT_DETACH), "allowlist_fs", "detaching the host's tree")
@@ -1232,6 +1326,7 @@ class Sandbox:
             if self.on["ro_root"]:
                 attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | (MOUNT_ATTR_NODEV if self.on["nodev"] else 0)
                 mount_setattr("nodev" if self.on["nodev"] else "ro_root", AT_FDCWD, "/", AT_RECURSIVE, attrs)
+            self.mount_proc("/proc")
         if self.on["private_tmp"]:
             self.mount_work(self.z.disk_mb)
             for b, fd in tmp_fds:  # read-only Python directories inside the private /tmp
@@ -1244,10 +1339,18 @@ class Sandbox:
                 if self.uid is not None:
                     os.chown(self.tmp_workdir, self.uid, self.uid)
 
+    def mount_proc(self, target: str) -> None:
+        """The program's /proc: hidepid=invisible, it sees its own processes only (not PID 1, the monitor);
+        subset=pid: no /proc/sys, /proc/kcore, /proc/sysrq-trigger, ... (kernel >= 5.8)."""
+        if self.on["proc_hidepid"]:
+            mount("proc_hidepid", "proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible,subset=pid")
+        elif self.on["proc"]:
+            mount("proc", "proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
     def mount_work(self, disk_mb: int) -> None:
         """One size- and inode-limited tmpfs shown at /tmp (the working directory) and /dev/shm: one quota for
         both (``shared_quota``; else two tmpfs with the same limits)."""
-        uid = self.uid if self.uid is not None else 0
+        uid = self.uid if self.uid is not None else os.geteuid()
         size = f"{max(1, disk_mb)}m"
         inodes = str(inode_cap(disk_mb)) if self.on["inode_cap"] else None
         if self.on["shared_quota"]:
@@ -1279,6 +1382,13 @@ class Sandbox:
     # ---- U (the program) -------------------------------------------------------------------------------
     def user(self) -> int:
         os.close(self.life_r)
+        # --- what needs no request, done while waiting for it (pre-forked): off the program's path
+        os.setsid()
+        try:  # I is exempt from the OOM killer; the program is its first choice
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
         head = read_exact(self.req_r, 8)
         if len(head) < 8:  # sandbox discarded unused
             return 0
@@ -1288,7 +1398,6 @@ class Sandbox:
         if len(body) < size:
             return 0
         req = json.loads(body.decode("utf-8"))
-        os.setsid()
         # --- limits, while still root
         max_procs = int(req.get("max_procs", 32))
         memory_mb = int(req.get("memory_mb", 512))
@@ -1308,32 +1417,22 @@ class Sandbox:
         if self.memsw_fd is not None:
             os.close(self.memsw_fd)
             self.memsw_fd = None
-        try:  # I is exempt from the OOM killer; the program is its first choice
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")
-        except OSError:
-            pass
         if self.on["private_tmp"] and disk_mb != self.z.disk_mb:
             opts = f"size={max(1, disk_mb)}m" + (f",nr_inodes={inode_cap(disk_mb)}" if self.on["inode_cap"] else "")
             mount("private_tmp", None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
             if not self.on["shared_quota"] and os.path.isdir("/dev/shm"):
                 mount("private_tmp", None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts)
-        if self.on["cpu_limit"] and "cpu_limit" not in self.cg_fds:  # no cpu cgroup: pinned to ceil(cpus) CPUs
-            cpus_list = sorted(self.z.cpus)
-            k = min(len(cpus_list), max(1, math.ceil(cpus)))
-            start = self.host_pid % len(cpus_list)  # spreads consecutive sandboxes over the CPUs
-            try:
-                os.sched_setaffinity(0, {cpus_list[(start + i) % len(cpus_list)] for i in range(k)})
-            except OSError as e:
-                raise SetupError("cpu_limit", f"sched_setaffinity: {e}") from e
+        self.pin(cpus)
+        if self.z.userns:  # before RLIMIT_NPROC: the kernel checks each enclosing user namespace's count against the
+            own_user_namespace()  # limit its creator had (the zygote's namespace counts every sandbox's processes)
         cpu = max(1, math.ceil(float(req.get("cpu_s") or req.get("timeout_s", 10))))
         with open("/proc/self/statm") as f:
             vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
                   (resource.RLIMIT_AS, vsz + (memory_mb << 20)), (resource.RLIMIT_FSIZE, max(1, disk_mb) << 20),
                   (resource.RLIMIT_NOFILE, 256), (resource.RLIMIT_MEMLOCK, 0), (resource.RLIMIT_MSGQUEUE, 0)]
-        if self.uid is not None:  # RLIMIT_NPROC counts the uid's processes: meaningful for a fresh uid only
-            limits.append((resource.RLIMIT_NPROC, max_procs))
+        if self.uid is not None or self.z.userns:  # RLIMIT_NPROC counts a uid's processes (per user namespace):
+            limits.append((resource.RLIMIT_NPROC, max_procs))  # meaningful for a fresh uid or user namespace only
         try:
             for lim, val in limits:
                 soft, hard = val if isinstance(val, tuple) else (val, val)
@@ -1374,6 +1473,20 @@ class Sandbox:
         call = req.get("call")
         close_fds_except({0, 1, 2, self.res_w} if call else {0, 1, 2})
         return run_program(req["code"], call, self.res_w)
+
+    def pin(self, cpus: float) -> None:
+        """Without a cpu cgroup (``cpu_limit`` by affinity): pin this process to ``ceil(cpus)`` CPUs, starting with the
+        one the scheduler woke it on (no migration; consecutive sandboxes do not pile up on one CPU)."""
+        if not self.on["cpu_limit"] or self.cgdirs.get("cpu_limit"):
+            return
+        cpus_list = sorted(self.z.cpus)
+        k = min(len(cpus_list), max(1, math.ceil(cpus)))
+        here = libc.sched_getcpu()
+        start = cpus_list.index(here) if here in cpus_list else self.z.spawned % len(cpus_list)
+        try:
+            os.sched_setaffinity(0, {cpus_list[(start + i) % len(cpus_list)] for i in range(k)})
+        except OSError as e:
+            raise SetupError("cpu_limit", f"sched_setaffinity: {e}") from e
 
     def _host_workdir(self) -> str:
         """Without a mount namespace: a fresh directory under /tmp (removed by the client)."""
@@ -1452,7 +1565,12 @@ def run_program(code: str, call: str | None, res_w: int) -> int:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    z = Zygote(cfg)
+    privileges = "root"
+    if os.geteuid() != 0:
+        why = enter_user_namespace(cfg["ctl_fd"]) if "userns" not in cfg.get("disable", []) else \
+            "disabled by configuration"
+        privileges = "user namespace" if why is None else f"none: {why}"
+    z = Zygote(cfg, privileges)
     try:
         z.start()
         z.serve()

@@ -1,12 +1,16 @@
 """The one executor for model-written Python: SFT data checks, PoT/TIR evaluation and tool-integrated rollouts.
 
-Programs are untrusted and the pipeline often runs as root, so isolation is enforced by the kernel, never by
-inspecting the code. Every program runs in a fresh process forked from a pre-started *zygote* (a clean
+Programs are untrusted, and the pipeline runs as root (CI, containers) or as an ordinary user (a laptop, a shared
+login node), so isolation is enforced by the kernel, never by inspecting the code. Every program runs in a fresh process forked from a pre-started *zygote* (a clean
 Python with math modules such as ``sympy`` and ``numpy`` already imported, see :data:`DEFAULT_PRELOAD`), and
 every sandbox is used once and destroyed.
 
 Guaranteed on a Linux host where the pipeline runs as root (check :func:`isolation_report`; every mechanism
-that could not be set up is logged as a warning when the zygote starts, never skipped silently):
+that could not be set up is logged as a warning when the zygote starts, never skipped silently), and all but three
+(``uid``, ``cgroup_pids``, ``cgroup_memory``) for an ordinary user where the kernel allows unprivileged user
+namespaces: the zygote then isolates as bubblewrap does, inside a user namespace that maps only the caller's uid
+(report ``privileges``: "root", "user namespace" or "none: <why>"; each program gets a user namespace of its own, so
+``RLIMIT_NPROC`` counts its processes alone, and no capability):
 
 - ``uid``: the program runs as a fresh unprivileged uid (``uid_base`` + a pid; no supplementary groups, no
   capabilities), so it cannot signal, ptrace or read ``/proc/<pid>/environ`` of anything else, and rlimits
@@ -15,8 +19,8 @@ that could not be set up is logged as a warning when the zygote starts, never sk
   and sympy programs make (measured by ``benchmarks/sandbox_syscalls.py``); any other call fails with EPERM
   (Python raises ``PermissionError``), calls newer than the list included: no ``execve`` (no shell, no
   other binary), no ``socket``/``connect``/``bind``, ``ptrace``, ``mount``, ``unshare``/namespace clones,
-  ``bpf``, ``io_uring``, ``mincore``, keyrings, ...; ``clone`` without namespace flags, ``fcntl``,
-  ``ioctl``, ``prctl`` and ``madvise`` for listed requests only; foreign-ABI syscalls kill the process.
+  ``bpf``, ``io_uring``, ``mincore``, keyrings, ...; ``clone`` without namespace flags, ``kill`` / ``tgkill``
+  but not to PID 1 (the sandbox's monitor), ``fcntl``, ``ioctl``, ``prctl`` and ``madvise`` for listed requests only; foreign-ABI syscalls kill the process.
   Three parts of the filter are reported (and can be disabled) on their own: ``unix_stream_only``
   (``socketpair`` only for AF_UNIX stream / seqpacket, ``sendto`` without an address, no ``sendmsg``: no
   datagram reaches a host AF_UNIX socket), ``no_file_locks`` (no ``flock``, record / OFD locks or leases,
@@ -53,11 +57,12 @@ Not guaranteed: the program learns the paths of the Python installation it runs 
 the checkout names the checkout's directory, whose other content is not mounted); it can use up to its limits of
 CPU, memory and disk; kernel bugs are out of scope (seccomp narrows the surface, it does not remove it; the kernel
 lets ``uretprobe``/``uprobe``, 335/336, bypass every filter, and they kill a caller outside a probe trampoline);
-timing side channels (CPU caches, the page cache by timing) are not closed; without root (or on another
-architecture, or with cgroup v2) the corresponding mechanisms are missing and reported as such (there is no
-user-namespace mode for non-root callers: they get rlimits, no_new_privs, seccomp, an empty environment, a fresh
-host working directory, CPU pinning and a process-group kill, and see the host's files as the caller does).
-docs/sandbox.md has the threat model and the red-team table.
+timing side channels (CPU caches, the page cache by timing) are not closed; without a user namespace (or on another
+architecture, or with cgroup v2) the corresponding mechanisms are missing and reported as such: without root and
+without user namespaces a program gets rlimits, no_new_privs, seccomp, an empty environment, a fresh host working
+directory, CPU pinning and a process-group kill, and sees the host's files as the caller does, so the stages refuse
+to run model-written programs there unless the params opt in (:func:`require_isolation`). docs/sandbox.md has the
+threat model and the red-team table.
 
 Fast path: the zygote pre-forks sandboxes (namespaces and mounts ready, program not yet known), so a
 program costs a few forks, not an interpreter start-up. State cannot leak between programs: each runs in
@@ -216,7 +221,8 @@ class SandboxExecutor:
     ``disable``: mechanisms to switch off (for tests of degraded hosts; each one is logged as a warning);
     ``disk_mb``: tmpfs size prepared in advance (other sizes cost a remount); ``max_concurrent``: programs
     running at once through this executor (more callers wait); ``python``: the interpreter of the zygote and
-    of every program (default: this one), whose installation the sandboxes see.
+    of every program (default: this one), whose installation the sandboxes see; ``user``: a uid to start the zygote as
+    (its primary group, no other; the caller must be root): what that user's pipeline gets, for benchmarks and tests.
     """
 
     def __init__(
@@ -232,6 +238,7 @@ class SandboxExecutor:
         max_concurrent: int | None = None,
         startup_timeout_s: float = 120.0,
         python: str | None = None,
+        user: int | None = None,
     ) -> None:
         self._cfg: dict[str, Any] = {
             "prefork": int(prefork), "preload": list(preload), "disable": list(disable),
@@ -240,6 +247,7 @@ class SandboxExecutor:
         }
         self._startup_timeout_s = startup_timeout_s
         self._python = python or sys.executable
+        self._user = user
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -265,11 +273,16 @@ class SandboxExecutor:
         cfg = dict(self._cfg, ctl_fd=b.fileno())
         env = {"PATH": os.defpath, "LC_ALL": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1"}
+        as_user: dict[str, Any] = {}
+        if self._user is not None:
+            import pwd
+
+            as_user = {"user": self._user, "group": pwd.getpwuid(self._user).pw_gid, "extra_groups": []}
         try:
             proc = subprocess.Popen(
                 [self._python, "-I", "-B", str(ZYGOTE_SCRIPT), json.dumps(cfg)],
                 pass_fds=[b.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True, **as_user,
             )
         finally:
             b.close()
@@ -574,6 +587,35 @@ def isolation_report() -> dict[str, Any]:
     "allowed_syscalls", "argument_checked"} or None, "threads": {"malloc_arena_max", "thread_stack_bytes"},
     ...}``."""
     return get_executor().report()
+
+
+REQUIRED = ("allowlist_fs", "pidns", "netns")
+"""What model-written programs need (:func:`require_isolation`): none of the caller's files, processes or network."""
+
+
+def require_isolation(what: str) -> dict[str, Any] | None:
+    """Before a run executes model-written programs (``what``, e.g. ``evaluate@sft (pot/tir)``): None where the sandbox
+    has every :data:`REQUIRED` mechanism; else a one-line PipelineError naming what is missing and the fix, unless the
+    params opt in (``runtime.allow_reduced_isolation: true``, stages.schema.base), and then the record the run writes
+    into its metrics (``{"isolation": "reduced", "missing": [...], "why": ...}``)."""
+    from stages.core.errors import PipelineError
+    from stages.schema.base import ALLOW_REDUCED_ISOLATION, reduced_isolation_allowed
+
+    if not sys.platform.startswith("linux"):
+        missing, why = list(REQUIRED), f"{sys.platform} has no Linux namespaces; run on Linux"
+    else:
+        rep = isolation_report()
+        missing = [m for m in REQUIRED if not rep["mechanisms"].get(m)]
+        why = "; ".join(dict.fromkeys(rep["reasons"].get(m, "inactive") for m in missing))
+    if not missing:
+        return None
+    if not reduced_isolation_allowed():
+        raise PipelineError(f"{what} runs model-written programs, but the code sandbox lacks {', '.join(missing)} "
+                            f"({why}); fix that, or set runtime.{ALLOW_REDUCED_ISOLATION}: true in the params file to "
+                            "run them with reduced isolation")
+    logger.warning("sandbox: %s runs model-written programs without %s (runtime.%s: true): %s", what,
+                   ", ".join(missing), ALLOW_REDUCED_ISOLATION, why)
+    return {"isolation": "reduced", "missing": missing, "why": why}
 
 
 WALL_PER_CPU = 3.0

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from stages.core import generation, paths, threads
+from stages.core import generation, paths, sandbox, threads
 from stages.core.answers import CHECKER_VERSION, MODES, OUTCOMES, RIGHT, answer_key
 from stages.core.errors import PipelineError
 from stages.core.hardware import fast_bf16_generation, generation_record
@@ -258,6 +258,8 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     resolve_model(m.path)  # one-line error when the model directory is missing
     benchmarks = load_benchmarks(c, m.limit)
     runs = plan_runs(m, benchmarks)
+    tool_modes = sorted({r.mode for r in runs} & {"pot", "tir"})
+    reduced = sandbox.require_isolation(f"evaluate@{model} ({'/'.join(tool_modes)})") if tool_modes else None
     sft_file = paths.problems_file("sft")
     need_shots = m.prompting == "few_shot" and any(r.family == "generated" for r in runs) and c.n_shots > 0
     data_files = [benchmark_file(c, name) for name in benchmarks] + ([sft_file] if need_shots else [])
@@ -272,6 +274,8 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
 
     metrics: dict[str, Any] = {"model": model, "prompting": m.prompting, "checker": checker_record(c),
                                "seeds": {"sampling": c.seed, "maj_subsets": c.seed}}
+    if reduced:
+        metrics["sandbox"] = reduced
     if own_generator:  # the dtype and backend ``auto`` resolved to on this machine (stages/core/hardware.py)
         metrics["hardware"] = generation_record(c.dtype, resolve_dtype(c.dtype), generation.resolve_backend(c.backend))
     outputs: dict[str, list[dict[str, Any]]] = {}
@@ -313,7 +317,7 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     metrics["wall_s"] = round(time.perf_counter() - t0, 2)
     write_metrics(f"evaluate_{model}", metrics, ["model", "checker.headline", "checker.version", "*.greedy.acc",
                                                  "*.greedy.acc_se", "*.greedy.exec_ok", "*.sample.avg@*",
-                                                 "*.sample.pass@*", "*.sample.maj@*", "hardware"])
+                                                 "*.sample.pass@*", "*.sample.maj@*", "hardware", "sandbox"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return metrics
 

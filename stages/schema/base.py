@@ -222,7 +222,23 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise PipelineError(f"{p}: expected a mapping of sections (data:, base_model:, ...), got {type(raw).__name__}")
     _protect_named_paths(raw)
+    runtime = raw.get("runtime")
+    _REDUCED_ISOLATION[0] = isinstance(runtime, dict) and runtime.get(ALLOW_REDUCED_ISOLATION) is True
     return raw
+
+
+ALLOW_REDUCED_ISOLATION = "allow_reduced_isolation"
+"""``runtime.allow_reduced_isolation`` (true / false; the one runtime key of no single stage): run model-written programs
+(PoT / TIR evaluation and rollouts) even where the code sandbox cannot keep them from the caller's files (no file-system
+allow-list: a kernel without unprivileged user namespaces, macOS, ...). false: such a run refuses to start with one
+line naming what is missing and the fix (``stages.core.sandbox.require_isolation``); true: it runs, and its metrics
+record that isolation was reduced. (stages/params.py validates it.)"""
+_REDUCED_ISOLATION = [False]
+
+
+def reduced_isolation_allowed() -> bool:
+    """``runtime.allow_reduced_isolation`` of the params file this process read last."""
+    return _REDUCED_ISOLATION[0]
 
 
 _NAMED_PATHS: set[str] = set()

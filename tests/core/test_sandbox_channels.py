@@ -151,6 +151,9 @@ out = {
     "madvise(MADV_DONTNEED)": call(28, addr, 4096, 4),
     "fcntl(F_SETOWN)": call(72, 1, 8, os.getpid()),
     "fcntl(F_GETFL)": call(72, 1, 3)[0] >= 0,
+    "kill(1, 0)": call(62, 1, 0),  # the sandbox's monitor (the program's own uid without root)
+    "tgkill(1, 1, 0)": call(234, 1, 1, 0),
+    "kill(self, 0)": call(62, os.getpid(), 0),
 }
 print(json.dumps(out))
 """
@@ -160,7 +163,8 @@ print(json.dumps(out))
     assert json.loads(r.stdout) == {
         "clone(CLONE_NEWUSER)": eperm, "ioctl(TIOCSTI)": eperm, "ioctl(TCGETS) on a pipe": [-1, errno.ENOTTY],
         "prctl(PR_SET_DUMPABLE)": eperm, "prctl(PR_SET_NAME)": [0, 0], "madvise(MADV_MERGEABLE)": eperm,
-        "madvise(MADV_DONTNEED)": [0, 0], "fcntl(F_SETOWN)": eperm, "fcntl(F_GETFL)": True}
+        "madvise(MADV_DONTNEED)": [0, 0], "fcntl(F_SETOWN)": eperm, "fcntl(F_GETFL)": True, "kill(1, 0)": eperm,
+        "tgkill(1, 1, 0)": eperm, "kill(self, 0)": [0, 0]}
     assert_clean(r)
 
 

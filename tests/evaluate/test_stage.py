@@ -168,3 +168,32 @@ def test_model_limit_caps_below_common_limit(project: Path) -> None:
     assert len(stage.load_benchmarks(c, 50)["generated"]) == 6
     unlimited = c.model_copy(update={"limit": None})
     assert len(stage.load_benchmarks(unlimited, 2)["generated"]) == 2
+
+
+def test_tir_evaluation_without_isolation_is_refused_unless_the_params_opt_in(
+        project: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the sandbox has no file-system allow-list (here: switched off), a TIR evaluation refuses to start with one
+    line naming what is missing and the fix; with ``runtime.allow_reduced_isolation: true`` it runs, and its metrics
+    record that isolation was reduced (issue 46)."""
+    from stages.core import sandbox
+    from stages.schema import base
+
+    reduced = sandbox.SandboxExecutor(disable=["allowlist_fs"], preload=["math"], prefork=1)
+    monkeypatch.setattr(sandbox, "get_executor", lambda: reduced)
+    p = _params(tiny_model_dir, common={"limit": 2})
+    p = p.updated({"models.tiny_zs": {"greedy_modes": ["tir"], "sample_modes": []}})
+    try:
+        monkeypatch.setattr(base, "_REDUCED_ISOLATION", [False])
+        with pytest.raises(PipelineError) as e:
+            stage.run(p, "tiny_zs")
+        msg = str(e.value)
+        assert msg.startswith("evaluate@tiny_zs (tir) runs model-written programs, but the code sandbox lacks "
+                              "allowlist_fs (disabled by configuration)") and "allow_reduced_isolation: true" in msg
+        assert "\n" not in msg and not paths.eval_dir("tiny_zs").exists()
+        monkeypatch.setattr(base, "_REDUCED_ISOLATION", [True])
+        m = stage.run(p, "tiny_zs")
+    finally:
+        reduced.close()
+    record = {"isolation": "reduced", "missing": ["allowlist_fs"], "why": "disabled by configuration"}
+    assert m["sandbox"] == record and m["generated"]["tir"]["greedy"]["n"] == 2
+    assert json.loads(paths.metrics_file("evaluate_tiny_zs").read_text())["sandbox"] == record

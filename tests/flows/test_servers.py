@@ -1,11 +1,13 @@
 """The project's Prefect API server (flows/_servers.py) under a plain ``dvc repro``: one for every stage of the run,
 started on demand, gone shortly after the run; no stage server (the fork server is the pipeline's alone); a stale
-record (its server killed with kill -9) is replaced."""
+record (its server killed with kill -9) is replaced; another local user can neither use the server nor pass his
+listener off as it (issue 46)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,75 @@ def test_a_stale_server_record_is_replaced(project: Path) -> None:
     out = run(["dvc", "repro", "-f", "data"], project, env(), timeout=900)
     assert "Running stage 'data'" in out.stdout and "127.0.0.1:9/" not in out.stdout
     assert wait_gone(project, 10.0) == [], processes_in(project)
+
+
+PROBE_API = r'''
+import json, sys, urllib.request, urllib.error
+url, home = sys.argv[1], sys.argv[2]
+def call(path, body=None):
+    req = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
+                                 method="GET" if body is None else "POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+out = {"read flow runs": call("/flow_runs/filter", {}), "read artifacts": call("/artifacts/filter", {}),
+       "write a flow": call("/flows/", {"name": "planted"}), "health": call("/health")}
+for f in ("prefect.db", "servers/api.json"):
+    try:
+        open(f"{home}/{f}").read(1)
+        out[f] = "read"
+    except OSError as e:
+        out[f] = type(e).__name__
+print(json.dumps(out))
+'''
+
+
+def test_another_user_can_neither_read_nor_write_the_prefect_state(other_user, tmp_path: Path, monkeypatch) -> None:
+    """Issue 46: the project's API server listens on a loopback port, open to every user; every request but the
+    health check needs its auth string, which only its owner can read."""
+    from flows import _servers
+
+    home = tmp_path / ".prefect"
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv(_servers.AUTH_VAR, raising=False)
+    tmp_path.chmod(0o755)
+    try:
+        url = _servers.api_url()
+        res = other_user.python_code(PROBE_API, url, str(home))
+    finally:
+        _servers.stop_servers()
+        _servers.release_lease()
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"read flow runs": 401, "read artifacts": 401, "write a flow": 401, "health": 200,
+                                      "prefect.db": "PermissionError", "servers/api.json": "PermissionError"}
+
+
+def test_a_port_taken_by_another_user_is_not_used_as_the_api(other_user, tmp_path: Path, monkeypatch) -> None:
+    """Issue 46: another user listening first on the port picked for the API server gets nothing (no request, no
+    auth string), and the run stops with one line saying so."""
+    from flows import _servers
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / ".prefect"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv(_servers.AUTH_VAR, raising=False)
+    code = ("import select, socket, sys\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\n"
+            "print(s.getsockname()[1], flush=True)\ngot = b''\nconns = []\nwhile True:\n"
+            "    r, _, _ = select.select([s, sys.stdin, *conns], [], [], 120)\n    if sys.stdin in r or not r:\n"
+            "        break\n    for c in r:\n        if c is s:\n            conns.append(s.accept()[0])\n"
+            "        else:\n            data = c.recv(65536)\n            got += data\n"
+            "            if not data:\n                conns.remove(c)\nprint(len(got), flush=True)\n")
+    racer = other_user.popen([other_user.python, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        port = int(racer.stdout.readline())
+        monkeypatch.setattr(_servers, "free_port", lambda: port)
+        url, wait = _servers.start_api()
+        with pytest.raises(RuntimeError, match=rf"127\.0\.0\.1:{port} was taken by another process \(uid "
+                                               rf"{other_user.uid}\) .* not using it"):
+            wait()
+    finally:
+        _servers.stop_servers()
+        _servers.release_lease()
+    assert racer.communicate(input="", timeout=90)[0].strip() == "0"  # not a byte reached him

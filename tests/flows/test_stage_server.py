@@ -32,7 +32,7 @@ def test_stage_commands_run_in_the_server_with_their_output_and_status(tmp_path:
     try:
         _wait_ready(server)
         env = dict(os.environ)
-        assert env[ENV_VAR] == server.sock
+        assert env[ENV_VAR] == f"{server.proc.pid}:{server.sock}"
         ok = _run(["flows.data", "--help"], env)  # argparse: usage on stdout, exit 0
         assert ok.returncode == 0 and "Run the data stage as a Prefect flow" in ok.stdout, ok.stderr
         bad = _run(["flows.data", "--params", str(tmp_path / "missing.yaml")], env)  # one-line error, exit 2
