@@ -50,7 +50,7 @@ def base_project(dst: Path, rev: str) -> Path:
     tar = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dst)], input=tar, check=True)
     subprocess.run([sys.executable, "-c", "import yaml; from tests.flows.test_dvc_determinism import shrink_graph as s;"
-                    "p = 'params.yaml'; open(p, 'w').write(yaml.safe_dump(s(yaml.safe_load(open(p))), sort_keys=False))"],
+                    "p = 'params.yaml'; t = yaml.safe_dump(s(yaml.safe_load(open(p))), sort_keys=False); open(p, 'w').write(t)"],
                    cwd=dst, check=True, env={**os.environ, "PYTHONPATH": str(dst)})
     run(["git", "init", "-q"], dst)
     run(["git", "add", "-A"], dst)
