@@ -231,13 +231,15 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
     forked = bool(os.environ.get("DSM_CLIENT_PID"))  # run by the stage server for its client process
     if under_dvc() and not forked:
         _process.watch_parent()
-    # by hand: one run of the project at a time (DVC's lock, which dvc repro and the pipeline hold for their stages)
-    held = None if under_dvc() else _process.hold_project_lock(f"stage {where}")
     if under_dvc() and not os.environ.get("PREFECT_API_URL"):  # plain dvc repro: an interrupt ends the run
         _process.after_stop(lambda: _servers.stop_servers_of(
             _servers.owner_of(int(os.environ.get("DSM_CLIENT_PID", os.getpid())))))
     unwatch: Callable[[], None] = lambda: None  # noqa: E731
+    held = None
     try:
+        # one run of the project at a time: by hand it waits for the run holding it; under a plain dvc repro it is
+        # refused (it holds DVC's locks meanwhile); under the pipeline it runs inside the pipeline's hold
+        held = _process.hold_run_lock(f"stage {where}", wait=not under_dvc())
         left = io.remove_stale_temporaries()
         if left:
             print(f"removed {len(left)} temporary path(s) left by a killed earlier run: {', '.join(left[:3])}"

@@ -44,6 +44,7 @@ STOP_TIMEOUT_S = 4.0
 _TERM_GRACE_S = 2.0
 """How long terminated children get to exit (and clean up after themselves) before they are killed."""
 
+_STOP_LOCK = threading.RLock()  # re-entrant: a signal may arrive in the thread that holds it
 _state: dict[str, Any] = {"stopping": False, "what": "", "hint": None, "runs": [], "cleanups": [], "servers": set(),
                           "shared": set(), "after": [], "reason": None}
 
@@ -319,7 +320,7 @@ def watch(check: Callable[[], str | None], on_end: Callable[[str], None], interv
 
 
 def lock_holder(lock: str | os.PathLike[str]) -> str:
-    """Who holds a zc.lockfile lock (DVC's): ``pid N (its command line)``, from the pid the holder wrote in it."""
+    """Who holds a zc.lockfile lock: ``pid N (its command line)``, from the pid the holder wrote in it."""
     try:
         with open(lock, encoding="ascii", errors="replace") as f:
             pid = int(f.read().split()[0])
@@ -329,48 +330,75 @@ def lock_holder(lock: str | os.PathLike[str]) -> str:
     return f"pid {pid}" + (f" ({cmd})" if cmd else "")
 
 
-PROJECT_LOCK = os.path.join(".dvc", "tmp", "lock")
-"""DVC's lock of the project (zc.lockfile: an flock, the holder's pid inside), relative to the project root."""
+RUN_LOCK = os.path.join(".dvc", "tmp", "dsm-run.lock")
+"""The lock a run of the project holds (zc.lockfile, as DVC's own: an flock, and the holder's pid inside), relative to
+the project root. (Not DVC's ``.dvc/tmp/lock``: DVC lets that go while a stage's command runs.)"""
+RUN_ENV = "DSM_RUN"
+"""Set by the pipeline for its stage commands: its pid (the hold they run inside)."""
 
 
-def hold_project_lock(what: str, lock: str | os.PathLike[str] = PROJECT_LOCK) -> Any:
-    """Take DVC's lock of the project (the one ``dvc repro`` and the pipeline hold for their whole run), waiting while
-    another process holds it (one line says which): a stage command run by hand runs only when no run of the
-    project does. Returns the lock (``close()`` releases it; so does the process's end), or None where the project
-    has no ``.dvc/``."""
+def _descends_from(pid: int, ancestor: int) -> bool:
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        parent = parent_of(pid)
+        if parent is None or parent <= 1:
+            return False
+        pid = parent
+    return False
+
+
+def hold_run_lock(what: str, *, wait: bool = True, lock: str = RUN_LOCK) -> Any:
+    """Hold the project for one run (issue 50): the pipeline for its whole run, a stage command for its own (by hand,
+    or under a plain ``dvc repro``); a stage command of the pipeline runs inside the pipeline's hold (``DSM_RUN``
+    names an ancestor). While another process holds it: ``wait`` says once who (one line) and waits, else a one-line
+    :class:`PipelineError` refuses. Returns the lock (``close()`` releases it, as the process's end does), or None
+    (inside the pipeline's hold, or no ``.dvc/`` here: not a project)."""
     import zc.lockfile
 
+    holder = os.environ.get(RUN_ENV, "")
+    if holder.isdigit() and _descends_from(int(os.environ.get("DSM_CLIENT_PID") or os.getpid()), int(holder)):
+        return None
     if not os.path.isdir(os.path.dirname(os.path.dirname(lock))):
         return None
     os.makedirs(os.path.dirname(lock), exist_ok=True)
     told = False
     while True:
         try:
-            return zc.lockfile.LockFile(str(lock))
+            return zc.lockfile.LockFile(lock)
         except zc.lockfile.LockError:
+            busy = f"this project is being run by {lock_holder(lock)} ({lock})"
+            if not wait:
+                from stages.core.errors import PipelineError
+
+                raise PipelineError(f"{busy}; run this when it has finished") from None
             if not told:
-                _say(f"{what}: this project is in use by {lock_holder(lock)}, which holds DVC's lock ({lock}): "
-                     "waiting for it to finish (Ctrl-C stops waiting)")
+                _say(f"{what}: {busy}: waiting for it to finish (Ctrl-C stops waiting)")
                 told = True
             time.sleep(0.5)
 
 
 def fail(reason: str) -> None:
     """Stop this process as an interrupt does (its children, its temporaries, its Prefect runs), but say ``error:
-    <reason>`` and exit with status 1: what a watchdog thread calls when a server the run needs is gone. Needs
-    :func:`install_interrupt_handler`; callable from any thread."""
-    if _state["reason"] is None:
-        _state["reason"] = reason
-    os.kill(os.getpid(), signal.SIGTERM)
+    <reason>`` and exit with status 1: what a watchdog thread calls when a server the run needs is gone. It stops
+    from the calling thread (a signal would reach Prefect's own handler first, whose unwinding waits minutes on a dead
+    API); an atomic directory swap in progress finishes first. Needs :func:`install_interrupt_handler`."""
+    _begin_stop(signal.SIGTERM, reason)
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
-    if _state["stopping"]:
-        return  # already stopping: it takes a few seconds at most
-    _state["stopping"] = True
+    _begin_stop(signum, None)
+
+
+def _begin_stop(signum: int, reason: str | None) -> None:
+    with _STOP_LOCK:  # a watchdog thread and a signal may both get here
+        if _state["stopping"]:
+            return  # already stopping: it takes a few seconds at most
+        _state["stopping"] = True
+        _state["reason"] = reason
     # a second signal (Ctrl-C pressed again) must not kill the cleanup
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError):  # (only the main thread may set handlers)
             signal.signal(s, signal.SIG_IGN)
     if not io.defer_if_critical(lambda: _stop(signum)):
         _stop(signum)

@@ -14,10 +14,9 @@ imports the stage flows once and forks a process for every stage command DVC run
 stage imports them itself). A Ctrl-C (or SIGTERM) stops the run within seconds, the running stage and both
 servers included (flows/_process.py), and says how to resume.
 
-One run at a time per checkout: the run holds DVC's own lock of the project (``.dvc/tmp/lock``, what ``dvc repro``
-holds for its run) from its first check to its end, so a second pipeline run waits for it with one line saying which
-process it waits for, a ``dvc`` command is refused by DVC, and a stage command run by hand waits too
-(flows/_common.py). ``--params FILE`` never touches params.yaml: DVC, in this process, reads FILE where it reads
+One run at a time per checkout: the run holds the project (``.dvc/tmp/dsm-run.lock``, flows/_process.py) from its
+first check to its end, so a second pipeline run, or a stage command run by hand, waits for it with one line saying
+which process it waits for, and a stage command of a plain ``dvc repro`` is refused in one line. ``--params FILE`` never touches params.yaml: DVC, in this process, reads FILE where it reads
 params.yaml, and the stage commands get FILE (``DSM_PARAMS``). A server the run needs that dies (kill -9, the
 out-of-memory killer) fails the run within seconds, named as what it was; a stage that fails is reported as how it
 ended (bad input, a crash, a signal, the out-of-memory killer), and what it left running is stopped.
@@ -52,26 +51,16 @@ from flows._process import RunFailed
 from flows._stage_server import StageServer
 from stages.core.errors import PipelineError
 
-_run: dict[str, Any] = {"current": None, "done": [], "repo": None, "gone": None}
-"""The run's state: the stage running, the rows of those done, DVC's repository (its lock held), and a function that
-names a server of the run that is gone (None while both serve)."""
-
-
-@contextlib.contextmanager
-def _repo(repo: Any = None) -> Iterator[Any]:
-    """The run's DVC repository (its lock held), else a new one."""
-    from dvc.repo import Repo
-
-    if repo is not None or _run["repo"] is not None:
-        yield repo or _run["repo"]
-        return
-    with Repo() as new:
-        yield new
+_run: dict[str, Any] = {"current": None, "done": [], "gone": None}
+"""The run's state: the stage running, the rows of those done, and a function that names a server of the run that
+is gone (None while they serve)."""
 
 
 def stage_names() -> list[str]:
     """dvc.yaml's stages in file order (foreach stages expanded), as ``dvc stage list`` gives them."""
-    with _repo() as repo:
+    from dvc.repo import Repo
+
+    with Repo() as repo:
         return [stage.addressing for stage in repo.index.stages]
 
 
@@ -79,8 +68,9 @@ def plan(names: list[str], only: bool = False) -> list[str]:
     """The stages to run for ``names`` (every stage when empty): with their upstream stages unless ``only``, in
     dependency order (dvc.yaml order among independent stages)."""
     import networkx as nx
+    from dvc.repo import Repo
 
-    with _repo() as repo:
+    with Repo() as repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
         order = [s.addressing for s in repo.index.stages]
         by_name = {s.addressing: s for s in repo.index.stages}
@@ -113,7 +103,9 @@ class _Collect(logging.Handler):
 
 
 def _reproduce(name: str, force: bool) -> None:
-    with _repo() as repo:
+    from dvc.repo import Repo
+
+    with Repo() as repo:
         repo.scm_context.quiet = True  # no "git add dvc.lock" hint after every stage: main() prints one
         repo.reproduce(name, single_item=True, force=force)
 
@@ -278,36 +270,26 @@ def _resume_hint() -> str:
 
 def up_to_date(names: list[str]) -> bool:
     """Whether DVC has nothing to do for any of ``names`` (``dvc status``: deps, params and outputs unchanged)."""
-    with _repo() as repo:
+    from dvc.repo import Repo
+
+    with Repo() as repo:
         return not repo.status(targets=names, with_deps=False)
 
 
 @contextlib.contextmanager
-def project(params_file: str | None) -> Iterator[Any]:
-    """DVC's repository for the whole run, with DVC's lock held from here to the end (while another process holds it,
-    one line says which and the run waits), reading ``params_file`` wherever it reads params.yaml (None: params.yaml
-    itself)."""
-    from dvc.lock import LockError
-    from dvc.repo import Repo, lock_repo
-
-    with contextlib.ExitStack() as stack:
-        repo = stack.enter_context(Repo())
-        while True:
-            free = _process.hold_project_lock("pipeline")  # waits, saying for whom, without DVC's progress bar
-            if free is not None:
-                free.close()
-            try:
-                stack.enter_context(lock_repo(repo))
-                break
-            except LockError:  # taken between the two: wait again
-                continue
-        if params_file is not None:
-            stack.enter_context(_dvc_reads(Path(params_file), Path(repo.root_dir) / "params.yaml"))
-        _run["repo"] = repo
-        try:
-            yield repo
-        finally:
-            _run["repo"] = None
+def project(params_file: str | None) -> Iterator[None]:
+    """The run's hold on the project, from its first check to its end (:func:`_process.hold_run_lock`: while another
+    run holds it, one line says which and this one waits), with DVC reading ``params_file`` wherever it reads
+    params.yaml (None: params.yaml itself)."""
+    held = _process.hold_run_lock("pipeline")
+    os.environ[_process.RUN_ENV] = str(os.getpid())  # its stage commands run inside this hold
+    try:
+        with _dvc_reads(Path(params_file), Path("params.yaml")) if params_file else contextlib.nullcontext():
+            yield
+    finally:
+        os.environ.pop(_process.RUN_ENV, None)
+        if held is not None:
+            held.close()
 
 
 @contextlib.contextmanager
@@ -455,6 +437,7 @@ def _run_flow(args: argparse.Namespace, selected: list[str]) -> list[dict[str, A
     unwatch: Callable[[], None] = lambda: None  # noqa: E731
     try:
         quiet_user_errors()
+        _process.after_stop(_release_api)  # an interrupt: after the stage, as at the end
         url, wait_api = _servers.start_api()
         os.environ["PREFECT_API_URL"] = url  # inherited by every stage's process
         modules = sorted({f"flows.{n.split('@')[0]}" for n in selected})
@@ -487,8 +470,13 @@ def _run_flow(args: argparse.Namespace, selected: list[str]) -> list[dict[str, A
             print(stage_server.summary())
         if os.environ.get("PREFECT_API_URL"):
             _drain_prefect_workers()
-        _servers.release_lease()
-        _servers.stop_servers_of(os.getpid())  # unless another process holds a lease on it
+        _release_api()
+
+
+def _release_api() -> None:
+    """Give up this run's lease on the API server and stop it, unless another process holds a lease on it."""
+    _servers.release_lease()
+    _servers.stop_servers_of(os.getpid())
 
 
 def _prefect_home() -> str:

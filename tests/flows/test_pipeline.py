@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stages.core.errors import PipelineError
 from tests.flows._project import GIT, env, make_project, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,10 +132,18 @@ def test_params_file_runs_with_its_values_and_leaves_params_yaml_as_it_was(proje
 def test_a_run_holds_the_project_and_dvc_reads_its_params_file(project: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 50: for a run, DVC (in the pipeline's process) reads ``--params FILE`` where it reads params.yaml, which
-    is never touched; DVC's lock of the project is held from the start to the end of the run, and released after."""
+    is never touched; the run holds the project from its start to its end (another run, a stage by hand, wait), and
+    lets it go after."""
     import zc.lockfile
+    from dvc.repo import Repo
 
+    from flows import _process
     from flows.pipeline import project as run_project
+
+    def seed() -> int:
+        with Repo() as repo:
+            (data,) = [s for s in repo.index.stages if s.addressing == "data"]
+            return [d for d in data.deps if d.def_path == "params.yaml"][0].read_params()["data"]["seed"]
 
     monkeypatch.chdir(project)
     other = tmp_path / "other.yaml"
@@ -142,18 +151,17 @@ def test_a_run_holds_the_project_and_dvc_reads_its_params_file(project: Path, tm
     raw["data"]["seed"] = 7
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
     before = (project / "params.yaml").read_bytes()
-    lock = project / ".dvc" / "tmp" / "lock"
-    with run_project(str(other)) as repo:
-        (data,) = [s for s in repo.index.stages if s.addressing == "data"]
-        (dep,) = [d for d in data.deps if d.def_path == "params.yaml"]
-        assert dep.read_params()["data"]["seed"] == 7
-        with pytest.raises(zc.lockfile.LockError):  # another run, `dvc repro`, a stage by hand: they wait
-            zc.lockfile.LockFile(str(lock))
+    with run_project(str(other)):
+        assert seed() == 7 and os.environ[_process.RUN_ENV] == str(os.getpid())
+        with pytest.raises(zc.lockfile.LockError):
+            zc.lockfile.LockFile(_process.RUN_LOCK)
+        assert _process.hold_run_lock("stage data") is None  # a stage command of this run: inside its hold
+        monkeypatch.delenv(_process.RUN_ENV)  # a stage command of a plain `dvc repro` meanwhile: refused
+        with pytest.raises(PipelineError, match=rf"this project is being run by pid {os.getpid()} \("):
+            _process.hold_run_lock("stage data", wait=False)
         assert (project / "params.yaml").read_bytes() == before
-    zc.lockfile.LockFile(str(lock)).close()
-    with run_project(None) as repo:
-        (data,) = [s for s in repo.index.stages if s.addressing == "data"]
-        assert [d for d in data.deps if d.def_path == "params.yaml"][0].read_params()["data"]["seed"] == 0
+    zc.lockfile.LockFile(_process.RUN_LOCK).close()
+    assert seed() == 0 and _process.RUN_ENV not in os.environ
 
 
 def test_the_summary_says_which_precision_made_the_models(tmp_path: Path) -> None:
