@@ -267,6 +267,19 @@ def install_interrupt_handler(what: str, hint: Callable[[], str] | None = None) 
     _state.update(what=what, hint=hint)
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _on_signal)
+    _own_sigterm()
+
+
+def _own_sigterm() -> None:
+    """Make the SIGTERM handler Prefect's flow engine installs for each flow run ours: Prefect's raises in the main
+    thread to unwind the flow first (minutes against a dead API server, and the stage's temporary directories removed
+    under threads still working in them, which then fail and log misleading errors) and only then calls the handler
+    it replaced. Prefect 3 keeps it in ``prefect.utilities.engine._prefect_sigterm_handler``."""
+    with contextlib.suppress(ImportError):
+        import prefect.utilities.engine as engine
+
+        if hasattr(engine, "_prefect_sigterm_handler"):
+            engine._prefect_sigterm_handler = _on_signal  # noqa: SLF001
 
 
 def server_started(pid: int) -> None:

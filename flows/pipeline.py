@@ -165,6 +165,10 @@ def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
         if left:
             logger.warning("stage %s left %d process(es) running after it ended; stopped them: %s", name, len(left),
                            "; ".join(left[:4]))
+        if failure:  # a stage killed with SIGKILL could not remove its temporary paths
+            from stages.core import io
+
+            io.remove_stale_temporaries()
     if failure:
         e = failure[0]
         if isinstance(e, DvcException):
