@@ -31,6 +31,9 @@ from stages.core.errors import PipelineError
 from stages.schema.base import Section
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PARAMS_ENV = "DSM_PARAMS"
+"""The params file a stage command reads when not given ``--params``: set by ``python -m flows.pipeline --params FILE``
+for its stage commands (else params.yaml)."""
 UI_URL = "http://127.0.0.1:4200"
 """Where ``prefect server start`` serves its UI (README: seeing past runs)."""
 
@@ -136,14 +139,17 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class _OneLineUserErrors(logging.Filter):
-    """Prefect logs a failing run's exception with its traceback; for bad input (a PipelineError) the one line says
-    it all, so the record keeps that line and drops the traceback (other exceptions keep theirs)."""
+    """Prefect logs a failing run's exception with its traceback; for bad input (a PipelineError) and for a run that
+    failed for a known reason (a RunFailed: a stage killed, a server gone) the one line says it all, so the record
+    keeps that line and drops the traceback (other exceptions keep theirs)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from flows._process import RunFailed
+
         exc = record.exc_info[1] if record.exc_info else None
         user = pipeline_error(exc) if exc is not None else None
-        if user is not None:
-            record.msg, record.args = "%s", (f"bad input: {user}",)
+        if user is not None or isinstance(exc, RunFailed):
+            record.msg, record.args = "%s", (f"bad input: {user}" if user is not None else f"failed: {exc}",)
             record.exc_info = record.exc_text = None
         return True
 
@@ -177,6 +183,12 @@ def restore_hint(stage: str) -> str:
     return f"{dvc_stage} has no recorded outputs yet; `dvc repro {dvc_stage}` runs it again"
 
 
+def default_params() -> str:
+    """The params file of a stage command without ``--params``: ``$DSM_PARAMS`` (:data:`PARAMS_ENV`), else
+    params.yaml."""
+    return os.environ.get(PARAMS_ENV) or "params.yaml"
+
+
 def parser(stage: str, flow_fn: Any, add_args: Callable[[argparse.ArgumentParser], None] | None = None
            ) -> argparse.ArgumentParser:
     """The command line of ``python -m flows.<stage>`` (its --help names the real command and dvc.yaml stage)."""
@@ -187,7 +199,8 @@ def parser(stage: str, flow_fn: Any, add_args: Callable[[argparse.ArgumentParser
                f"`dvc repro {stage}` runs it with its upstream stages and DVC's bookkeeping, `python -m flows.pipeline "
                f"{stage}` does so as one Prefect flow. Bad input is reported in one line (exit status 2) before any "
                "work; Ctrl-C stops it within seconds (exit status 130).")
-    ap.add_argument("--params", default="params.yaml", metavar="FILE", help="params file (default: params.yaml)")
+    ap.add_argument("--params", default=default_params(), metavar="FILE",
+                    help=f"params file (default: params.yaml, or ${PARAMS_ENV} when set)")
     if add_args is not None:
         add_args(ap)
     return ap
@@ -221,10 +234,12 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
     if under_dvc() and not os.environ.get("PREFECT_API_URL"):  # plain dvc repro: an interrupt ends the run
         _process.after_stop(lambda: _servers.stop_servers_of(
             _servers.owner_of(int(os.environ.get("DSM_CLIENT_PID", os.getpid())))))
+    unwatch: Callable[[], None] = lambda: None  # noqa: E731
+    held = None
     try:
-        restored = _process.restore_swapped_params()
-        if restored:
-            print(restored, file=sys.stderr)
+        # one run of the project at a time: by hand it waits for the run holding it; under a plain dvc repro it is
+        # refused (it holds DVC's locks meanwhile); under the pipeline it runs inside the pipeline's hold
+        held = _process.hold_run_lock(f"stage {where}", wait=not under_dvc())
         left = io.remove_stale_temporaries()
         if left:
             print(f"removed {len(left)} temporary path(s) left by a killed earlier run: {', '.join(left[:3])}"
@@ -233,6 +248,7 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
         preflight.check(params, [where])
         quiet_user_errors()
         url = _servers.api_url()
+        unwatch = _process.watch(_servers.api_gone, lambda why: _process.fail(f"{why}; the stage reported to it"))
         from prefect.settings import temporary_settings
 
         os.environ["PREFECT_API_URL"] = url  # for the processes this stage starts (ranks)
@@ -247,6 +263,10 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
             msg += f" [{restore_hint(where)}]"
         print(msg, file=sys.stderr)
         return 2
+    finally:
+        unwatch()
+        if held is not None:
+            held.close()
     return 0
 
 

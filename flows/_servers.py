@@ -22,6 +22,14 @@ Only its owner (issue 46): a loopback port is open to every user of the machine.
 the process it names holds the socket listening on its port (/proc/net/tcp), checked before anything is sent to it, so
 a listener another user put on the port first is never taken for it.
 
+Records name processes by pid *and* start time (issue 50): the server's record and every lease hold the start time of
+the processes they name (flows/_process.py :func:`~flows._process.same_process`), so a record whose process died is
+stale even when another process, of this user or another, got its pid since; nothing is sent to, waited for or
+killed on the word of such a record. A server stops only when no lease holds it: the pipeline releases its own at its
+end and stops the server only when no other process holds one (:func:`stop_servers_of`), so a stage run by hand, or
+another run sharing ``PREFECT_HOME``, keeps it. A client that started the server watches it (:func:`api_gone`): one
+that dies fails the run within seconds, named by how it ended.
+
 Nothing here changes what a stage computes (dvc.yaml does not list it as a code dep).
 """
 
@@ -43,7 +51,16 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from flows._process import alive, command_line, free_port, parent_of, server_started
+from flows._process import (
+    alive,
+    command_line,
+    free_port,
+    how_it_ended,
+    parent_of,
+    same_process,
+    shared_server,
+    start_time,
+)
 
 GRACE_S = 1.0
 """A server outlives its last client and owner by this long (the gap between two stage commands of a run is
@@ -146,9 +163,13 @@ def settings_updates(url: str) -> dict[Any, Any]:
     return {PREFECT_API_URL: url, PREFECT_API_AUTH_STRING: os.environ.get(AUTH_VAR)}
 
 
-def _is_ours(pid: int, module: str) -> bool:
-    """``pid`` runs ``python -m <module>`` (a server of ours, not an unrelated process that reused the pid)."""
-    return module in command_line(pid)
+def _trusted(info: dict[str, Any] | None, module: str = "flows._servers") -> bool:
+    """The record names a live process of this user that started when the record says (not one that got the pid of
+    a dead server since) and runs ``python -m <module>``."""
+    if info is None:
+        return False
+    pid = int(info.get("pid", 0))
+    return pid > 0 and same_process(pid, info.get("start")) and module in command_line(pid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +204,8 @@ def take_lease(client: int | None = None, owner: int | None = None) -> None:
         owner = owner_of(start)
     d = state_dir() / "leases"
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{client}.json").write_text(json.dumps({"client": client, "owner": owner}) + "\n")
+    (d / f"{client}.json").write_text(json.dumps({"client": client, "client_start": start_time(client), "owner": owner,
+                                                  "owner_start": None if owner is None else start_time(owner)}) + "\n")
 
 
 def release_lease(client: int | None = None) -> None:
@@ -202,11 +224,17 @@ def _lease_records() -> Iterator[tuple[Path, dict[str, Any]]]:
         yield f, info
 
 
+def _live(info: dict[str, Any], who: str) -> bool:
+    """The lease's ``client`` or ``owner`` is the live process it names (pid and start time)."""
+    pid = info.get(who)
+    return pid is not None and same_process(int(pid), info.get(f"{who}_start"))
+
+
 def leases() -> tuple[bool, bool]:
     """(some lease's client or owner is alive, some lease's client is alive); stale lease files are removed."""
     any_alive = any_client = False
     for f, info in _lease_records():
-        c, o = alive(int(info["client"])), info.get("owner") is not None and alive(int(info["owner"]))
+        c, o = _live(info, "client"), _live(info, "owner")
         any_client |= c
         any_alive |= c or o
         if not (c or o):
@@ -281,9 +309,11 @@ def start_api(*, take: bool = True) -> tuple[str, Callable[[], None]]:
         if take:
             take_lease()
         info = _read("api.json")
-        if info is not None and alive(int(info["pid"])) and _is_ours(int(info["pid"]), "flows._servers"):
+        if _trusted(info):  # else stale (its server is gone, whoever has its pid now): replaced, nobody killed
+            assert info is not None
             pid, url = int(info["pid"]), str(info["url"])
             os.environ[AUTH_VAR] = str(info.get("auth", ""))
+            _using.update(pid=pid, start=info.get("start"), proc=None)
             if serves(pid, _port(url)) and _healthy(url, timeout=2.0):
                 return url, lambda: None
             if time.time() - float(info.get("started", 0)) < STARTUP_TIMEOUT_S:
@@ -296,10 +326,28 @@ def start_api(*, take: bool = True) -> tuple[str, Callable[[], None]]:
         auth = f"dsm:{secrets.token_urlsafe(24)}"
         proc = _spawn(["-m", "flows._servers", "api", str(port)], "api.log",
                       env={**os.environ, "PREFECT_SERVER_API_AUTH_STRING": auth})
-        server_started(proc.pid)
-        _write("api.json", {"pid": proc.pid, "url": url, "started": time.time(), "auth": auth})
+        shared_server(proc.pid)
+        _using.update(pid=proc.pid, start=start_time(proc.pid), proc=proc)
+        _write("api.json", {"pid": proc.pid, "start": _using["start"], "url": url, "started": time.time(),
+                            "auth": auth})
         os.environ[AUTH_VAR] = auth
     return url, lambda: _wait_healthy(url, proc.pid, proc)
+
+
+_using: dict[str, Any] = {"pid": None, "start": None, "proc": None}
+"""The API server this process uses (found or started by :func:`start_api`), for :func:`api_gone`."""
+
+
+def api_gone() -> str | None:
+    """Why the API server this process uses is gone (``the Prefect API server (pid N) was killed by SIGKILL ...``),
+    or None while it runs (or when the user's own ``PREFECT_API_URL`` is used: nothing to watch)."""
+    pid, proc = _using["pid"], _using["proc"]
+    if pid is None:
+        return None
+    if proc is not None:  # started here: its exit status says how it ended
+        code = proc.poll()
+        return None if code is None else f"the Prefect API server (pid {pid}) {how_it_ended(code)}"
+    return None if same_process(pid, _using["start"]) else f"the Prefect API server (pid {pid}) is gone"
 
 
 def _port(url: str) -> int:
@@ -338,7 +386,7 @@ def stop_servers(started_after: float | None = None, grace_s: float = 5.0, keep:
             continue
         if pid == keep:
             continue
-        if alive(pid) and _is_ours(pid, module):
+        if _trusted(info, module):
             pids.append(pid)
         with contextlib.suppress(OSError):
             (state_dir() / name).unlink()
@@ -353,8 +401,10 @@ def stop_servers_of(owner: int | None) -> None:
         return
     for _, info in _lease_records():
         c, o = int(info["client"]), info.get("owner")
-        if (alive(c) and c != os.getpid() and o != owner) or (o is not None and o != owner and alive(int(o))):
+        if (_live(info, "client") and c != os.getpid() and o != owner) or (o is not None and o != owner
+                                                                           and _live(info, "owner")):
             return
+    _using.update(pid=None, proc=None)  # stopped on purpose: not "gone"
     stop_servers(grace_s=0.8, keep=os.getppid())
 
 

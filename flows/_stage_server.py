@@ -183,13 +183,25 @@ def forward(module: str, args: list[str]) -> None:
     threading.Thread(target=_watch_parent, daemon=True).start()
     try:
         done = _recv(conn)
-    except (OSError, ConnectionError, ValueError):
-        os._exit(1)
+    except (OSError, ConnectionError, ValueError):  # the server died (kill -9): its stage must not run on unobserved
+        _stop_orphan(pid, pid_text)
     code = int(done.get("exit", 1))
-    if code < 0:  # killed by a signal: die of the same signal, as the child did
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # killed by a signal: die of the same signal, as the child did (SIGKILL cannot be handled: as is)
+        if code != -signal.SIGKILL:
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code)
+
+
+def _stop_orphan(pid: int, server: str) -> None:
+    """The stage server is gone while its fork ``pid`` ran this command: stop the fork (SIGTERM, then SIGKILL after 3
+    s: it cleans up within seconds), say so, and exit with status 1."""
+    from flows._process import terminate
+
+    terminate([pid], grace_s=3.0)
+    print(f"stage server: the pipeline's stage server (pid {server}) is gone; stopped this stage's process (pid {pid})",
+          file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +239,7 @@ def _env_difference(a: dict[str, str], b: dict[str, str]) -> str | None:
     return ", ".join(diff[:5]) if diff else None
 
 
-def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any) -> None:
+def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any, server: int) -> None:
     """In the forked child: take over the client's stdio and environment (plus the variables the server's imports
     set, as the same imports would in a new process), run the module as __main__, exit with its status."""
     import atexit
@@ -236,6 +248,7 @@ def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any)
 
     code: int = 1
     try:
+        _stop_with_parent(server)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in zip((0, 1, 2), fds, strict=True):
@@ -274,6 +287,18 @@ def _child(req: dict[str, Any], added: dict[str, str], fds: list[int], log: Any)
             except Exception:  # noqa: BLE001
                 pass
         os._exit(code)
+
+
+def _stop_with_parent(server: int) -> None:
+    """In a fork: SIGTERM when the server dies (Linux's parent-death signal), so a stage never outlives a killed
+    server (its interrupt handler stops it within seconds); the server may already be gone, hence the check after."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != server:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _preload(modules: Sequence[str]) -> None:
@@ -388,11 +413,12 @@ def _handle(conn: socket.socket, env: dict[str, str], added: dict[str, str], fil
     sys.stdout.flush()
     sys.stderr.flush()
     t0 = time.perf_counter()
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:
         listener.close()
         conn.close()
-        _child(req, added, fds, log)
+        _child(req, added, fds, log, server)
     for fd in fds:
         os.close(fd)
     conn.settimeout(None)

@@ -4,9 +4,9 @@ Every step of the stage is a set of tasks (:mod:`stages.corpus.tasks`: per shard
 domain partition, and single reductions such as training and cluster resolution), each submitted as a
 Prefect task to the task runner named by ``corpus.task_runner``: ``local`` (a thread pool of
 ``corpus.workers`` threads in this process), ``dask`` (a ``distributed.LocalCluster`` of ``corpus.workers``
-single-threaded worker processes, or the scheduler at ``corpus.address``) or ``ray`` (a local Ray, or the
-cluster at ``corpus.address``). Install the engines with ``pip install -e .[distributed]`` (Dask) or
-``.[ray]``. The tasks are the same whatever the runner, so the outputs are too (tests/corpus/test_distributed.py).
+single-threaded worker processes speaking TLS with credentials made for the run, or the scheduler at
+``corpus.address``) or ``ray`` (a local Ray, or the cluster at ``corpus.address``). Install the engines with
+``pip install -e .[distributed]`` (Dask) or ``.[ray]``. The tasks are the same whatever the runner, so the outputs are too (tests/corpus/test_distributed.py).
 On a multi-machine cluster the crawl, seed and problem paths must be reachable from every worker (absolute
 paths on a shared file system, or fsspec URLs for the crawl and seed), and so must the working directory.
 """
@@ -70,8 +70,11 @@ def make_task_runner(p: CorpusParams) -> Any:
 
             if p.address:
                 return DaskTaskRunner(address=p.address)
+            # a cluster of its own: TLS with a key and certificate made for this run (distributed's
+            # Security.temporary()), required of every connection, so another user of the machine can neither submit
+            # code to its scheduler on 127.0.0.1 nor talk to its workers
             return DaskTaskRunner(cluster_kwargs={"n_workers": p.workers, "threads_per_worker": 1, "processes": True,
-                                                  "dashboard_address": None})
+                                                  "dashboard_address": None, "security": True})
         from prefect_ray import RayTaskRunner
 
         return RayTaskRunner(address=p.address) if p.address else RayTaskRunner()

@@ -13,6 +13,13 @@ server (flows/_servers.py) serves every stage's flow process, and one stage serv
 imports the stage flows once and forks a process for every stage command DVC runs (``--no-stage-server``: every
 stage imports them itself). A Ctrl-C (or SIGTERM) stops the run within seconds, the running stage and both
 servers included (flows/_process.py), and says how to resume.
+
+One run at a time per checkout: the run holds the project (``.dvc/tmp/dsm-run.lock``, flows/_process.py) from its
+first check to its end, so a second pipeline run, or a stage command run by hand, waits for it with one line saying
+which process it waits for, and a stage command of a plain ``dvc repro`` is refused in one line. ``--params FILE`` never touches params.yaml: DVC, in this process, reads FILE where it reads
+params.yaml, and the stage commands get FILE (``DSM_PARAMS``). A server the run needs that dies (kill -9, the
+out-of-memory killer) fails the run within seconds, named as what it was; a stage that fails is reported as how it
+ended (bad input, a crash, a signal, the out-of-memory killer), and what it left running is stopped.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +46,14 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from flows import _dvc, _process, _servers
-from flows._common import pipeline_error, quiet_user_errors
+from flows._common import PARAMS_ENV, pipeline_error, quiet_user_errors
+from flows._process import RunFailed
 from flows._stage_server import StageServer
 from stages.core.errors import PipelineError
 
-_run: dict[str, Any] = {"current": None, "done": []}
+_run: dict[str, Any] = {"current": None, "done": [], "gone": None}
+"""The run's state: the stage running, the rows of those done, and a function that names a server of the run that
+is gone (None while they serve)."""
 
 
 def stage_names() -> list[str]:
@@ -98,6 +110,21 @@ def _reproduce(name: str, force: bool) -> None:
         repo.reproduce(name, single_item=True, force=force)
 
 
+def _stage_failure(name: str, e: BaseException, oom_before: int | None) -> Exception:
+    """What a stage's failure was, for the one line the user reads: a server of the run gone, the stage command's bad
+    input (exit status 2: its own error line says what), or a crash or signal (never called bad input)."""
+    cause = e.__cause__ or e
+    gone = _run["gone"]() if _run["gone"] is not None else None
+    if gone is not None:
+        return RunFailed(f"{gone} while stage {name} ran; the stage was stopped")
+    m = re.search(r"failed to run: .*, exited with (-?\d+)$", str(cause))
+    status = int(m[1]) if m else None
+    if status is None or status == 2:  # DVC's own checks (a missing dependency ...) and the stage's bad input
+        return PipelineError(f"stage {name} failed (dvc repro -s {name}): {cause}; see its output above")
+    return RunFailed(f"stage {name} {_process.how_it_ended(status, oom_before)} (dvc repro -s {name}: {cause}); see "
+                     "its output above")
+
+
 @task(name="stage", task_run_name="{name}")
 def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
     """Run one dvc.yaml stage through DVC (``dvc repro -s <name>``, in this process); return its status
@@ -116,6 +143,7 @@ def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
     # DVC prints its messages with its own console handler when it has one; Prefect's root handler would repeat them
     dvc_logger.propagate = not any(isinstance(h, logging.StreamHandler) for h in dvc_logger.handlers)
     t0 = time.perf_counter()
+    oom_before = _process.oom_kills()
     failure: list[BaseException] = []
 
     def work() -> None:
@@ -133,11 +161,18 @@ def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
         dvc_logger.removeHandler(handler)
         dvc_logger.setLevel(level)
         dvc_logger.propagate = propagate
+        left = _process.stop_leftovers()  # orphans the stage left (it was killed, or forgot them)
+        if left:
+            logger.warning("stage %s left %d process(es) running after it ended; stopped them: %s", name, len(left),
+                           "; ".join(left[:4]))
+        if failure:  # a stage killed with SIGKILL could not remove its temporary paths
+            from stages.core import io
+
+            io.remove_stale_temporaries()
     if failure:
         e = failure[0]
         if isinstance(e, DvcException):
-            cause = e.__cause__ or e
-            raise PipelineError(f"stage {name} failed (dvc repro -s {name}): {cause}; see its output above") from None
+            raise _stage_failure(name, e, oom_before) from None
         raise e
     wall = time.perf_counter() - t0
     status = classify("\n".join(handler.lines))
@@ -202,65 +237,6 @@ def build_parser(known: list[_dvc.StageInfo]) -> argparse.ArgumentParser:
     return ap
 
 
-class ParamsSwap:
-    """``--params FILE``: FILE's values for one run, without overwriting params.yaml.
-
-    DVC reads every stage's values from params.yaml, so for the run FILE's bytes are put in its place and the
-    user's params.yaml is kept beside it (``.params.yaml.swapped-<pid>-<sha>``); when the run ends (normally, on an
-    error or on Ctrl-C) it is put back, unless params.yaml was edited meanwhile (then both are left and a line says
-    so). A run killed with ``kill -9`` leaves the kept file; the next project command puts it back
-    (:func:`restore_swapped_params`). dvc.lock then records FILE's values: ``dvc status`` lists the stages FILE
-    changed until params.yaml holds them too."""
-
-    def __init__(self, path: str) -> None:
-        self.src = Path(path)
-        self.dst = Path("params.yaml")
-        self.kept: Path | None = None
-        self.data = b""
-
-    def start(self) -> bool:
-        """Swap FILE in (validated first); False when it is params.yaml or has the same bytes (nothing to do)."""
-        from stages.params import load_params
-
-        if not self.src.is_file():
-            raise PipelineError(f"--params {self.src}: file not found; give an existing params file (e.g. "
-                                "params/deepseekmath-7b.yaml)")
-        if self.dst.exists() and self.src.resolve() == self.dst.resolve():
-            return False
-        load_params(self.src)
-        self.data = self.src.read_bytes()
-        if self.dst.exists() and self.dst.read_bytes() == self.data:
-            return False
-        kept = Path(f"{_process.SWAP_PREFIX}{os.getpid()}-{_process.params_sha(self.data)}")
-        tmp = self.dst.with_name(f".params.yaml.{os.getpid()}.tmp")
-        tmp.write_bytes(self.data)
-        if self.dst.exists():
-            os.replace(self.dst, kept)  # the user's file, kept as it is (never rewritten)
-            self.kept = kept
-        os.replace(tmp, self.dst)
-        _process.after_stop(self.restore)
-        print(f"pipeline: running with {self.src}'s values; params.yaml is put back when the run ends (dvc.lock will "
-              "record the values the outputs were made with)", flush=True)
-        return True
-
-    def restore(self) -> None:
-        if not self.data:
-            return
-        data, self.data = self.data, b""
-        try:
-            current = self.dst.read_bytes()
-        except OSError:
-            current = None
-        if current is not None and current != data:
-            print(f"pipeline: params.yaml was edited during the run; it is left as it is, and the file it replaced is "
-                  f"{self.kept}", file=sys.stderr)
-            return
-        if self.kept is not None:
-            os.replace(self.kept, self.dst)
-        else:
-            self.dst.unlink(missing_ok=True)
-
-
 def git_hint(known: list[_dvc.StageInfo]) -> str | None:
     """``git add ... && git commit`` for the files a run changed that git should record (dvc.lock, the metrics and
     plots DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
@@ -304,6 +280,44 @@ def up_to_date(names: list[str]) -> bool:
         return not repo.status(targets=names, with_deps=False)
 
 
+@contextlib.contextmanager
+def project(params_file: str | None) -> Iterator[None]:
+    """The run's hold on the project, from its first check to its end (:func:`_process.hold_run_lock`: while another
+    run holds it, one line says which and this one waits), with DVC reading ``params_file`` wherever it reads
+    params.yaml (None: params.yaml itself)."""
+    held = _process.hold_run_lock("pipeline")
+    os.environ[_process.RUN_ENV] = str(os.getpid())  # its stage commands run inside this hold
+    try:
+        with _dvc_reads(Path(params_file), Path("params.yaml")) if params_file else contextlib.nullcontext():
+            yield
+    finally:
+        os.environ.pop(_process.RUN_ENV, None)
+        if held is not None:
+            held.close()
+
+
+@contextlib.contextmanager
+def _dvc_reads(params_file: Path, params_yaml: Path) -> Iterator[None]:
+    """DVC, in this process, reads ``params_file`` wherever it reads ``params_yaml`` (the stages' ``params:`` values,
+    ``foreach`` lists), through the loader it picks by suffix (``dvc.utils.serialize.LOADERS``, whose ``.yaml`` entry
+    is its default); dvc.lock records the values under params.yaml, as for any run."""
+    from dvc.utils import serialize
+
+    target = os.path.abspath(params_yaml)
+    original = serialize.LOADERS[".yaml"]
+
+    def load(path: str, fs: Any = None, **kwargs: Any) -> Any:
+        if os.path.abspath(path) == target:
+            path = str(params_file)
+        return original(path, fs=fs, **kwargs)
+
+    serialize.LOADERS[".yaml"] = load
+    try:
+        yield
+    finally:
+        serialize.LOADERS[".yaml"] = original
+
+
 def _say(msg: str) -> None:
     print(f"pipeline: {msg}", flush=True)
 
@@ -320,8 +334,16 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     args = build_parser(known).parse_args(argv)
+    params_file = None  # None: params.yaml
+    if args.params:
+        if not Path(args.params).is_file():
+            print(f"error: --params {args.params}: file not found; give an existing params file (e.g. "
+                  "params/deepseekmath-7b.yaml)", file=sys.stderr)
+            return 2
+        if Path(args.params).resolve() != Path("params.yaml").resolve():
+            params_file = str(Path(args.params).resolve())
     try:
-        names = _dvc.resolve(args.stages, known)
+        names = _dvc.resolve(args.stages, _dvc.stages(params_file=params_file or "params.yaml"))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -332,37 +354,37 @@ def main(argv: list[str] | None = None) -> int:
     from stages.params import load_params
 
     _process.install_interrupt_handler("the pipeline", hint=_resume_hint)
+    _process.adopt_orphans()
     # Stage commands (`python -m flows.<stage>`) must run in this interpreter's environment even when
     # it was called by path (.venv/bin/python -m flows.pipeline) without activating the venv.
     os.environ["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
+    if params_file is not None:
+        os.environ[PARAMS_ENV] = params_file  # the stage commands' --params (flows/_common.py)
     t0 = time.perf_counter()
-    started = time.time()
-    swap: ParamsSwap | None = None
     rows: list[dict[str, Any]] = []
     try:
-        restored = _process.restore_swapped_params()
-        if restored:
-            print(restored, file=sys.stderr)
-        left = io.remove_stale_temporaries()
-        if left:
-            print(f"removed {len(left)} temporary path(s) left by a killed earlier run", file=sys.stderr)
-        if args.params:
-            swap = ParamsSwap(args.params)
-            if swap.start():
-                known = _dvc.stages()
-                names = _dvc.resolve(args.stages, known)
-        params = load_params("params.yaml")  # a bad value fails here, before DVC deletes any output
-        selected = plan(names, only=args.only)
-        produced: set[str] = set()
-        for name in selected:  # every check that needs no computation, before any stage runs
-            preflight.check(params, [name], produced)
-            produced |= _dvc.produced_paths([name], known)
-        _say(f"{len(selected)} stage(s) to run through DVC (what is up to date is skipped): {', '.join(selected)}")
-        if not args.force and up_to_date(selected):
-            _say("every stage is up to date (dvc status); nothing to run")
-            rows = [{"stage": n, "status": "skipped", "wall_s": 0.0} for n in selected]
-        else:
-            rows = _run_flow(args, selected, started)
+        with project(params_file):
+            known = _dvc.stages(params_file=params_file or "params.yaml")
+            names = _dvc.resolve(args.stages, known)
+            left = io.remove_stale_temporaries()
+            if left:
+                print(f"removed {len(left)} temporary path(s) left by a killed earlier run", file=sys.stderr)
+            params = load_params(params_file or "params.yaml")  # a bad value fails here, before DVC deletes any output
+            selected = plan(names, only=args.only)
+            produced: set[str] = set()
+            for name in selected:  # every check that needs no computation, before any stage runs
+                preflight.check(params, [name], produced)
+                produced |= _dvc.produced_paths([name], known)
+            _say(f"{len(selected)} stage(s) to run through DVC (what is up to date is skipped): {', '.join(selected)}")
+            if not args.force and up_to_date(selected):
+                _say("every stage is up to date (dvc status); nothing to run")
+                rows = [{"stage": n, "status": "skipped", "wall_s": 0.0} for n in selected]
+            else:
+                rows = _run_flow(args, selected)
+    except RunFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        print(_resume_hint(), file=sys.stderr)
+        return 1
     except Exception as e:
         user_error = pipeline_error(e)
         if user_error is None:
@@ -371,9 +393,6 @@ def main(argv: list[str] | None = None) -> int:
         if _run["current"] is not None:
             print(_resume_hint(), file=sys.stderr)
         return 1 if _run["done"] or _run["current"] else 2
-    finally:
-        if swap is not None:
-            swap.restore()
     total = time.perf_counter() - t0
     print(f"{'stage':<24}{'status':<10}{'wall_s':>8}")
     for r in rows:
@@ -381,9 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'total':<34}{total:>8.1f}")
     if any(r["status"] != "skipped" for r in rows):
         hint = git_hint(known)
-        if hint and swap is not None and swap.kept is not None:
-            hint = (f"this run used {args.params}'s values (dvc.lock records them) and params.yaml is back as it was: "
-                    f"to record the run, cp {args.params} params.yaml first; " + hint)
+        if hint and params_file is not None and Path(params_file).read_bytes() != Path("params.yaml").read_bytes():
+            hint = (f"this run used {args.params}'s values (dvc.lock records them; params.yaml was not touched): to "
+                    f"record the run, cp {args.params} params.yaml first; " + hint)
         if hint:
             print(hint)
     line = hardware_line()
@@ -391,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     from flows.report import print_headline  # last: held-out accuracy per model and the report's path
 
-    print_headline()
+    print_headline(params_file or "params.yaml")
     return 0
 
 
@@ -414,12 +433,15 @@ def hardware_line(metrics_dir: str | Path = "data/metrics") -> str | None:
     return "precision: " + "; ".join(f"{', '.join(v)} ({k})" for k, v in by_source.items())
 
 
-def _run_flow(args: argparse.Namespace, selected: list[str], started: float) -> list[dict[str, Any]]:
-    """Start the project's API server and (unless ``--no-stage-server``) the stage server, run the pipeline flow,
-    stop both; the rows of the summary."""
+def _run_flow(args: argparse.Namespace, selected: list[str]) -> list[dict[str, Any]]:
+    """Start (or join) the project's API server and (unless ``--no-stage-server``) start the stage server, run the
+    pipeline flow with both watched (one that dies fails the run within seconds, :func:`_process.fail`), then release
+    them: the stage server stops, the API server too unless another process holds a lease on it."""
     stage_server: StageServer | None = None
+    unwatch: Callable[[], None] = lambda: None  # noqa: E731
     try:
         quiet_user_errors()
+        _process.after_stop(_release_api)  # an interrupt: after the stage, as at the end
         url, wait_api = _servers.start_api()
         os.environ["PREFECT_API_URL"] = url  # inherited by every stage's process
         modules = sorted({f"flows.{n.split('@')[0]}" for n in selected})
@@ -430,18 +452,35 @@ def _run_flow(args: argparse.Namespace, selected: list[str], started: float) -> 
         _say("starting the Prefect API server" + (" and the stage server (the stages' imports, once)"
                                                   if stage_server else "") + f"; Prefect's state: {_prefect_home()}")
         wait_api()
+
+        def gone() -> str | None:
+            proc = stage_server.proc if stage_server is not None else None
+            if proc is not None and proc.poll() is not None:
+                return f"the stage server (pid {proc.pid}) {_process.how_it_ended(proc.returncode)}"
+            return _servers.api_gone()
+
+        _run["gone"] = gone
+        unwatch = _process.watch(gone, lambda why: _process.fail(
+            why + (f" while stage {_run['current']} ran" if _run["current"] else "")))
         from prefect.settings import temporary_settings
 
         with temporary_settings(updates=_servers.settings_updates(url)):
             return pipeline_flow(stages=selected, force=args.force)
     finally:
+        unwatch()
+        _run["gone"] = None
         if stage_server is not None:
             stage_server.stop()
             print(stage_server.summary())
         if os.environ.get("PREFECT_API_URL"):
             _drain_prefect_workers()
-        _servers.stop_servers(started_after=started)
-        _servers.release_lease()
+        _release_api()
+
+
+def _release_api() -> None:
+    """Give up this run's lease on the API server and stop it, unless another process holds a lease on it."""
+    _servers.release_lease()
+    _servers.stop_servers_of(os.getpid())
 
 
 def _prefect_home() -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows._common import log_section, main, publish_metrics
+from flows._common import default_params, log_section, main, publish_metrics
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.schema.report import ReportParams
@@ -55,7 +55,7 @@ def cli(argv: list[str] | None = None) -> int:
     """``python -m flows.report``: the flow (:func:`flows._common.main`), then the headline and the page's path,
     printed after the flow's own log lines so that they end ``dvc repro``'s output."""
     ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--params", default=default_params())
     known, _ = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     status = main(report_flow, "report", argv)
     if status == 0:

@@ -88,11 +88,16 @@ def run(p: IngestParams, name: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- fetch
 
 
-def fetch(spec: DatasetSpec, name: str) -> dict[str, Any]:
-    """Save hub data set ``name`` (``spec.hub``) to ``spec.path`` with its pin; return the pin."""
+def fetch(spec: DatasetSpec, name: str, key: str | None = None) -> dict[str, Any]:
+    """Save hub data set ``name`` (``spec.hub``) to ``spec.path`` with its pin; return the pin. ``spec.path`` (the field
+    ``key``) must lie inside the project or a data root (:func:`stages.core.paths.write_target`), and a directory
+    already there is replaced only when an earlier fetch made it (it holds the pin file)."""
+    assert spec.hub is not None
+    key = key or f"datasets.{name}.path"
+    target = paths.write_target(spec.path, key)
+    paths.replaceable(target, key, "`python -m stages.ingest fetch`", HUB_PIN)
     import datasets
 
-    assert spec.hub is not None
     h = spec.hub
     if h.revision is None:
         print(f"warning: {name}: hub data set {h.id} is not pinned (revision null): fetching the latest; pin it with "
@@ -104,19 +109,20 @@ def fetch(spec: DatasetSpec, name: str) -> dict[str, Any]:
                             f"{h.revision}): {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
     pin = {"id": h.id, "config": h.config, "split": h.split, "revision": h.revision,
            "fingerprint": getattr(ds, "_fingerprint", None), "rows": len(ds)}
-    with atomic_path(spec.path) as tmp:
+    with atomic_path(target) as tmp:
         ds.save_to_disk(str(tmp))
         (tmp / HUB_PIN).write_text(json.dumps(pin, indent=2) + "\n")
     return pin
 
 
-def hub_datasets(params_path: str) -> dict[str, DatasetSpec]:
-    """Every data set of the ingest and testsets sections that has a hub source, by name."""
+def hub_datasets(params_path: str) -> dict[str, tuple[str, DatasetSpec]]:
+    """Every data set of the ingest and testsets sections that has a hub source, by name: (its path's key, it)."""
     from stages.schema.testsets import TestsetsParams
 
-    out: dict[str, DatasetSpec] = {}
+    out: dict[str, tuple[str, DatasetSpec]] = {}
     for section in (IngestParams.from_file(params_path), TestsetsParams.from_file(params_path)):
-        out.update({n: s for n, s in section.datasets.items() if s.hub is not None})
+        out.update({n: (f"{section.SECTION}.datasets.{n}.path", s) for n, s in section.datasets.items()
+                    if s.hub is not None})
     return out
 
 
@@ -134,13 +140,14 @@ def main(argv: Iterable[str] | None = None) -> int:
             raise PipelineError(f"no hub data set named {unknown} in {args.params} (hub data sets: {sorted(specs)})")
         done: dict[tuple[str, str], str] = {}  # one fetch per snapshot directory and pin (sft and rl share one)
         for n in args.names or sorted(specs):
-            key = (specs[n].path, json.dumps(specs[n].hub.model_dump() if specs[n].hub else None, sort_keys=True))
+            field, spec = specs[n]
+            key = (spec.path, json.dumps(spec.hub.model_dump() if spec.hub else None, sort_keys=True))
             if key in done:
-                print(f"{n}: same snapshot as {done[key]} ({specs[n].path})")
+                print(f"{n}: same snapshot as {done[key]} ({spec.path})")
                 continue
-            pin = fetch(specs[n], n)
+            pin = fetch(spec, n, field)
             done[key] = n
-            print(f"{n}: {pin['rows']} rows of {pin['id']} ({pin['split']}, revision {pin['revision']}) -> {specs[n].path}")
+            print(f"{n}: {pin['rows']} rows of {pin['id']} ({pin['split']}, revision {pin['revision']}) -> {spec.path}")
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
-from stages.core import problems
+from stages.core import paths, problems
 from stages.core.errors import PipelineError
 from stages.core.model_files import context_length, model_dir_problem
 from stages.params import Params
@@ -146,6 +146,7 @@ def _check_launcher(stage: str, launcher: Any) -> None:
 def _corpus(p: Params, produced: Collection[str]) -> None:
     c = p.corpus
     data_hint = "run the data stage (dvc repro data) or fix the path"
+    paths.write_target(c.work_dir or str(paths.DATA), "corpus.work_dir")  # where it writes: the project or a data root
     _need_input("corpus.crawl_path", c.crawl_path, produced, data_hint)
     _need_input("corpus.seed_path", c.seed_path, produced, data_hint)
     for split in ("sft", "rl", "test"):

@@ -133,3 +133,57 @@ def test_real_files_ingest_with_round_trip(shared_data: Path) -> None:
     assert t["rows_out"] == 7498 and t["skipped"] == {"no_gold": 2} and t["notes"] == {"gold_from_solution": 2}
     h = run(shared_data / "pot_tir" / "pal_gsmhardv2.jsonl", "pal", None, limit=200)
     assert h["by_format"] == {"pot": h["rows_out"]} and h["programs"]["ok"] >= 0.99 * 200
+
+
+def test_fetch_writes_only_inside_the_project_and_replaces_only_its_own_snapshots(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50: a hub data set's ``path`` outside the project (``../outside/precious``) is refused in one line before
+    anything is fetched, and the directory there keeps its file; inside the project, a directory the fetch did not
+    make is not replaced either; a snapshot an earlier fetch made is; an explicit data root (DSM_DATA_ROOT) allows a
+    path outside."""
+    hub = {"id": str(project / "raw"), "config": None, "split": "train", "revision": "v1"}
+    outside = project.parent / f"outside-{project.name}" / "precious"
+    outside.mkdir(parents=True)
+    (outside / "keep.txt").write_text("mine")
+
+    def spec(path: str) -> DatasetSpec:
+        return DatasetSpec.model_validate({**_ds(path, "gsm8k"), "hub": hub})
+
+    rel = f"../outside-{project.name}/precious"
+    with pytest.raises(PipelineError, match=rf"^ingest.datasets.gsm.path: {rel} is {outside}, outside the project "
+                                            rf"\({project}\): .* DSM_DATA_ROOT"):
+        ingest.fetch(spec(rel), "gsm", "ingest.datasets.gsm.path")
+    assert (outside / "keep.txt").read_text() == "mine" and sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    (project / "mine").mkdir()
+    (project / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(PipelineError, match="is a directory that `python -m stages.ingest fetch` did not make"):
+        ingest.fetch(spec("mine"), "gsm")
+    assert (project / "mine" / "notes.txt").read_text() == "mine"
+    (project / "link").symlink_to(outside)  # a link inside pointing outside: where it resolves decides
+    with pytest.raises(PipelineError, match="outside the project"):
+        ingest.fetch(spec("link/sub"), "gsm")
+    assert ingest.fetch(spec("data/hub/gsm"), "gsm")["rows"] == 2
+    assert ingest.fetch(spec("data/hub/gsm"), "gsm")["rows"] == 2  # its own snapshot: replaced
+    monkeypatch.setenv("DSM_DATA_ROOT", str(outside.parent))
+    with pytest.raises(PipelineError, match="did not make"):  # allowed there, but still not replaced
+        ingest.fetch(spec(rel), "gsm")
+    assert ingest.fetch(spec(f"{rel}-snapshot"), "gsm")["rows"] == 2
+    assert (outside.parent / "precious-snapshot" / ingest.HUB_PIN).is_file()
+    assert (outside / "keep.txt").read_text() == "mine"
+
+
+def test_the_corpus_work_dir_is_checked_before_the_stage_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50: ``corpus.work_dir`` is where the corpus stage writes its working files: inside the project or a data
+    root, checked with the stage's other inputs before anything runs (stages/preflight.py)."""
+    from stages import preflight
+    from stages.params import load_params
+    from tests.test_params import ROOT
+
+    monkeypatch.chdir(tmp_path)
+    params = load_params(ROOT / "params.yaml")
+    params = params.model_copy(update={"corpus": params.corpus.model_copy(update={"work_dir": "/var/tmp/elsewhere"})})
+    with pytest.raises(PipelineError, match=r"^corpus.work_dir: /var/tmp/elsewhere is /var/tmp/elsewhere, outside"):
+        preflight.check(params, ["corpus"], produced={"data/generated", "data/testsets"})
+    monkeypatch.setenv("DSM_DATA_ROOT", "/var/tmp")
+    with pytest.raises(PipelineError, match="corpus.crawl_path"):  # past work_dir, on to the inputs
+        preflight.check(params, ["corpus"])

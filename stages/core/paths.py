@@ -5,7 +5,10 @@ dvc.yaml lists the same paths as deps/outs; tests/flows/test_dvc_yaml.py checks 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from stages.core.errors import PipelineError
 
 DATA = Path("data")
 
@@ -113,3 +116,33 @@ def plots_dir(stage: str) -> Path:
 def eval_dir(model: str) -> Path:
     """The evaluate stage's completions directory for one model: ``data/eval/<model>``."""
     return EVAL / model
+
+
+DATA_ROOT_ENV = "DSM_DATA_ROOT"
+"""Directories (``:``-separated) outside the project where a params file may name paths to write (a scratch or shared
+file system for ``corpus.work_dir``, a data disk for hub snapshots): the explicit data roots; none by default."""
+
+
+def write_target(value: str, key: str) -> Path:
+    """The absolute path a params field (``key``) names for the project to write: symlinks followed, it must lie
+    inside the project (the working directory: every command runs from the project root) or inside a data root of
+    :data:`DATA_ROOT_ENV`; a one-line :class:`PipelineError` naming the key and the fix otherwise (before any work)."""
+    target = (Path.cwd() / Path(value).expanduser()).resolve()
+    roots = [Path.cwd().resolve(), *(Path(r).expanduser().resolve()
+                                     for r in os.environ.get(DATA_ROOT_ENV, "").split(os.pathsep) if r.strip())]
+    if any(target.is_relative_to(r) for r in roots):
+        return target
+    raise PipelineError(f"{key}: {value} is {target}, outside the project ({roots[0]}): give a path inside it, or name "
+                        f"its directory in {DATA_ROOT_ENV} (e.g. {DATA_ROOT_ENV}={target.parent}) to allow it")
+
+
+def replaceable(target: Path, key: str, made_by: str, marker: str) -> None:
+    """Raise a one-line :class:`PipelineError` unless writing ``target`` replaces nothing that ``made_by`` did not make:
+    it is absent, or a directory holding ``marker`` (the file ``made_by`` writes into every directory it makes)."""
+    if not target.exists() and not target.is_symlink():
+        return
+    if target.is_dir() and not target.is_symlink() and (target / marker).is_file():
+        return
+    kind = "a directory" if target.is_dir() else "a file"
+    raise PipelineError(f"{key}: {target} is {kind} that {made_by} did not make (no {marker} in it), so it is not "
+                        "replaced: move it away, or give another path")

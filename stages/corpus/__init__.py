@@ -90,8 +90,9 @@ def _sum(parts: list[tuple[int, ...]]) -> tuple[int, ...]:
 
 
 def work_root(p: CorpusParams) -> Path:
-    """The absolute directory holding the stage's working files (every worker must be able to reach it)."""
-    return Path(p.work_dir or paths.DATA).resolve()
+    """The absolute directory holding the stage's working files (every worker must be able to reach it): inside the
+    project or a data root (:func:`stages.core.paths.write_target`); the stage makes a directory of its own in it."""
+    return paths.write_target(p.work_dir or str(paths.DATA), "corpus.work_dir")
 
 
 def run(p: CorpusParams, *, map_fn: MapFn | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """``python -m flows.pipeline`` as a command line (flows/pipeline.py): --help lists the stages, unknown names are
 refused before anything starts, named stages run with their upstream stages (``--only``: not), ``--params FILE``
-runs with FILE's values and leaves params.yaml as it was, the closing git hint is a command that works, and every
+runs with FILE's values and never touches params.yaml, a run holds the project (DVC's lock) from start to end, the closing git hint is a command that works, and every
 stage command's --help answers without importing torch."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stages.core.errors import PipelineError
 from tests.flows._project import GIT, env, make_project, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,33 +129,39 @@ def test_params_file_runs_with_its_values_and_leaves_params_yaml_as_it_was(proje
         run(["git", "checkout", "params.yaml", "dvc.lock", "data"], project, check=False)
 
 
-def test_a_swapped_params_yaml_is_put_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """ParamsSwap puts params.yaml back at the end (also after an error), leaves an edit made during the run
-    alone, and a run killed with kill -9 is repaired by the next command (:func:`restore_swapped_params`)."""
-    from flows import _process
-    from flows.pipeline import ParamsSwap
+def test_a_run_holds_the_project_and_dvc_reads_its_params_file(project: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50: for a run, DVC (in the pipeline's process) reads ``--params FILE`` where it reads params.yaml, which
+    is never touched; the run holds the project from its start to its end (another run, a stage by hand, wait), and
+    lets it go after."""
+    import zc.lockfile
+    from dvc.repo import Repo
 
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text("mine: 1\n")
+    from flows import _process
+    from flows.pipeline import project as run_project
+
+    def seed() -> int:
+        with Repo() as repo:
+            (data,) = [s for s in repo.index.stages if s.addressing == "data"]
+            return [d for d in data.deps if d.def_path == "params.yaml"][0].read_params()["data"]["seed"]
+
+    monkeypatch.chdir(project)
     other = tmp_path / "other.yaml"
-    other.write_bytes((ROOT / "params.yaml").read_bytes())
-    swap = ParamsSwap(str(other))
-    assert swap.start() is True
-    assert (tmp_path / "params.yaml").read_bytes() == other.read_bytes()
-    swap.restore()
-    assert (tmp_path / "params.yaml").read_text() == "mine: 1\n" and not list(tmp_path.glob(".params.yaml.*"))
-    # kill -9 during a run: the kept file names a dead process and the bytes it swapped in
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    kept = tmp_path / f"{_process.SWAP_PREFIX}{dead.pid}-{_process.params_sha(other.read_bytes())}"
-    kept.write_text("mine: 1\n")
-    (tmp_path / "params.yaml").write_bytes(other.read_bytes())
-    assert "restored params.yaml" in _process.restore_swapped_params()
-    assert (tmp_path / "params.yaml").read_text() == "mine: 1\n" and not kept.exists()
-    # ... unless params.yaml was edited since: both are left, with a warning
-    kept.write_text("mine: 1\n")
-    (tmp_path / "params.yaml").write_text("edited: 2\n")
-    assert _process.restore_swapped_params().startswith("warning:") and kept.exists()
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["data"]["seed"] = 7
+    other.write_text(yaml.safe_dump(raw, sort_keys=False))
+    before = (project / "params.yaml").read_bytes()
+    with run_project(str(other)):
+        assert seed() == 7 and os.environ[_process.RUN_ENV] == str(os.getpid())
+        with pytest.raises(zc.lockfile.LockError):
+            zc.lockfile.LockFile(_process.RUN_LOCK)
+        assert _process.hold_run_lock("stage data") is None  # a stage command of this run: inside its hold
+        monkeypatch.delenv(_process.RUN_ENV)  # a stage command of a plain `dvc repro` meanwhile: refused
+        with pytest.raises(PipelineError, match=rf"this project is being run by pid {os.getpid()} \("):
+            _process.hold_run_lock("stage data", wait=False)
+        assert (project / "params.yaml").read_bytes() == before
+    zc.lockfile.LockFile(_process.RUN_LOCK).close()
+    assert seed() == 0 and _process.RUN_ENV not in os.environ
 
 
 def test_the_summary_says_which_precision_made_the_models(tmp_path: Path) -> None:
