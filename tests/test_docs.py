@@ -248,7 +248,7 @@ def check_spans(section: str) -> tuple[list[str], dict[str, int]]:
 
 def test_readme_file_tree_names_existing_files() -> None:
     paths = tree_paths(readme_sections()["Where things are"])
-    assert len(paths) > 60 and "stages/rl/run.py" in paths and "stages/rl/sources" in paths
+    assert len(paths) > 60 and "stages/rl/loop.py" in paths and "stages/rl/sources" in paths
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert not missing, f"README.md's file tree names files that do not exist: {missing}"
     rl = {p.split("/")[-1] for p in paths if p.startswith("stages/rl/")}

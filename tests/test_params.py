@@ -251,7 +251,7 @@ def test_validating_the_params_imports_no_torch() -> None:
     torch-free specs of stages/rl/registry.py: validating the whole file loads neither torch nor the RL package."""
     code = ("import sys; import stages.params as sp; assert 'torch' not in sys.modules, 'import'; "
             "sp.load_params('params.yaml'); bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') "
-            "or m in ('stages.rl.algorithms', 'stages.rl.step', 'transformers')]; assert not bad, bad")
+            "or m in ('stages.rl.algorithms', 'stages.rl.loop', 'transformers')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 

@@ -4,7 +4,7 @@ corrections.
 Each registry maps a name (the value of a ``grpo`` params field) to a *spec*: what the entry is and what it needs
 (a reference model, a value model, a reward model, fields of the prompt rows), declared once, in plain Python.
 The params schema (stages/schema/grpo.py), the whole-file check (stages/params.py), the planner (stages/plan.py),
-the preflight checks (stages/preflight.py) and the driver (stages/rl/run.py) all ask these specs (through
+the preflight checks (stages/preflight.py) and the loop (stages/rl/loop.py) all ask these specs (through
 stages/rl/needs.py for what a run needs); nothing tests a
 name as a string elsewhere. Importing this module imports no torch, so validating params.yaml stays cheap.
 

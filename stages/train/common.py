@@ -24,9 +24,9 @@ from stages.core.plots import write_table
 from stages.schema.base import Section
 from stages.schema.train import TrainLoopParams
 from stages.train.ds_config import deepspeed_config
-from stages.train.loop import TrainResult, full_state_dict, use_bf16
+from stages.train.loop import TrainResult, full_state_dict
 from stages.train.report import plot_curves
-from stages.train.update import use_deepspeed
+from stages.train.update import use_bf16, use_deepspeed
 
 
 def load_start_model(model_dir: str | os.PathLike[str], t: TrainLoopParams, where: str

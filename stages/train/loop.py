@@ -34,7 +34,7 @@ from stages.train.data import BatchSource
 from stages.train.ds_config import deepspeed_config
 from stages.train.losses import lm_nll_sum
 from stages.train.schedule import lr_factor
-from stages.train.update import Updater, use_deepspeed
+from stages.train.update import Updater, use_bf16, use_deepspeed
 
 EvalFn = Callable[[torch.nn.Module], float]
 
@@ -48,14 +48,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def use_bf16(precision: str, device: torch.device) -> bool:
-    """Whether to train with bf16: ``bf16`` always, ``fp32`` never, ``auto`` where bf16 matmuls are fast
-    (CUDA with bf16 support; CPUs with AMX tiles, whose oneDNN kernels run bf16 matmuls on AMX)."""
-    from stages.core.hardware import resolve_precision
-
-    return resolve_precision(precision, device) == "bf16"
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

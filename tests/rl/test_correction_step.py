@@ -87,13 +87,13 @@ def test_the_loss_gets_the_corrections_weights_and_the_step_reports_them(project
         advantage__skip_zero_std_groups=False,
     )
     captured = {}
-    import stages.rl.step as step_mod
+    import stages.rl.loop as step_mod
 
     real_update = step_mod.update
 
-    def grab(ctx, batch, tg, lp):  # the step's rollout and loss mask, to recompute the weights independently
+    def grab(run, models, batch, tg, lp):  # the step's rollout and loss mask, to recompute the weights independently
         captured.update(ro=batch.rollout, mask=tg.loss_mask, rows=tg.train_rows)
-        return real_update(ctx, batch, tg, lp)
+        return real_update(run, models, batch, tg, lp)
 
     monkeypatch.setattr(step_mod, "update", grab)
     (row,) = _run(p, monkeypatch, calls)

@@ -11,7 +11,7 @@ import torch
 
 from stages.core import paths
 from stages.core.modeling import load_model, load_tokenizer
-from stages.rl import run
+from stages.rl import loop
 from stages.rl.data import load_prompts
 
 from ._launch import free_port, one_and_two_ranks
@@ -44,7 +44,7 @@ def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stag
     kw = dict(algorithm=algorithm, steps=2, optim__micro_batch_size=4, checkpoint_every=0)
     if algorithm == "online_rft":  # a random model is never right: scripted outputs, 3 of 4 correct
         tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-        monkeypatch.setattr(run, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
+        monkeypatch.setattr(loop, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
     plain, hp = _train(tiny_params(**kw))
     ds, hd = _train(tiny_params(**kw, deepspeed=dict(enabled=True, zero_stage=stage, offload_optimizer=False)))
     assert hd[-1]["deepspeed_zero_stage"] == stage and hp[-1]["deepspeed_zero_stage"] is None

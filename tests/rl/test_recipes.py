@@ -18,12 +18,11 @@ from stages.core.generation import Completion
 from stages.core.modeling import load_model, load_tokenizer
 from stages.rl import registry
 from stages.rl.data import load_prompts, step_questions
+from stages.rl.loop import begin_iteration, run_step, setup
 from stages.rl.losses import aggregate
 from stages.rl.recipes import concat_rollouts, select_groups
 from stages.rl.reward_shaping import overlong_penalty
 from stages.rl.rollout import build_rollout, rollout_prompt, token_logprobs
-from stages.rl.run import begin_iteration, setup
-from stages.rl.step import run_step
 from stages.rl.update import as_updater
 
 from .test_grpo_stage import rl_train, tiny_params
@@ -76,9 +75,9 @@ def _sgd_step(p: Any, gen: Any, step: int = 0) -> tuple[dict[str, torch.Tensor],
     model, tok, rows = _load()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     before = {n: w.detach().clone() for n, w in model.named_parameters()}
-    ctx = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
-    begin_iteration(ctx, 1, None)
-    row, _, rewards = run_step(step, ctx)
+    run, models, state = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
+    begin_iteration(run, models, state, 1, None)
+    row, _, rewards = run_step(run, models, state, step)
     return {n: before[n] - w.detach() for n, w in model.named_parameters()}, row, rewards
 
 

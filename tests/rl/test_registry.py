@@ -49,8 +49,8 @@ def test_every_reward_source_builds(project) -> None:
     """Each source's build path resolves; the ones without a model build on the tiny project."""
     from stages.core import paths
     from stages.core.modeling import load_tokenizer
+    from stages.rl.loop import build_scorer
     from stages.rl.rewards import RewardSet
-    from stages.rl.run import build_source
 
     tok = load_tokenizer(paths.SFT_MODEL)
     for name in REWARD_SOURCES.names():
@@ -62,7 +62,7 @@ def test_every_reward_source_builds(project) -> None:
         if not spec.reward_model:
             p = tiny_params(reward__source=name)
             rs = RewardSet.from_params(1.0, 0.0, [], [])
-            scorer = build_source(name, SourceInputs(p, tok, rs))
+            scorer = build_scorer(name, SourceInputs(p, tok, rs))
             assert callable(getattr(scorer, "rewards", None)), name
             assert (scorer is rs) == (name == "rule")
 
