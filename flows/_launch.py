@@ -63,7 +63,7 @@ def run_stage(stage: str, p: Any, run_fn: Callable[[Any], dict[str, Any]], param
 
 @task(cache_policy=NO_CACHE, persist_result=False)
 def _in_process(run_fn: Callable[[Any], dict[str, Any]], p: Any) -> dict[str, Any]:
-    from stages.train.common import check_world_size
+    from stages.core.cli import check_world_size
 
     check_world_size(p)
     return run_fn(p)

@@ -169,6 +169,6 @@ def run(p: GrpoParams) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # the DeepSpeed / torchrun entry (docs/real-mode.md); dvc runs python -m flows.grpo
-    from stages.train.common import cli
+    from stages.core.cli import cli
 
     raise SystemExit(cli(GrpoParams, run))

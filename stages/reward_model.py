@@ -194,6 +194,6 @@ def run(p: RewardModelParams) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # the DeepSpeed / torchrun entry (docs/real-mode.md); dvc runs python -m flows.reward_model
-    from stages.train.common import cli
+    from stages.core.cli import cli
 
     raise SystemExit(cli(RewardModelParams, run))
