@@ -193,7 +193,7 @@ def test_stages_import_only_their_own_schema() -> None:
     for path in list((ROOT / "stages").rglob("*.py")) + list((ROOT / "flows").glob("*.py")):
         rel = str(path.relative_to(ROOT))
         if rel in {"stages/params.py", "stages/preflight.py", "flows/_common.py", "flows/pipeline.py",
-                   "stages/train/common.py"}:
+                   "stages/core/cli.py"}:
             continue
         if re.search(r"^\s*(from stages\.params import|import stages\.params\b)", path.read_text(), re.M):
             offenders.append(rel)
