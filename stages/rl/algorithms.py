@@ -89,13 +89,13 @@ class Algorithm:
         return False
 
     def policy_loss(self, p: Any) -> str:
-        """The registered policy loss (stages/rl/registry.py POLICY_LOSSES) of the update."""
+        """The registered policy loss (stages.rl.losses.POLICY_LOSSES) of the update."""
         return "nll"
 
     def loss_config(self, p: Any) -> LossConfig:
+        """What every policy loss reads (the loss's own settings come from its params block)."""
         return LossConfig(clip_eps=p.loss.clip_eps, clip_eps_high=p.loss.clip_eps_high, beta=0.0,
-                          aggregation=p.loss.aggregation, cispo_max_ratio=p.loss.cispo.max_ratio,
-                          cispo_min_ratio=p.loss.cispo.min_ratio)
+                          aggregation=p.loss.aggregation)
 
     def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
         """Samples drawn once, before training, from the start model (rft's pool), or None."""

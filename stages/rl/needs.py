@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS
+from stages.rl.advantages import ADVANTAGE_ESTIMATORS
+from stages.rl.registry import ALGORITHMS
 from stages.rl.sources import REWARD_SOURCES
 
 

@@ -32,9 +32,8 @@ from torch import Tensor
 from stages.core import threads
 from stages.core.dist import all_reduce, train_device
 from stages.core.modeling import load_model
-from stages.rl import registry
 from stages.rl.corrections import step_metrics, step_weights
-from stages.rl.losses import LossNormalizer, entropy_bonus, value_loss
+from stages.rl.losses import POLICY_LOSSES, LossNormalizer, entropy_bonus, settings_of, value_loss
 from stages.rl.rollout import mismatch_metrics, token_logprobs, trim, truncation
 from stages.rl.types import Batch, LogProbs, Models, RunSpec, Targets
 from stages.train.ds_config import build_deepspeed_config
@@ -149,8 +148,9 @@ def micro_losses(run: RunSpec, models: Models, batch: Batch, tg: Targets, lp: Lo
     w = tg.weights[sl] if tg.weights.dim() == 1 else tg.weights[sl, :t]
     ref = None if lp.ref is None else lp.ref[sl, :t].to(dev)
     is_w = step_weights(p.correction, old, ro.sampler_logprobs[sl, :t], msk)  # grpo.correction; None: off
-    loss, lm = registry.POLICY_LOSSES.get(algo.policy_loss(p))(lp_new, old, ref, w.to(dev), msk, algo.loss_config(p),
-                                                               norm, **({} if is_w is None else {"is_weights": is_w}))
+    name = algo.policy_loss(p)
+    loss, lm = POLICY_LOSSES.get(name)(lp_new, old, ref, w.to(dev), msk, algo.loss_config(p), norm,
+                                       settings_of(name, p.loss), **({} if is_w is None else {"is_weights": is_w}))
     bonus = 0.0
     if coef > 0:  # the entropy bonus: -coef x H aggregated like the loss, batch-wide normalisers
         assert ent is not None
@@ -208,7 +208,7 @@ class UpdateSums:
         """kl and clip fractions (0 for the SFT-loss methods: no reference, no clip), the algorithm's and its loss's
         metrics, entropy, the value loss's metrics with a value model, and the entropy bonus when it is on."""
         p, algo = run.p, run.algorithm
-        names = algo.loss_metrics + registry.POLICY_LOSSES.spec(algo.policy_loss(p)).metrics
+        names = algo.loss_metrics + POLICY_LOSSES.spec(algo.policy_loss(p)).metrics
         m = {key: self.keys[key] / self.n_tok if self.n_tok else 0.0 for key in ("kl", "clip_frac_low", "clip_frac_high")}
         for key in names:
             m[key] = self.keys.get(key, 0.0) / self.n_tok if self.n_tok else LOSS_METRIC_DEFAULTS.get(key, math.nan)

@@ -61,13 +61,13 @@ def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch)
 
     from stages.rl.losses import POLICY_LOSSES
 
-    real = POLICY_LOSSES["clipped"]
+    real = POLICY_LOSSES.impls["clipped"]
 
     def nan_loss(*a, **k):
         loss, m = real(*a, **k)
         return loss * math.nan, m
 
-    monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
+    monkeypatch.setitem(POLICY_LOSSES.impls, "clipped", nan_loss)
     before = {k: v.clone() for k, v in load_model(paths.SFT_MODEL).state_dict().items()}
     after, h = _train(tiny_params(steps=1, optim__micro_batch_size=4, checkpoint_every=0,
                                   deepspeed=dict(enabled=True, zero_stage=2, offload_optimizer=False)))

@@ -129,13 +129,13 @@ def _load():
 def test_nonfinite_step_is_skipped_and_counted(project, monkeypatch):
     from stages.rl.losses import POLICY_LOSSES
 
-    real = POLICY_LOSSES["clipped"]
+    real = POLICY_LOSSES.impls["clipped"]
 
     def nan_loss(*a, **k):
         loss, m = real(*a, **k)
         return loss * math.nan, m
 
-    monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
+    monkeypatch.setitem(POLICY_LOSSES.impls, "clipped", nan_loss)
     model, tok, rows = _load()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     hist, _, _ = rl_train(model, tok, rows, tiny_params(steps=1), ckpt_dir=None)

@@ -193,7 +193,7 @@ def test_ppo_policy_loss_is_the_clipped_surrogate_without_kl() -> None:
     algo = get_algorithm("ppo")
     p = tiny_params(algorithm="ppo", advantage__estimator="gae")
     assert algo.policy_loss(p) == "clipped" and algo.loss_config(p).beta == 0.0
-    loss, m = POLICY_LOSSES["clipped"](lp, old, ref, adv, mask, cfg, LossNormalizer.from_mask(mask))
+    loss, m = POLICY_LOSSES.get("clipped")(lp, old, ref, adv, mask, cfg, LossNormalizer.from_mask(mask))
     per_seq = []
     for b in range(4):
         terms = []
@@ -212,7 +212,7 @@ def test_ppo_policy_loss_is_the_clipped_surrogate_without_kl() -> None:
 
 def test_registries_name_their_entries_in_one_line_errors() -> None:
     assert list(ALGORITHMS) == ["sft", "rft", "online_rft", "grpo", "ppo"]
-    assert {"grpo", "gae"} <= set(ADVANTAGE_ESTIMATORS) and {"clipped", "nll"} <= set(POLICY_LOSSES)
+    assert {"grpo", "gae"} <= set(ADVANTAGE_ESTIMATORS.names()) and {"clipped", "nll"} <= set(POLICY_LOSSES.names())
     with pytest.raises(Exception, match=r"unknown algorithm 'dpo'; registered: sft, rft, online_rft, grpo, ppo"):
         tiny_params(algorithm="dpo")
     with pytest.raises(Exception, match=r"unknown advantage estimator 'vtrace'; registered: .*grpo.*gae"):
