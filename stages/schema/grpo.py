@@ -273,7 +273,8 @@ class GrpoLossParams(Section):
 
 def with_entry_blocks(model: type[Section], registry: Registry[Any]) -> type[Section]:
     """``model`` with a field per registered entry that has a settings class: named after the entry, of that class
-    (its docstring the field's), unless the model already declares it with that class (keeping the params' order)."""
+    (its docstring the field's; a default when every setting has one), unless the model already declares it with that
+    class (keeping the params' order)."""
     new: dict[str, Any] = {}
     for name in registry.names():
         settings = registry.spec(name).settings
@@ -282,7 +283,11 @@ def with_entry_blocks(model: type[Section], registry: Registry[Any]) -> type[Sec
         if name in model.model_fields:
             assert model.model_fields[name].annotation is settings, f"{model.__name__}.{name}: use {settings.__name__}"
             continue
-        new[name] = (settings, Field(description=(settings.__doc__ or "").strip()))
+        try:  # a settings class whose every field has a default gives a block that may be left out
+            default: dict[str, Any] = {"default_factory": settings} if settings() is not None else {}
+        except ValueError:
+            default = {}
+        new[name] = (settings, Field(description=(settings.__doc__ or "").strip(), **default))
     return create_model(model.__name__, __base__=model, __module__=model.__module__, **new) if new else model
 
 
