@@ -251,27 +251,13 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     resumed_total = 0
     gen_tokens = 0
     for spec in runs:
-        problems = benchmarks[spec.benchmark]
-        if spec.decoding == "sample" and c.sample_limit is not None:
-            problems = problems[: c.sample_limit]
-        exemplars = (fewshot_exemplars(sft_file, c.n_shots, spec.mode, c.seed)
-                     if m.prompting == "few_shot" and spec.family == "generated" else None)
-        prompt_examples.append(f"===== {spec.name} =====\n"
-                               f"{build_prompt(problems[0], spec.mode, m.prompting, exemplars, generator_format(generator))}")
-        template = build_prompt(Problem("template", spec.family, "{question}", None, None), spec.mode, m.prompting,
-                                exemplars, generator_format(generator))  # the run's template: its hash is recorded
-        t_run = time.perf_counter()
-        records, resumed = run_one(generator, problems, spec, settings, m.prompting, exemplars,
-                                   ckpt_dir / f"{spec.name}.jsonl", progress=_progress(f"{model}:{spec.name}"))
+        records, resumed, summary, example = _evaluate_run(model, m, c, spec, benchmarks[spec.benchmark], sft_file,
+                                                           generator, settings, ckpt_dir)
+        prompt_examples.append(example)
         resumed_total += resumed
         gen_tokens += sum(x["n_tokens"] for r in records for x in r["completions"])
         outputs[spec.name] = records
-        summary = summarize(records, spec, c)
-        summary["prompt_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
-        summary["sampling"] = sampling_record(spec, settings, m.prompting)
-        summary["wall_s"] = round(time.perf_counter() - t_run, 2)
         metrics.setdefault(spec.benchmark, {}).setdefault(spec.mode, {})[spec.decoding] = summary
-
     with atomic_path(paths.eval_dir(model)) as tmp:
         tmp.mkdir(parents=True)
         for name, records in outputs.items():
@@ -288,6 +274,29 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
                                                  "*.sample.pass@*", "*.sample.maj@*", "hardware"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return metrics
+
+
+def _evaluate_run(model: str, m: EvalModelParams, c: EvalCommonParams, spec: RunSpec, problems: list[Problem],
+                  sft_file: Path, generator: Any, settings: LoopSettings, ckpt_dir: Path
+                  ) -> tuple[list[dict[str, Any]], int, dict[str, Any], str]:
+    """One run (benchmark, mode, decoding) of the model: (its records, problems resumed from ``ckpt_dir``, its
+    summary with the prompt template's hash, the sampling settings and its wall time, its first prompt)."""
+    if spec.decoding == "sample" and c.sample_limit is not None:
+        problems = problems[: c.sample_limit]
+    exemplars = (fewshot_exemplars(sft_file, c.n_shots, spec.mode, c.seed)
+                 if m.prompting == "few_shot" and spec.family == "generated" else None)
+    example = (f"===== {spec.name} =====\n"
+               f"{build_prompt(problems[0], spec.mode, m.prompting, exemplars, generator_format(generator))}")
+    template = build_prompt(Problem("template", spec.family, "{question}", None, None), spec.mode, m.prompting,
+                            exemplars, generator_format(generator))  # the run's template: its hash is recorded
+    t_run = time.perf_counter()
+    records, resumed = run_one(generator, problems, spec, settings, m.prompting, exemplars,
+                               ckpt_dir / f"{spec.name}.jsonl", progress=_progress(f"{model}:{spec.name}"))
+    summary = summarize(records, spec, c)
+    summary["prompt_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
+    summary["sampling"] = sampling_record(spec, settings, m.prompting)
+    summary["wall_s"] = round(time.perf_counter() - t_run, 2)
+    return records, resumed, summary, example
 
 
 def checker_record(c: EvalCommonParams) -> dict[str, Any]:
