@@ -53,8 +53,8 @@ class Models:
     ``generator``, the rule ``reward_set`` (the rule reward, and the accuracy metric with every source), the reward
     source's ``scorer`` (for rule, the reward set itself), the frozen ``reference`` (pi_ref) or None, PPO's
     ``critic`` or None, the ``reward_model`` of a reward-model source (and the examples it was trained on), RFT's
-    offline ``pool``, the ``sandbox`` threads of pot / tir rollouts, the sync check's ``probe``, and ``offload``
-    (the reference and reward models in CPU memory while idle)."""
+    offline ``pool``, the ``sandbox`` threads of pot / tir rollouts, the sync check's ``probe`` (None until the first
+    sync makes it; False: no check), and ``offload`` (the reference and reward models in CPU memory while idle)."""
 
     policy: Any
     tokenizer: Any
