@@ -36,7 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stages.core.text import grams, ngrams, strip_calculator  # noqa: E402
+from stages.core.problems import strip_calculator  # noqa: E402
+from stages.core.text import grams, ngrams  # noqa: E402
 from stages.corpus.decontaminate import BenchmarkItem, ContaminationIndex, load_benchmarks  # noqa: E402
 
 SHARED = Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))

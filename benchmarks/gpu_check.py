@@ -6,7 +6,7 @@ limit: this is a throughput and memory check, not a learning check.
     PYTHONPATH=. python benchmarks/gpu_check.py                      # on the GPU machine: results/gpu_check.json
     PYTHONPATH=. python benchmarks/gpu_check.py --allow-cpu --size tiny --grpo-steps 2 --sft-steps 2   # code path
 
-What runs is the stages' own code: the RL driver (``stages.rl.run.fit``) with the hf backend (vLLM and DeepSpeed are not on
+What runs is the stages' own code: the RL loop (``stages.rl.loop.fit``) with the hf backend (vLLM and DeepSpeed are not on
 the GPU machine), plain PyTorch with bf16 autocast (``grpo.compute.precision: bf16``: fp32 weights and AdamW, bf16
 matmuls; hf rollouts from a bf16 copy of the policy), gradient checkpointing, the chunked log-probs, a reference
 model (beta 0.04) kept in CPU memory while idle; then SFT steps of the training loop's forward
@@ -124,9 +124,9 @@ def mem_peak(on_gpu: bool) -> float | None:
 
 def run_grpo(model: Any, tok: Any, rows: list[dict[str, Any]], p: Any, deadline: float, on_gpu: bool
              ) -> list[dict[str, Any]]:
-    """GRPO steps of the RL driver (``stages.rl.run.fit``) until ``p.steps`` or the deadline (a step is not started
+    """GRPO steps of the RL loop (``stages.rl.loop.fit``) until ``p.steps`` or the deadline (a step is not started
     when the previous one says it would not end in time)."""
-    from stages.rl.run import fit
+    from stages.rl.loop import fit
 
     steps: list[dict[str, Any]] = []
 

@@ -30,8 +30,7 @@ from stages.core import paths  # noqa: E402
 from stages.core.generation import make_generator  # noqa: E402
 from stages.core.modeling import load_model, load_tokenizer, save_model  # noqa: E402
 from stages.params import load_params  # noqa: E402
-from stages.rl.run import begin_iteration, setup  # noqa: E402
-from stages.rl.step import run_step  # noqa: E402
+from stages.rl.loop import begin_iteration, run_step, setup  # noqa: E402
 
 PARTS = ("t_generation", "t_scoring", "t_logprobs", "t_update", "step_s",
          "cpu_generation", "cpu_scoring", "cpu_logprobs", "cpu_update", "cpu_step_s")
@@ -69,11 +68,11 @@ def main() -> int:
         save_model(init_model(params.base_model, tok), tok, tmp)
         model, tok = load_model(tmp), load_tokenizer(tmp)
         kind = "random init, base_model size"
-    ctx = setup(p, model, tok, rows=rows, generator=make_generator(p.rollout.backend, model, tok))
-    begin_iteration(ctx, 1, None)  # the reference model (beta > 0), the reward source
+    parts = setup(p, model, tok, rows=rows, generator=make_generator(p.rollout.backend, model, tok))
+    begin_iteration(*parts, 1, None)  # the reference model (beta > 0), the reward source
     rows_out = []
     for step in range(args.steps):
-        m, _, _ = run_step(step, ctx)
+        m, _, _ = run_step(*parts, step)
         rows_out.append(m)
         print(f"step {step}: " + "  ".join(f"{k}={m[k]:.2f}" for k in PARTS[:5]), flush=True)
     summary = {k: {"mean": round(statistics.mean(r[k] for r in rows_out), 3),

@@ -30,9 +30,8 @@ from stages.core import paths  # noqa: E402
 from stages.core.generation import make_generator  # noqa: E402
 from stages.core.modeling import load_model, load_tokenizer  # noqa: E402
 from stages.rl.data import load_prompts  # noqa: E402
-from stages.rl.run import begin_iteration, setup  # noqa: E402
-from stages.rl.step import run_step  # noqa: E402
-from stages.rl.types import StepContext  # noqa: E402
+from stages.rl.loop import begin_iteration, run_step, setup  # noqa: E402
+from stages.rl.types import LoopState, Models, RunSpec  # noqa: E402
 from stages.schema.grpo import GrpoParams  # noqa: E402
 
 PARTS = ("t_generation", "t_scoring", "t_logprobs", "t_update", "step_s", "cpu_step_s")
@@ -52,23 +51,24 @@ def tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     return out
 
 
-def setup_algo(algo: str, p: GrpoParams, model_dir: str, rows: list[dict[str, Any]]) -> StepContext:
-    """The driver's context of ``algo`` (stages.rl.run.setup, begin_iteration: reference, value model) on a fresh copy
+def setup_algo(algo: str, p: GrpoParams, model_dir: str, rows: list[dict[str, Any]]
+               ) -> tuple[RunSpec, Models, LoopState]:
+    """The loop's run of ``algo`` (stages.rl.loop.setup, begin_iteration: reference, value model) on a fresh copy
     of the model."""
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
     pa = p.updated({"algorithm": algo, "advantage.estimator": "gae" if algo == "ppo" else "grpo"})
-    ctx = setup(pa, model, tok, rows=rows, generator=make_generator("hf", model, tok))
+    parts = setup(pa, model, tok, rows=rows, generator=make_generator("hf", model, tok))
     torch.manual_seed(p.seed)
-    begin_iteration(ctx, 1, None)
-    return ctx
+    begin_iteration(*parts, 1, None)
+    return parts
 
 
-def memory(ctx: StepContext) -> dict[str, Any]:
-    out = {"policy": tensor_bytes(ctx.model, ctx.updater.optimizer)}
-    if ctx.critic is not None:
-        out["value_model"] = tensor_bytes(ctx.critic.model, ctx.critic.updater.optimizer)
-    if ctx.ref_model is not None:
-        out["reference"] = tensor_bytes(ctx.ref_model, None)
+def memory(models: Models) -> dict[str, Any]:
+    out = {"policy": tensor_bytes(models.policy, models.updater.optimizer)}
+    if models.critic is not None:
+        out["value_model"] = tensor_bytes(models.critic.model, models.critic.updater.optimizer)
+    if models.reference is not None:
+        out["reference"] = tensor_bytes(models.reference, None)
     out["total_mib"] = round(sum(sum(v.values()) for v in out.values() if isinstance(v, dict)) / 2**20, 2)
     return out
 
@@ -90,7 +90,7 @@ def main() -> int:
     hist: dict[str, list[dict[str, Any]]] = {a: [] for a in ctxs}
     for step in range(args.steps):
         for a, ctx in ctxs.items():
-            m, _, _ = run_step(step, ctx)
+            m, _, _ = run_step(*ctx, step)
             hist[a].append(m)
             print(f"{a} step {step}: " + "  ".join(f"{k}={m[k]:.2f}" for k in PARTS) +
                   f"  trained outputs {m['n_train_outputs']}", flush=True)
@@ -104,7 +104,7 @@ def main() -> int:
         h = hist[a]
         result[a] = {"median_s": {k: round(statistics.median(r[k] for r in h), 3) for k in PARTS},
                      "n_train_outputs_mean": statistics.mean(r["n_train_outputs"] for r in h),
-                     "accuracy_mean": statistics.mean(r["accuracy"] for r in h), "memory": memory(ctx)}
+                     "accuracy_mean": statistics.mean(r["accuracy"] for r in h), "memory": memory(ctx[1])}
     result["ppo_over_grpo_step_s"] = round(result["ppo"]["median_s"]["step_s"] / result["grpo"]["median_s"]["step_s"], 3)
     result["ppo_over_grpo_trained_state"] = round(result["ppo"]["memory"]["total_mib"] /
                                                   result["grpo"]["memory"]["total_mib"], 3)

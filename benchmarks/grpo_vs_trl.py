@@ -102,8 +102,7 @@ def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
     from stages.core.generation import make_generator
     from stages.core.modeling import load_model, load_tokenizer
     from stages.params import load_params
-    from stages.rl.run import begin_iteration, setup
-    from stages.rl.step import run_step
+    from stages.rl.loop import begin_iteration, run_step, setup
     from stages.rl.update import as_updater
 
     torch.set_num_threads(args.threads)
@@ -124,15 +123,15 @@ def worker_ours(args: argparse.Namespace) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     gen = make_generator("hf", model, tok, batch_size=q * g, **({"dtype": args.gen_dtype} if args.gen_dtype else {}))
     rows, _ = step_rows(args.steps + 1, q)
-    ctx = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
-    ctx.reward_set = reward_set()  # the reward both sides score with (the rule source is the reward set)
-    begin_iteration(ctx, 1, None)  # pi_ref: a frozen copy of the start model
+    run, models, state = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
+    models.reward_set = reward_set()  # the reward both sides score with (the rule source is the reward set)
+    begin_iteration(run, models, state, 1, None)  # pi_ref: a frozen copy of the start model
     setup_s = time.perf_counter() - t_setup
     steps = []
     with RssPeak() as mem:
         for s in range(args.steps + 1):
             t0, c0 = time.perf_counter(), time.process_time()
-            m, ro, _ = run_step(s, ctx)
+            m, ro, _ = run_step(run, models, state, s)
             steps.append({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                           "tokens": int(ro.completion_mask.sum()), "reward_mean": m["reward_mean"],
                           **{k: m[k] for k in ("t_generation", "t_scoring", "t_logprobs", "t_update")}})

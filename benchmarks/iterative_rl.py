@@ -3,7 +3,7 @@ on the tiny default, over seeds.
 
 Per seed: train a reward model on labelled samples of the SFT policy (stages.rl.rm; held-out
 outcome / step AUCs), then for each supervision (process_rm, outcome_rm) run ``--iterations`` iterations of
-``--steps`` GRPO steps (stages.rl.iterative.run_iterations around the driver's stages.rl.run.train: reference reset
+``--steps`` GRPO steps (stages.rl.iterative.run_iterations around the loop's stages.rl.loop.train: reference reset
 each iteration, RM update with replay after each), and measure held-out greedy accuracy (CoT, generated
 test problems) of the SFT model and of the policy after every iteration, plus the RM AUCs before / after
 every update. GRPO settings not given on the command line come from params.yaml's grpo section.
@@ -84,11 +84,11 @@ def main() -> None:
     from stages.core.modeling import load_model, load_tokenizer
     from stages.params import load_params
     from stages.rl.iterative import run_iterations
+    from stages.rl.loop import close, setup
     from stages.rl.rm.labels import SampleConfig, collect_examples
     from stages.rl.rm.metrics import evaluate_reward_model
     from stages.rl.rm.model import init_reward_model, save_reward_model
     from stages.rl.rm.train import split_by_question, train_reward_model
-    from stages.rl.run import close, setup
 
     torch.set_num_threads(args.threads)
     P = load_params(args.params)
@@ -136,13 +136,13 @@ def main() -> None:
                 print(f"  {tag} iteration {k}: held-out greedy accuracy {accs[-1]:.3f}", flush=True)
 
             t1 = time.perf_counter()
-            ctx = setup(p, model, tok, rows=rows, rm_dir=rm_dir)
+            run, models, state = setup(p, model, tok, rows=rows, rm_dir=rm_dir)
             try:
-                hist = run_iterations(ctx, ckpt_dir=None, out_dir=tmp_root / f"iters_{sup}_seed{seed}",
+                hist = run_iterations(run, models, state, ckpt_dir=None, out_dir=tmp_root / f"iters_{sup}_seed{seed}",
                                       on_iteration=on_iteration)
             finally:
-                close(ctx)
-            info = ctx.info
+                close(run, models, state)
+            info = state.info
             out["runs"].append({
                 "seed": seed, "supervision": sup, "rm_initial": rm_metrics, "accuracy_per_iteration": accs,
                 "iterations": info["iterations"], "wall_s": round(time.perf_counter() - t1, 1),

@@ -6,7 +6,7 @@ RL template (``grpo.template``), at several generation budgets: how often an out
 outputs differ in reward (a GRPO group with all-equal rewards trains nothing). RL can only reinforce what the policy
 samples: these rates say which reward a run from this model can ever see.
 
-``--train``: short GRPO runs from the pretrained model (the stage's driver, stages.rl.run.fit) under the variants of
+``--train``: short GRPO runs from the pretrained model (the stage's loop, stages.rl.loop.fit) under the variants of
 ``--variants`` (each a set of grpo params changes), held-out greedy accuracy in the run's template before, during and
 after; one seed each (the 3-seed comparison is benchmarks/paradigm.py's ``grpo_zero`` methods).
 
@@ -136,7 +136,7 @@ def train(data: Path, variants: list[str], steps: int, seed: int, heldout: int, 
     from stages.core.modeling import load_model, load_tokenizer
     from stages.params import load_params
     from stages.rl.heldout import HeldoutEval
-    from stages.rl.run import fit
+    from stages.rl.loop import fit
 
     base = load_params(ROOT / "params.yaml").grpo
     rows = load_rows(data / "corpus" / "problems" / "rl.jsonl", 10**9)
@@ -153,8 +153,8 @@ def train(data: Path, variants: list[str], steps: int, seed: int, heldout: int, 
         tok, model = load_tokenizer(path), load_model(path, dtype=torch.float32)
         h = HeldoutEval.from_params(p.heldout, p.template)
         t0, load0 = time.perf_counter(), os.getloadavg()[0]
-        ctx = fit(p, model, tok, rows=rows, heldout=h)
-        hist = ctx.history
+        _, _, state = fit(p, model, tok, rows=rows, heldout=h)
+        hist = state.history
 
         def mean(key: str, rows: list[dict[str, Any]]) -> float:
             xs = [r[key] for r in rows if r.get(key) is not None and math.isfinite(r[key])]

@@ -10,7 +10,7 @@ correction off and on, 3 seeds; and the learning-rate-0 mismatch table per sampl
 
 Every run is the default pipeline's grpo section (params.yaml: 16 questions x G = 8, 64 tokens, beta 0.04, lr 2e-5,
 40 steps) on the default pipeline's SFT model (data/models/sft: ``dvc repro sft`` first) through the driver
-(stages.rl.run: setup, begin_iteration, train, close; no baseline), with ``grpo.rollout.backend``, ``grpo.seed`` and
+(stages.rl.loop: setup, begin_iteration, train, close; no baseline), with ``grpo.rollout.backend``, ``grpo.seed`` and
 ``grpo.correction`` set per run (tis: weight = clip(pi_old / pi_sampler, -, 2.0), TRL's token_truncate) and the
 held-out greedy accuracy (grpo.heldout: the first 100 generated test problems) before step 1 and after step 40.
 vLLM runs go to ``.venv-vllm/bin/python`` (one subprocess per backend; this script is its own worker).
@@ -76,8 +76,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     from stages.rl.data import load_prompts
     from stages.rl.heldout import HeldoutEval
     from stages.rl.ledger import LedgerWriter
+    from stages.rl.loop import begin_iteration, close, setup, train
     from stages.rl.rollout import token_logprobs
-    from stages.rl.run import begin_iteration, close, setup, train
 
     os.chdir(ROOT)
     p = _params(job)
@@ -89,15 +89,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     heldout = HeldoutEval.from_params(p.heldout, p.template) if job["kind"] == "run" else None
     bias: list[float] = []
     if job["kind"] == "lr0":  # the untruncated trainer log-probs against the sampler's (the loss's before issue 31)
-        import stages.rl.step as step_mod
+        import stages.rl.loop as step_mod
 
         real = step_mod.update
 
-        def measure(ctx: Any, batch: Any, tg: Any, lp: Any) -> Any:
+        def measure(run: Any, models: Any, batch: Any, tg: Any, lp: Any) -> Any:
             ro = batch.rollout
             with torch.no_grad():
                 full, _ = token_logprobs(
-                    ctx.model,
+                    models.policy,
                     ro.input_ids,
                     ro.attention_mask,
                     ro.prompt_len,
@@ -106,21 +106,20 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 )
             m = tg.loss_mask.bool()
             bias.append(float((ro.sampler_logprobs - full)[m].mean()))
-            return real(ctx, batch, tg, lp)
+            return real(run, models, batch, tg, lp)
 
         step_mod.update = measure
     t0 = time.perf_counter()
     led = Path(tempfile.mkdtemp(prefix="ledger-")) if job.get("ledger") else None
-    ctx = setup(p, model, tok, rows=rows, heldout=heldout)
-    if led is not None:
-        ctx.ledger = LedgerWriter(led, p, paths.SFT_MODEL)
+    run, models, state = setup(p, model, tok, rows=rows, heldout=heldout,
+                               ledger=LedgerWriter(led, p, paths.SFT_MODEL) if led is not None else None)
     try:
-        begin_iteration(ctx, 1, None)
-        train(ctx, 0, p.steps)
+        begin_iteration(run, models, state, 1, None)
+        train(run, models, state, 0, p.steps)
     finally:
-        close(ctx)
+        close(run, models, state)
     wall = time.perf_counter() - t0
-    hist = ctx.history
+    hist = state.history
     out: dict[str, Any] = {**{k: v for k, v in job.items() if k != "ledger"}, "wall_s": round(wall, 1),
                            "load_avg": os.getloadavg(), "steps_run": len(hist),
                            "per_step": {k: [r.get(k, math.nan) for r in hist] for k in STEP_KEYS}}  # fmt: skip

@@ -1,7 +1,7 @@
 """How cost grows: GRPO step time versus G, completion length and batch size; corpus scoring versus pages.
 
 GRPO: one axis at a time around a base point (questions_per_step Q, group_size G, max_new_tokens T), each
-point timed with the RL driver's step (stages.rl.run.setup + stages.rl.step.run_step) on the tiny default model (params.yaml ``base_model`` sizes, random
+point timed with the RL driver's step (stages.rl.loop.setup + stages.rl.loop.run_step) on the tiny default model (params.yaml ``base_model`` sizes, random
 weights, so completions run to T and the work per point is Q*G*T generated tokens), hf backend, 2 torch
 threads, the grpo section's loss settings with zero-std groups kept (every step does a full update).
 Each point: one untimed warm-up step at the smallest point of the whole run, then the median of
@@ -47,8 +47,7 @@ def grpo_grid(base: dict[str, int], axes: dict[str, list[int]], repeats: int, th
     from stages.core.generation import make_generator
     from stages.core.modeling import load_model, load_tokenizer
     from stages.params import load_params
-    from stages.rl.run import begin_iteration, setup
-    from stages.rl.step import run_step
+    from stages.rl.loop import begin_iteration, run_step, setup
 
     torch.set_num_threads(threads)
     params = load_params(ROOT / "params.yaml")
@@ -61,12 +60,12 @@ def grpo_grid(base: dict[str, int], axes: dict[str, list[int]], repeats: int, th
         p = params.grpo.updated({"questions_per_step": q, "rollout.group_size": g, "rollout.max_new_tokens": t,
                                  "advantage.skip_zero_std_groups": False, "optim.micro_batch_size": q * g,
                                  "rollout.backend": "hf"})
-        ctx = setup(p, model, tok, rows=rows, generator=make_generator("hf", model, tok, batch_size=q * g))
-        begin_iteration(ctx, 1, None)  # pi_ref (beta > 0): a copy of the model as it is at this point
+        parts = setup(p, model, tok, rows=rows, generator=make_generator("hf", model, tok, batch_size=q * g))
+        begin_iteration(*parts, 1, None)  # pi_ref (beta > 0): a copy of the model as it is at this point
         ms = []
         for i in range(n):
             t0 = time.perf_counter()
-            m, ro, _ = run_step(step0 + i, ctx)
+            m, ro, _ = run_step(*parts, step0 + i)
             m["wall_s"] = time.perf_counter() - t0
             m["tokens"] = int(ro.completion_mask.sum())
             ms.append(m)

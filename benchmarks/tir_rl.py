@@ -269,7 +269,7 @@ def main() -> int:
     from stages.core.modeling import load_model, load_tokenizer
     from stages.core.problems import load_problem_file
     from stages.rl.data import load_prompts
-    from stages.rl.run import fit
+    from stages.rl.loop import fit
 
     torch.set_num_threads(args.threads)
     data = Path(args.data)
@@ -307,8 +307,8 @@ def main() -> int:
                 torch.manual_seed(seed)
                 la0 = os.getloadavg()[0]
                 t0 = time.perf_counter()
-                ctx = fit(p, model, tok, rows=rows)
-                hist = ctx.history
+                _, _, state = fit(p, model, tok, rows=rows)
+                hist = state.history
                 train_s = time.perf_counter() - t0
                 ev = evaluate(model, tok, problems, Path(tmp))
                 la1 = os.getloadavg()[0]

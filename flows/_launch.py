@@ -6,7 +6,7 @@ pipeline) starts the ranks itself, ``torchrun --nnodes N --nproc-per-node P ... 
 or ``deepspeed --num_nodes N --num_gpus P [--hostfile F] --module stages.<stage> --params FILE``, as one Prefect
 task, and waits for them; DVC records the outputs rank 0 wrote when the command exits, as for any stage. Rank 0's
 output is shown on the console and sent to the Prefect run's log (the other ranks' logs are kept under
-``.prefect/ranks/``); every rank reports its exit status (stages/train/common.py ``cli``), published as the
+``.prefect/ranks/``); every rank reports its exit status (stages/core/cli.py ``cli``), published as the
 table artifact ``<stage>-ranks``; a rank that reports none (killed by a signal) is listed as such.
 
 Retries (``runtime.<stage>.launcher.retries``): a run that fails other than by bad input (a rank crash, a lost
@@ -63,7 +63,7 @@ def run_stage(stage: str, p: Any, run_fn: Callable[[Any], dict[str, Any]], param
 
 @task(cache_policy=NO_CACHE, persist_result=False)
 def _in_process(run_fn: Callable[[Any], dict[str, Any]], p: Any) -> dict[str, Any]:
-    from stages.train.common import check_world_size
+    from stages.core.cli import check_world_size
 
     check_world_size(p)
     return run_fn(p)

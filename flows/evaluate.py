@@ -22,11 +22,11 @@ from stages.schema.evaluate import EvaluateParams
 @flow(name="evaluate")
 def evaluate_flow(params_path: str = "params.yaml", model: str = "sft") -> dict[str, Any]:
     """Evaluate one model: greedy / pass@k / maj@k, CoT / PoT / TIR, per benchmark and difficulty."""
-    from stages import evaluate
+    from stages.evaluate.stage import run
 
     p = EvaluateParams.from_file(params_path)
     log_section("evaluate", p)
-    metrics = evaluate.run(p, model)
+    metrics = run(p, model)
     publish_metrics(f"evaluate_{model}", metrics)
     return metrics
 

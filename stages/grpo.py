@@ -1,7 +1,7 @@
 """The ``grpo`` stage: RL from the SFT model (paper section 4), plus a continued-SFT baseline on the same questions for
 the same number of steps. The stage only loads, runs, saves: load the start model and the prompts -> run the RL
-driver (stages/rl/run.py: setup, then Algorithm 1 of stages/rl/iterative.py around its ``train`` loop; continued SFT
-for ``algorithm: sft``) -> save the policy, its curves and metrics -> train the baseline.
+loop (stages/rl/loop.py: setup, then Algorithm 1 of stages/rl/iterative.py around its ``train`` loop; continued SFT
+for ``algorithm: sft``, stages/rl/baseline.py) -> save the policy, its curves and metrics -> train the baseline.
 
 What runs is chosen in the ``grpo`` params (stages/schema/grpo.py) from four registries (stages/rl/registry.py and
 stages/rl/sources/): the algorithm (sft, rft, online_rft, grpo, ppo: the paper's unified paradigm, section 5.2.1, and
@@ -32,25 +32,21 @@ from stages.core.dist import is_main_process, train_device
 from stages.core.errors import PipelineError
 from stages.core.generation import resolve_backend
 from stages.core.io import atomic_path, is_timing_key, untimed, write_metrics
-from stages.core.modeling import (
-    check_compatible,
-    load_tokenizer,
-    peak_memory,
-)
+from stages.core.modeling import check_compatible, load_tokenizer, peak_memory, release_memory
 from stages.core.plots import write_metric_files
 from stages.rl import ledger, lora
 from stages.rl.algorithms import get_algorithm
-from stages.rl.baseline import train_baseline
+from stages.rl.baseline import train_baseline, train_sft
 from stages.rl.checkpoint import run_dir
 from stages.rl.data import load_prompts
 from stages.rl.heldout import HeldoutEval
 from stages.rl.iterative import run_iterations
+from stages.rl.loop import close, setup
 from stages.rl.metrics import PLOT_METRICS, summarize
 from stages.rl.needs import run_needs
 from stages.rl.registry import ALGORITHMS
-from stages.rl.run import close, setup, train_sft
 from stages.rl.tracking import StepLog
-from stages.rl.update import load_policy, release_memory
+from stages.rl.update import load_policy
 from stages.rl.validation import Validation, prepare
 from stages.schema.grpo import GrpoParams
 from stages.train.update import use_deepspeed
@@ -85,14 +81,14 @@ def train_policy(p: GrpoParams, model: Any, tokenizer: Any, rows: Rows, heldout:
     """``p.algorithm`` on ``model`` in place; returns (metric rows, completion rows, info)."""
     if not get_algorithm(p.algorithm).samples:
         return train_sft(model, tokenizer, rows, p, heldout=heldout)
-    ctx = setup(p, model, tokenizer, rows=rows, heldout=heldout, rm_dir=paths.REWARD_MODEL, validation=validation,
-                tracker=tracker)
-    ctx.ledger = ledger.run_writer(p, ckpt_dir, START_MODELS[p.start])  # data/ledger/grpo (stages/rl/ledger.py)
+    run, models, state = setup(p, model, tokenizer, rows=rows, rm_dir=paths.REWARD_MODEL, heldout=heldout,
+                               validation=validation, tracker=tracker,
+                               ledger=ledger.run_writer(p, ckpt_dir, START_MODELS[p.start]))  # data/ledger/grpo
     try:
-        run_iterations(ctx, ckpt_dir=ckpt_dir, out_dir=paths.GRPO_ITERS)
+        run_iterations(run, models, state, ckpt_dir=ckpt_dir, out_dir=paths.GRPO_ITERS)
     finally:
-        close(ctx)
-    return ctx.history, ctx.samples, ctx.info
+        close(run, models, state)
+    return state.history, state.samples, state.info
 
 
 def save_policy(p: GrpoParams, init: Path, model: Any, tokenizer: Any, history: Rows, samples: Rows,
@@ -186,6 +182,6 @@ def run(p: GrpoParams) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # the DeepSpeed / torchrun entry (docs/real-mode.md); dvc runs python -m flows.grpo
-    from stages.train.common import cli
+    from stages.core.cli import cli
 
     raise SystemExit(cli(GrpoParams, run))

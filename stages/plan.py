@@ -454,40 +454,17 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
                    masked=True, entropy=True, lora=lo)
     e = train_memory(m, s)
     parts = dict(e.parts)
-    aux = 0.0
     notes = [f"ZeRO-{s.zero} on {gpus} rank(s)" if ds else "plain PyTorch"]
-    if lo is not None:
-        notes.append(f"LoRA rank {lo.rank} on {lo.maps} maps per layer: {_count(lo.params)} trained parameters "
-                     f"({lo.params / P:.2%}); the reference model is the frozen base (no copy)")
-    if g.kl.beta > 0 and not g.compute.offload_idle_models and lo is None:
-        aux += P * wb
-        notes.append("reference model resident")
-    model_reward = run_needs(g).scoring_model  # the reward source scores with the RM (its spec says)
-    if model_reward and not g.compute.offload_idle_models:
-        aux += m.reward_model().n_params() * wb
-        notes.append("reward model resident")
-    if g.algorithm == "ppo":
-        aux += train_memory(m, _with(s, entropy=False)).peak - e.parts["activations"]
-        notes.append("PPO value model trained alongside")
     vllm_on = g.rollout.backend in ("vllm", "auto") and device == "cuda"
-    if lo is not None and not vllm_on:  # the hf sampler decodes with a plain copy holding the merged weights
-        aux += P * wb
-        notes.append("LoRA: the hf sampler's merged copy of the policy resident")
+    aux = _grpo_auxiliary(g, m, s, e, lo, wb, vllm_on, notes)
     parts["auxiliary_models"] = aux
     # a log-prob pass of an idle model moved in for its pass (policy state stays): the model's weights + working set;
     # LoRA's reference is the policy itself (adapter disabled): the working set only
     ref_weights = 0 if lo is not None else P * wb
     logprob_pass = (e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"]
                     + inference_memory(m, s.micro_batch * seq, wb=wb, chunk=s.chunk) - P * wb + ref_weights) + aux
-    vllm = 0.0
+    vllm = _grpo_vllm(g, m, gpus, gpu_mem, wb, seq, notes) if vllm_on else 0.0
     if vllm_on:
-        vllm = g.rollout.vllm.gpu_memory_utilization * gpu_mem
-        kv_bytes = vllm - P * wb / g.rollout.vllm.tensor_parallel_size
-        per_tok = 2 * m.layers * m.kv * wb / g.rollout.vllm.tensor_parallel_size
-        need = math.ceil(g.questions_per_step / gpus) * g.rollout.group_size * seq
-        cap = max(kv_bytes, 0) / per_tok
-        notes.append(f"vLLM KV cache {max(kv_bytes, 0) / GIB:.1f} GiB = {cap:,.0f} tokens; a step's rollouts per rank "
-                     f"({need:,} tokens at full length) run in {math.ceil(need / max(cap, 1))} waves")
         parts["vllm_engine"] = vllm
     static = e.parts["weights"] + e.parts.get("master_fp32", 0) + e.parts["optimizer_states"]
     generation = static + aux + vllm
@@ -497,21 +474,11 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
         parts["lora_merged_maps"] = lo.adapted * wb
         phases.append(static + aux + vllm + lo.adapted * wb)
         notes.append(f"LoRA: the weight sync holds the {lo.adapted * wb / GIB:.1f} GiB of merged adapted maps")
-    peak = max(phases)
-    iterations = g.iterative.iterations
-    questions = g.steps * iterations * g.questions_per_step
-    rollout_tokens = questions * g.rollout.group_size * g.rollout.max_new_tokens
-    n_passes = 6 + 2 * (g.kl.beta > 0) + 2 * (g.optim.mu > 1) + (2 if g.compute.gradient_checkpointing else 0)
-    # the log-prob passes and the update (2 per pass forward, 4 backward); iterative RL's RM updates not counted
-    flops = rollout_tokens * n_passes * P
-    if lo is not None:  # a frozen base computes no weight gradients: its backward is 2 per parameter, not 4
-        flops -= rollout_tokens * 2 * P
+    questions, rollout_tokens, flops, work = _grpo_work(g, P, lo is not None)
     world = g.launcher.world_size
-    work = (f"{questions:,} questions = {g.steps:,} steps x {g.questions_per_step} x {iterations} iteration(s); "
-            f"{questions * g.rollout.group_size:,} outputs (group {g.rollout.group_size}), up to {_count(rollout_tokens)} generated "
-            "tokens")
-    plan = StagePlan("grpo", peak, parts, g.optim.micro_batch_size, largest_micro_batch(m, s, budget - aux - update_extra),
-                     flops, notes, rollout_flops=rollout_tokens * 2 * P, world=gpus, file_world=world,
+    plan = StagePlan("grpo", max(phases), parts, g.optim.micro_batch_size,
+                     largest_micro_batch(m, s, budget - aux - update_extra), flops, notes,
+                     rollout_flops=rollout_tokens * 2 * P, world=gpus, file_world=world,
                      assumes=f"{questions:,} questions", work=work)
     if world != gpus:
         plan.warnings.append(_world_warning("grpo", world, gpus, f"{questions:,} questions")
@@ -522,6 +489,59 @@ def _plan_grpo(g: Any, m: ModelShape, gpus: int, budget: float, gpu_mem: float, 
                                 "ranks, which the stage refuses (every rank samples at least one question per step): "
                                 f"raise it to {gpus} or more, or use at most {g.questions_per_step} ranks"))
     return plan
+
+
+def _grpo_auxiliary(g: Any, m: ModelShape, s: TrainSetup, e: Any, lo: Any, wb: int, vllm_on: bool,
+                    notes: list[str]) -> float:
+    """The bytes of the models resident beside the policy (the reference, the reward model, PPO's value model, a
+    LoRA policy's merged hf sampler), each noted in ``notes``."""
+    P = m.n_params()
+    aux = 0.0
+    if lo is not None:
+        notes.append(f"LoRA rank {lo.rank} on {lo.maps} maps per layer: {_count(lo.params)} trained parameters "
+                     f"({lo.params / P:.2%}); the reference model is the frozen base (no copy)")
+    if g.kl.beta > 0 and not g.compute.offload_idle_models and lo is None:
+        aux += P * wb
+        notes.append("reference model resident")
+    needs = run_needs(g)
+    if needs.scoring_model and not g.compute.offload_idle_models:  # the reward source scores with the RM
+        aux += m.reward_model().n_params() * wb
+        notes.append("reward model resident")
+    if needs.critic:
+        aux += train_memory(m, _with(s, entropy=False)).peak - e.parts["activations"]
+        notes.append("PPO value model trained alongside")
+    if lo is not None and not vllm_on:  # the hf sampler decodes with a plain copy holding the merged weights
+        aux += P * wb
+        notes.append("LoRA: the hf sampler's merged copy of the policy resident")
+    return aux
+
+
+def _grpo_vllm(g: Any, m: ModelShape, gpus: int, gpu_mem: float, wb: int, seq: int, notes: list[str]) -> float:
+    """The colocated vLLM engine's bytes (its share of the GPU), its KV cache in tokens noted in ``notes``."""
+    vllm = g.rollout.vllm.gpu_memory_utilization * gpu_mem
+    kv_bytes = vllm - m.n_params() * wb / g.rollout.vllm.tensor_parallel_size
+    per_tok = 2 * m.layers * m.kv * wb / g.rollout.vllm.tensor_parallel_size
+    need = math.ceil(g.questions_per_step / gpus) * g.rollout.group_size * seq
+    cap = max(kv_bytes, 0) / per_tok
+    notes.append(f"vLLM KV cache {max(kv_bytes, 0) / GIB:.1f} GiB = {cap:,.0f} tokens; a step's rollouts per rank "
+                 f"({need:,} tokens at full length) run in {math.ceil(need / max(cap, 1))} waves")
+    return vllm
+
+
+def _grpo_work(g: Any, P: int, lora: bool) -> tuple[int, int, float, str]:
+    """(questions, generated tokens at most, the log-prob passes' and update's FLOPs, the work in words)."""
+    iterations = g.iterative.iterations
+    questions = g.steps * iterations * g.questions_per_step
+    rollout_tokens = questions * g.rollout.group_size * g.rollout.max_new_tokens
+    n_passes = 6 + 2 * (g.kl.beta > 0) + 2 * (g.optim.mu > 1) + (2 if g.compute.gradient_checkpointing else 0)
+    # the log-prob passes and the update (2 per pass forward, 4 backward); iterative RL's RM updates not counted
+    flops = rollout_tokens * n_passes * P
+    if lora:  # a frozen base computes no weight gradients: its backward is 2 per parameter, not 4
+        flops -= rollout_tokens * 2 * P
+    work = (f"{questions:,} questions = {g.steps:,} steps x {g.questions_per_step} x {iterations} iteration(s); "
+            f"{questions * g.rollout.group_size:,} outputs (group {g.rollout.group_size}), up to {_count(rollout_tokens)} generated "
+            "tokens")
+    return questions, rollout_tokens, flops, work
 
 
 def _plan_reward_model(r: Any, m: ModelShape, gpus: int, gpu_mem: float, device: str) -> StagePlan:
@@ -607,19 +627,7 @@ def fixes(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve
                         {f"{pre}deepspeed.offload_optimizer": True, f"{pre}deepspeed.zero_stage": z,
                          f"{pre}deepspeed.enabled": True}))
     if name == "grpo":
-        needs = run_needs(sec)
-        if not sec.compute.offload_idle_models and (needs.reference or needs.reward_model):
-            changes.append(("runtime.grpo.compute.offload_idle_models: true", {"compute.offload_idle_models": True}))
-        vllm = sec.rollout.vllm
-        if sec.rollout.backend in ("vllm", "auto") and device == "cuda" and vllm.gpu_memory_utilization > 0.1:
-            changes.append(("grpo.rollout.vllm.gpu_memory_utilization: 0.1 (a smaller KV cache: more waves)",
-                            {"rollout.vllm.gpu_memory_utilization": 0.1}))
-        if not vllm.enable_sleep_mode and device == "cuda":
-            changes.append(("runtime.grpo.rollout.vllm.enable_sleep_mode: true", {"rollout.vllm.enable_sleep_mode": True}))
-        if not sec.lora.enabled and sec.algorithm != "ppo":
-            lo = sec.lora
-            changes.append((f"grpo.lora.enabled: true (rank {lo.rank} on {', '.join(lo.target_modules)}; the "
-                            "adapter trains, the frozen base is the reference model)", {"lora.enabled": True}))
+        changes += _grpo_changes(sec, device)
 
     def peak(s: Any, n: int) -> float:
         return plan_one(name, s, m, n, gpu_mem, reserve, device).peak
@@ -654,6 +662,26 @@ def fixes(name: str, sec: Any, m: ModelShape, gpus: int, gpu_mem: float, reserve
     return out or ["nothing planned here fits: a GPU with more memory"]
 
 
+def _grpo_changes(g: Any, device: str) -> list[tuple[str, dict[str, Any]]]:
+    """The grpo section's own memory switches (:func:`fixes`): idle models offloaded, a smaller vLLM share, vLLM's
+    sleep mode, LoRA (not with a value model: PPO trains it in full)."""
+    changes: list[tuple[str, dict[str, Any]]] = []
+    needs = run_needs(g)
+    if not g.compute.offload_idle_models and (needs.reference or needs.reward_model):
+        changes.append(("runtime.grpo.compute.offload_idle_models: true", {"compute.offload_idle_models": True}))
+    vllm = g.rollout.vllm
+    if g.rollout.backend in ("vllm", "auto") and device == "cuda" and vllm.gpu_memory_utilization > 0.1:
+        changes.append(("grpo.rollout.vllm.gpu_memory_utilization: 0.1 (a smaller KV cache: more waves)",
+                        {"rollout.vllm.gpu_memory_utilization": 0.1}))
+    if not vllm.enable_sleep_mode and device == "cuda":
+        changes.append(("runtime.grpo.rollout.vllm.enable_sleep_mode: true", {"rollout.vllm.enable_sleep_mode": True}))
+    if not g.lora.enabled and not needs.critic:
+        lo = g.lora
+        changes.append((f"grpo.lora.enabled: true (rank {lo.rank} on {', '.join(lo.target_modules)}; the "
+                        "adapter trains, the frozen base is the reference model)", {"lora.enabled": True}))
+    return changes
+
+
 STAGES = ("pretrain", "sft", "reward_model", "grpo")
 """The stages that hold a model on the GPU, in dvc.yaml order."""
 
@@ -685,6 +713,37 @@ def plan_stages(p: Any, m: ModelShape, gpus: int | None, gpu_mem: float, reserve
     return out, skipped
 
 
+def _model_sections(params_file: Path) -> Any:
+    """The params file's sections that hold models, validated (the evaluate section names data files that may be
+    elsewhere)."""
+    from types import SimpleNamespace
+
+    from stages.schema.base import read_params_file, validate_section
+    from stages.schema.base_model import BaseModelParams
+    from stages.schema.grpo import GrpoParams
+    from stages.schema.pretrain import PretrainParams
+    from stages.schema.reward_model import RewardModelParams
+    from stages.schema.sft import SftParams
+
+    raw = read_params_file(params_file)
+    return SimpleNamespace(**{c.SECTION: validate_section(c, raw, str(params_file))
+                              for c in (BaseModelParams, PretrainParams, SftParams, GrpoParams, RewardModelParams)})
+
+
+def _print_details(sp: StagePlan, gpu_mem_gib: float) -> None:
+    """A stage's work, memory parts, notes, warnings and (when it does not fit) fixes."""
+    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sp.parts.items() if v >= 0.05 * GIB)
+    print(f"\n{sp.stage}: {sp.work}\n  parts (GiB): {parts}")
+    for n in sp.notes:
+        print(f"  {n}")
+    for w in sp.warnings:
+        print(f"  warning: {w}")
+    if sp.fixes:
+        print(f"  does not fit in {gpu_mem_gib:g} GiB; what would fit (each alone):")
+        for f in sp.fixes:
+            print(f"    - {f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m stages.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -700,20 +759,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-config", default=None, help="a config.json to plan for instead of base_model's")
     ap.add_argument("--json", default=None, help="also write the plan to this file")
     args = ap.parse_args(argv)
-    from types import SimpleNamespace
-
-    from stages.schema.base import read_params_file, validate_section
-    from stages.schema.base_model import BaseModelParams
-    from stages.schema.grpo import GrpoParams
-    from stages.schema.pretrain import PretrainParams
-    from stages.schema.reward_model import RewardModelParams
-    from stages.schema.sft import SftParams
-
     params_file = Path(args.params)
-    raw = read_params_file(params_file)
-    # only the sections that hold models (the evaluate section names data files that may be elsewhere)
-    p = SimpleNamespace(**{c.SECTION: validate_section(c, raw, str(params_file))
-                           for c in (BaseModelParams, PretrainParams, SftParams, GrpoParams, RewardModelParams)})
+    p = _model_sections(params_file)
     if args.model_config:
         m, src = ModelShape.from_config(json.loads(Path(args.model_config).read_text())), args.model_config
     else:
@@ -740,16 +787,7 @@ def main(argv: list[str] | None = None) -> int:
                      "parts_gib": {k: round(v / GIB, 3) for k, v in sp.parts.items()}, "notes": sp.notes,
                      "warnings": sp.warnings, "fixes": sp.fixes})
     for sp in plans:
-        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sp.parts.items() if v >= 0.05 * GIB)
-        print(f"\n{sp.stage}: {sp.work}\n  parts (GiB): {parts}")
-        for n in sp.notes:
-            print(f"  {n}")
-        for w in sp.warnings:
-            print(f"  warning: {w}")
-        if sp.fixes:
-            print(f"  does not fit in {args.gpu_mem:g} GiB; what would fit (each alone):")
-            for f in sp.fixes:
-                print(f"    - {f}")
+        _print_details(sp, args.gpu_mem)
     for s in skipped:
         print(f"\nskipped {s}")
     if args.json:

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from stages.core import hardware, paths
+from stages.core.cli import cli
 from stages.core.dist import train_device
 from stages.core.io import write_metrics
 from stages.schema.pretrain import PretrainParams
 from stages.train.checkpoint import run_hash
 from stages.train.common import (
-    cli,
     export_model,
     is_main_process,
     load_start_model,

@@ -44,18 +44,16 @@ from stages.core.dist import barrier, is_main_process, train_device, world_size
 from stages.core.errors import PipelineError
 from stages.core.generation import resolve_backend
 from stages.core.io import atomic_path, read_jsonl, write_json, write_jsonl, write_metrics
-from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer
+from stages.core.modeling import check_compatible, enable_checkpointing, load_model, load_tokenizer, release_memory
 from stages.rl.checkpoint import load_latest, load_updaters, run_dir, save_checkpoint
 from stages.rl.data import load_prompts
 from stages.rl.rm.labels import SampleConfig, collect_examples
 from stages.rl.rm.metrics import evaluate_reward_model
 from stages.rl.rm.model import init_reward_model, save_reward_model
 from stages.rl.rm.train import split_by_question, train_reward_model
-from stages.rl.update import release_memory
 from stages.schema.reward_model import RewardModelParams
 from stages.train.ds_config import build_deepspeed_config
-from stages.train.loop import use_bf16
-from stages.train.update import Updater, use_deepspeed
+from stages.train.update import Updater, use_bf16, use_deepspeed
 
 INIT_MODELS = {"sft": paths.SFT_MODEL, "pretrain": paths.PRETRAIN_MODEL, "base": paths.BASE_MODEL}
 """``reward_model.init`` -> the model whose backbone the RM starts from."""
@@ -196,6 +194,6 @@ def run(p: RewardModelParams) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # the DeepSpeed / torchrun entry (docs/real-mode.md); dvc runs python -m flows.reward_model
-    from stages.train.common import cli
+    from stages.core.cli import cli
 
     raise SystemExit(cli(RewardModelParams, run))

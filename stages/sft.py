@@ -32,6 +32,7 @@ from typing import Any
 
 from stages.core import hardware, paths, sandbox
 from stages.core.answers import extract_answer, is_equivalent
+from stages.core.cli import cli
 from stages.core.dist import train_device
 from stages.core.errors import PipelineError
 from stages.core.io import write_json, write_metrics
@@ -40,7 +41,6 @@ from stages.core.prompts import prompt_format
 from stages.schema.sft import SftParams
 from stages.train.checkpoint import run_hash
 from stages.train.common import (
-    cli,
     export_model,
     is_main_process,
     load_start_model,

@@ -248,7 +248,7 @@ def check_spans(section: str) -> tuple[list[str], dict[str, int]]:
 
 def test_readme_file_tree_names_existing_files() -> None:
     paths = tree_paths(readme_sections()["Where things are"])
-    assert len(paths) > 60 and "stages/rl/run.py" in paths and "stages/rl/sources" in paths
+    assert len(paths) > 60 and "stages/rl/loop.py" in paths and "stages/rl/sources" in paths
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert not missing, f"README.md's file tree names files that do not exist: {missing}"
     rl = {p.split("/")[-1] for p in paths if p.startswith("stages/rl/")}
@@ -269,12 +269,23 @@ def test_each_how_to_recipe_names_resolvable_code() -> None:
     section = readme_sections()["How to change X"]
     recipes = re.split(r"\n\*\*", section)[1:]
     assert {r.split("**")[0].split(".")[0].split(" `")[0] for r in recipes} >= {
-        "Change the loss", "Add an advantage estimator", "Add an RL algorithm", "Add a reward function",
-        "Add a reward source", "Add a stage"}
+        "Change the loss", "Add an advantage estimator", "Add a rollout correction", "Add an RL algorithm",
+        "Add a reward function", "Add a reward source", "Add a stage"}
     for r in recipes:
         kinds = [k for k in (classify(s) for s in code_spans(r)) if k is not None]
         assert any(k == "path" for k, _ in kinds), r[:60]
         assert any(k in ("symbol", "params") for k, _ in kinds) or "Add a stage" in r, r[:60]
+
+
+def test_rl_docs_how_to_resolves_for_every_entry_kind() -> None:
+    """docs/rl.md's "How to change the RL" names, for each registry entry kind, code that exists (the same check)."""
+    text = (ROOT / "docs" / "rl.md").read_text(encoding="utf-8")
+    section = text.split("### How to change the RL", 1)[1].split("\n## ", 1)[0]
+    problems, counts = check_spans(section)
+    assert not problems, "docs/rl.md, How to change the RL: " + "; ".join(problems)
+    for kind in ("policy loss", "advantage estimator", "rollout correction", "reward source", "algorithm"):
+        assert f"**A new {kind}**" in section, kind
+    assert counts["path"] >= 5 and counts["symbol"] + counts["params"] >= 3, counts
 
 
 def test_the_checks_catch_stale_names() -> None:

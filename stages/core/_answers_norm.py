@@ -118,7 +118,20 @@ def strip_string(s: object) -> str:
     refuse answers longer than ``answers.MAX_ANSWER_CHARS`` before calling it.
     The function is idempotent on the MATH test answers (a test).
     """
-    s = str(s).strip()
+    s = _strip_markup(str(s))
+    s = _strip_units(s)
+    s = _TRAILING_ZEROS_MID.sub(r"\1", s)
+    s = _TRAILING_ZEROS_END.sub(r"\1", s)
+    s = s.strip()
+    if not s:
+        return s
+    return _canonical_form(s)
+
+
+def _strip_markup(s: str) -> str:
+    """strip_string's first steps: line breaks, a trailing ``.``, a whole ``$...$``, LaTeX spacing and thousands
+    separators, ``\\displaystyle``, a whole ``\\text{..}``, the ``\\frac`` variants, ``\\left`` / ``\\right``."""
+    s = s.strip()
     s = s.replace("\n", "").replace("\r", "")
     s = s.rstrip(".")
     if len(s) > 1 and s[0] == "$" and s[-1] == "$" and not s.endswith("\\$"):
@@ -131,7 +144,12 @@ def strip_string(s: object) -> str:
     s = _unwrap_text(s.strip())
     for frac in ("tfrac", "dfrac", "cfrac"):
         s = s.replace(frac, "frac")
-    s = s.replace("\\left", "").replace("\\right", "")
+    return s.replace("\\left", "").replace("\\right", "")
+
+
+def _strip_units(s: str) -> str:
+    """strip_string's next steps: a trailing unit, degrees, ``{cm}``-style units, ``p.m.``, dollars, an ``x \\in``
+    prefix; ``\\%``, ``.5``, infinity, ``\\mathbf`` / ``\\mathrm`` / ``\\mbox``, ``j`` for ``i``."""
     m = _TEXT_UNIT_AT_END.search(s)
     if m is not None:
         rest = s[: m.start()].strip()
@@ -152,11 +170,13 @@ def strip_string(s: object) -> str:
     s = _MBOX.sub("", s)
     if "j" in s and "i" not in s:
         s = s.replace("j", "i")
-    s = _TRAILING_ZEROS_MID.sub(r"\1", s)
-    s = _TRAILING_ZEROS_END.sub(r"\1", s)
-    s = s.strip()
-    if not s:
-        return s
+    return s
+
+
+def _canonical_form(s: str) -> str:
+    """strip_string's last steps on a non-empty string: a leading ``.``, ``\\sqrt2`` / ``\\tan2`` braced, spaces
+    removed (but between a command and a letter, and in a list's ``, ddd``), fractions braced, ``a/b`` as
+    ``\\frac``, trailing ``\\``, ``,``, ``.`` dropped."""
     if s[0] == ".":
         s = "0" + s
     s = _SQRT_BARE.sub(r"\\sqrt{\1}", s)

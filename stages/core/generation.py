@@ -164,6 +164,31 @@ def _make_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
     return cache
 
 
+def _left_padded(rows: list[Any], width: int, max_new: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids (B, width) left-padded with ``pad_id``, attention mask (B, width + max_new), 1 on every prompt
+    token and every generated position)."""
+    b = len(rows)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, width + max_new), dtype=torch.long)
+    for k, r in enumerate(rows):  # left padding
+        input_ids[k, width - len(r.ids):] = torch.tensor(r.ids, dtype=torch.long)
+        mask[k, width - len(r.ids):] = 1
+    mask[:, width:] = 1
+    return input_ids, mask
+
+
+def _uniforms(rows: list[Any], sp: SamplingParams, max_new: int) -> torch.Tensor:
+    """(B, max_new) float64 uniforms, one per row and step, from each row's own generator (seeded by the sample's
+    prompt and index): a row's stream is the same whatever rows share its batch."""
+    uniforms = torch.empty((len(rows), max_new), dtype=torch.float64)
+    for k, r in enumerate(rows):
+        g = torch.Generator()
+        g.manual_seed(sample_seed(sp.seed, sp.index_offset + r.prompt_index, r.sample_index))
+        # always sp.max_new_tokens draws: a row's stream must not depend on its batch's length limit
+        uniforms[k] = torch.rand(sp.max_new_tokens, generator=g, dtype=torch.float64)[:max_new]
+    return uniforms
+
+
 def _select_rows(cache: DynamicCache, keep: torch.Tensor) -> None:
     for layer in cache.layers:
         if isinstance(layer, _PreallocatedLayer):
@@ -334,52 +359,60 @@ class HFGenerator:
     def _decode(self, rows: list[_Row], sp: SamplingParams) -> list[Completion]:
         device = self.model.device
         b = len(rows)
-        lengths = [len(r.ids) for r in rows]
-        width = max(lengths)
+        width = max(len(r.ids) for r in rows)
         max_new = max(r.limit for r in rows)
-        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((b, width + max_new), dtype=torch.long)
-        for k, r in enumerate(rows):  # left padding
-            input_ids[k, width - len(r.ids):] = torch.tensor(r.ids, dtype=torch.long)
-            mask[k, width - len(r.ids):] = 1
-        mask[:, width:] = 1
+        input_ids, mask = _left_padded(rows, width, max_new, self.pad_id)
         input_ids, mask = input_ids.to(device), mask.to(device)
         positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
-        next_pos = torch.tensor(lengths, dtype=torch.long, device=device)
+        next_pos = torch.tensor([len(r.ids) for r in rows], dtype=torch.long, device=device)
         limits = torch.tensor([r.limit for r in rows], dtype=torch.long, device=device)
-
         cache = _make_cache(self.model, width + max_new)
-        # the samples of one prompt share its prefill: run it once per distinct prompt, then copy the KV cache rows
-        first: dict[int, int] = {}  # prompt index -> its position among the distinct prompts
-        uniq_rows: list[int] = []
-        for k, r in enumerate(rows):
-            if r.prompt_index not in first:
-                first[r.prompt_index] = len(uniq_rows)
-                uniq_rows.append(k)
-        if len(uniq_rows) < b:
-            uniq = torch.tensor(uniq_rows, dtype=torch.long, device=device)
-            inverse = torch.tensor([first[r.prompt_index] for r in rows], dtype=torch.long, device=device)
-            logits = self._forward(cache, input_ids[uniq], mask[uniq, :width], positions[uniq])
-            _select_rows(cache, inverse)
-            logits = logits.index_select(0, inverse)
-        else:
-            logits = self._forward(cache, input_ids, mask[:, :width], positions)
+        logits = self._prefill(cache, rows, input_ids, mask[:, :width], positions)
         vocab = logits.shape[-1]
         eos = torch.zeros(vocab, dtype=torch.bool, device=device)
         eos[[i for i in self.eos_ids if i < vocab]] = True
         checker = self._stop_checker(sp.stop, vocab, device) if sp.stop else None
         # one uniform per row and step, drawn up front from the row's own generator: sampling does not
         # depend on which other rows share the batch
-        uniforms = None
-        if not sp.greedy:
-            uniforms = torch.empty((b, max_new), dtype=torch.float64)
-            for k, r in enumerate(rows):
-                g = torch.Generator()
-                g.manual_seed(sample_seed(sp.seed, sp.index_offset + r.prompt_index, r.sample_index))
-                # always sp.max_new_tokens draws: a row's stream must not depend on its batch's length limit
-                uniforms[k] = torch.rand(sp.max_new_tokens, generator=g, dtype=torch.float64)[:max_new]
-            uniforms = uniforms.to(device)
+        uniforms = None if sp.greedy else _uniforms(rows, sp, max_new).to(device)
+        out_tok, out_lp, n_done, by_string = self._steps(cache, logits, sp, uniforms, limits, eos, checker, mask,
+                                                         next_pos, width, max_new)
+        out_tok_l, out_lp_l = out_tok.tolist(), out_lp.tolist()
+        comps = []
+        for k in range(b):
+            n = n_done[k]
+            ids = out_tok_l[k][:n]
+            stopped = by_string[k] or (n > 0 and ids[-1] in self.eos_ids)
+            text = finish_text(self.tokenizer, ids, sp.stop, by_string[k])
+            comps.append(Completion(text, ids, out_lp_l[k][:n], "stop" if stopped else "length"))
+        return comps
 
+    def _prefill(self, cache: Any, rows: list[_Row], input_ids: torch.Tensor, mask: torch.Tensor,
+                 positions: torch.Tensor) -> torch.Tensor:
+        """The prompts' forward pass into ``cache``: the samples of one prompt share its prefill, run once per
+        distinct prompt, then the KV cache rows copied; returns each row's next-token logits."""
+        device = input_ids.device
+        first: dict[int, int] = {}  # prompt index -> its position among the distinct prompts
+        uniq_rows: list[int] = []
+        for k, r in enumerate(rows):
+            if r.prompt_index not in first:
+                first[r.prompt_index] = len(uniq_rows)
+                uniq_rows.append(k)
+        if len(uniq_rows) == len(rows):
+            return self._forward(cache, input_ids, mask, positions)
+        uniq = torch.tensor(uniq_rows, dtype=torch.long, device=device)
+        inverse = torch.tensor([first[r.prompt_index] for r in rows], dtype=torch.long, device=device)
+        logits = self._forward(cache, input_ids[uniq], mask[uniq], positions[uniq])
+        _select_rows(cache, inverse)
+        return logits.index_select(0, inverse)
+
+    def _steps(self, cache: Any, logits: torch.Tensor, sp: SamplingParams, uniforms: torch.Tensor | None,
+               limits: torch.Tensor, eos: torch.Tensor, checker: Any, mask: torch.Tensor, next_pos: torch.Tensor,
+               width: int, max_new: int) -> tuple[torch.Tensor, torch.Tensor, list[int], list[bool]]:
+        """The decode steps: a token per live row per step until EOS, a stop string or its limit, finished rows
+        compacted out of the batch (and the cache) once ``compact_at`` of them are done. Returns (tokens, their
+        log-probs, tokens per row, whether a row stopped at a stop string)."""
+        b, device = logits.shape[0], logits.device
         out_tok = torch.zeros((b, max_new), dtype=torch.long, device=device)
         out_lp = torch.zeros((b, max_new), dtype=torch.float32, device=device)
         n_done = [0] * b  # tokens generated per row, set when it finishes
@@ -415,16 +448,7 @@ class HFGenerator:
                     n_live_rows = len(live)
             logits = self._forward(cache, tok[:, None], mask[:, : width + step + 1], next_pos[:, None])
             next_pos = next_pos + 1
-
-        out_tok_l, out_lp_l = out_tok.tolist(), out_lp.tolist()
-        comps = []
-        for k in range(b):
-            n = n_done[k]
-            ids = out_tok_l[k][:n]
-            stopped = by_string[k] or (n > 0 and ids[-1] in self.eos_ids)
-            text = finish_text(self.tokenizer, ids, sp.stop, by_string[k])
-            comps.append(Completion(text, ids, out_lp_l[k][:n], "stop" if stopped else "length"))
-        return comps
+        return out_tok, out_lp, n_done, by_string
 
     @staticmethod
     def _pick(logits: torch.Tensor, sp: SamplingParams, u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,15 +90,47 @@ def convert(spec: DatasetSpec, name: str, *, role: str | None, timeout_s: float,
             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Steps 1-3 of the module docstring for one data set: (kept rows, report). ``role``: sft / rl for training
     sets (a row failing the round trip is skipped; sft rows need a solution), None for a test set (kept)."""
-    from stages.core import sandbox
-    from stages.core.answers import extract_answer
-
     t0 = time.perf_counter()
     if spec.hub is not None:
         check_hub_snapshot(spec, name)
+    tally = Tally(samples)
+    rows, from_program, notes, rows_in, filtered = _read_rows(spec, name, role, tally)
+    bad, programs = _check_programs(spec, rows, from_program, timeout_s, workers)
+    round_trip = _round_trip(rows, bad, role, workers, samples)
+    kept: list[dict[str, Any]] = []
+    for k, r in enumerate(rows):
+        if k in bad:
+            tally.skip(bad[k][0], _sample(r["_i"], r, bad[k][1]))
+            continue
+        kept.append({key: v for key, v in r.items() if key != "_i" and not (key in ("cot", "pot", "tir") and v is None)})
+    by_format = Counter(r.get("format") or "mixed" for r in kept)
+    report: dict[str, Any] = {
+        "name": name, "adapter": spec.adapter, "role": role or "test",
+        "source": {"path": spec.path, "hub": None if spec.hub is None else spec.hub.model_dump()},
+        "rows_in": rows_in, "filtered_out": filtered, "rows_out": len(kept),
+        "by_format": dict(sorted(by_format.items())), "skipped": dict(sorted(tally.skipped.items())),
+        "skip_samples": dict(tally.examples), "programs": programs, "round_trip": round_trip,
+        "notes": dict(sorted(notes.items())),
+    }
+    if spec.adapter == "gsm8k":
+        report["gsm8k_calculator"] = _gsm8k_calculator(rows, samples)
+    if spec.hub is not None and spec.hub.revision is None:
+        report["warning"] = f"hub data set {spec.hub.id} is not pinned (revision null)"
+        print(f"warning: {name}: {report['warning']}; DVC tracks the fetched snapshot, not the hub", file=sys.stderr)
+    if not kept:
+        raise PipelineError(f"{name}: no row of {spec.path} was kept (skipped: {dict(tally.skipped)}); check the "
+                            f"adapter ({spec.adapter}) and fields")
+    report["wall_s"] = round(time.perf_counter() - t0, 2)
+    return kept, report
+
+
+def _read_rows(spec: DatasetSpec, name: str, role: str | None, tally: Tally
+               ) -> tuple[list[dict[str, Any]], list[bool], Counter[str], int, int]:
+    """1. The source's rows that match ``spec.match``, converted by the adapter (the unconvertible ones, and SFT rows
+    without a solution, skipped into ``tally``); returns (rows with their source index ``_i``, whether each gold
+    answer comes from its program, the adapters' notes, rows read, rows filtered out)."""
     adapter = ADAPTERS[spec.adapter]
     match = {col: re.compile(rx) for col, rx in spec.match.items()}
-    tally = Tally(samples)
     rows: list[dict[str, Any]] = []
     from_program: list[bool] = []
     notes: Counter[str] = Counter()
@@ -122,10 +154,17 @@ def convert(spec: DatasetSpec, name: str, *, role: str | None, timeout_s: float,
         from_program.append(conv.gold_from_program)
     if rows_in == 0:
         raise PipelineError(f"{name}: {spec.path} holds no rows; check the path")
+    return rows, from_program, notes, rows_in, filtered
 
-    # 2. programs
-    # the pipeline's own rows were checked where they were made (the data stage writes programs that compute their
-    # answers; SFT runs them again with sft.verify_programs): only other data sets' programs run here
+
+def _check_programs(spec: DatasetSpec, rows: list[dict[str, Any]], from_program: list[bool], timeout_s: float,
+                    workers: int) -> tuple[dict[int, tuple[str, str]], dict[str, int]]:
+    """2. The rows' programs run in the sandbox and checked against the gold answer (a gold answer that comes from
+    the program is the program's value). The pipeline's own rows were checked where they were made (the data stage
+    writes programs that compute their answers; SFT runs them again with sft.verify_programs): only other data
+    sets' programs run here. Returns (the bad rows: index -> (skip reason, detail), the programs' counts)."""
+    from stages.core import sandbox
+
     prog = [k for k, r in enumerate(rows) if r.get("pot") and spec.adapter != "pipeline"]
     results = sandbox.run_many_pot([rows[k]["pot"] for k in prog], workers=workers, **sandbox.cpu_limit(timeout_s)) \
         if prog else []
@@ -146,8 +185,15 @@ def convert(spec: DatasetSpec, name: str, *, role: str | None, timeout_s: float,
     programs = {"run": len(prog), "ok": len(prog) - len(bad), "failed": sum(1 for b in bad.values() if b[0] == "program_failed"),
                 "wrong": sum(1 for b in bad.values() if b[0] == "program_wrong"),
                 "gold_from_program": sum(1 for k in prog if from_program[k])}
+    return bad, programs
 
-    # 3. round trip of the written response (cot; the program check above is the pot round trip)
+
+def _round_trip(rows: list[dict[str, Any]], bad: dict[int, tuple[str, str]], role: str | None, workers: int,
+                samples: int) -> dict[str, Any]:
+    """3. The round trip of the written response (cot; the program check is the pot round trip): its extracted
+    answer against the gold one; a training row that fails is added to ``bad``. Returns the round trip's report."""
+    from stages.core.answers import extract_answer
+
     cot = [k for k, r in enumerate(rows) if r.get("cot") and k not in bad]
     preds = [extract_answer(rows[k]["cot"], _family(rows[k])) for k in cot]
     rt = evaluator_checks(preds, [rows[k] for k in cot], workers)
@@ -158,43 +204,22 @@ def convert(spec: DatasetSpec, name: str, *, role: str | None, timeout_s: float,
             fail_pred[k] = pred
             if role is not None:
                 bad[k] = ("response_gold_mismatch", f"extracted {pred!r}, gold {rows[k]['answer']!r}")
-    round_trip = {"checked": len(cot), "ok": len(cot) - len(rt_fail),
-                  "rate": round((len(cot) - len(rt_fail)) / len(cot), 6) if cot else None,
-                  "failures": [_sample(rows[k]["_i"], rows[k], f"extracted {fail_pred[k]!r}, gold {rows[k]['answer']!r}")
-                               for k in rt_fail[:samples]],
-                  "failures_kept": role is None}
+    return {"checked": len(cot), "ok": len(cot) - len(rt_fail),
+            "rate": round((len(cot) - len(rt_fail)) / len(cot), 6) if cot else None,
+            "failures": [_sample(rows[k]["_i"], rows[k], f"extracted {fail_pred[k]!r}, gold {rows[k]['answer']!r}")
+                         for k in rt_fail[:samples]],
+            "failures_kept": role is None}
 
-    kept: list[dict[str, Any]] = []
-    for k, r in enumerate(rows):
-        if k in bad:
-            tally.skip(bad[k][0], _sample(r["_i"], r, bad[k][1]))
-            continue
-        kept.append({key: v for key, v in r.items() if key != "_i" and not (key in ("cot", "pot", "tir") and v is None)})
-    by_format = Counter(r.get("format") or "mixed" for r in kept)
-    report: dict[str, Any] = {
-        "name": name, "adapter": spec.adapter, "role": role or "test",
-        "source": {"path": spec.path, "hub": None if spec.hub is None else spec.hub.model_dump()},
-        "rows_in": rows_in, "filtered_out": filtered, "rows_out": len(kept),
-        "by_format": dict(sorted(by_format.items())), "skipped": dict(sorted(tally.skipped.items())),
-        "skip_samples": dict(tally.examples), "programs": programs, "round_trip": round_trip,
-        "notes": dict(sorted(notes.items())),
-    }
-    if spec.adapter == "gsm8k":
-        with_calc = [r for r in rows if r.get("calculator_last") is not None]
-        agree = [parse_float(r["calculator_last"]) == parse_float(r["answer"]) for r in with_calc]
-        report["gsm8k_calculator"] = {
-            "rows": len(rows), "with_annotation": len(with_calc), "last_annotation_equals_gold": sum(agree),
-            "rate": round(sum(agree) / len(with_calc), 4) if with_calc else None,
-            "disagree_samples": [_sample(r["_i"], r, f"last annotation {r['calculator_last']!r}, gold {r['answer']!r}")
-                                 for r, ok in zip(with_calc, agree, strict=True) if not ok][:samples]}
-    if spec.hub is not None and spec.hub.revision is None:
-        report["warning"] = f"hub data set {spec.hub.id} is not pinned (revision null)"
-        print(f"warning: {name}: {report['warning']}; DVC tracks the fetched snapshot, not the hub", file=sys.stderr)
-    if not kept:
-        raise PipelineError(f"{name}: no row of {spec.path} was kept (skipped: {dict(tally.skipped)}); check the "
-                            f"adapter ({spec.adapter}) and fields")
-    report["wall_s"] = round(time.perf_counter() - t0, 2)
-    return kept, report
+
+def _gsm8k_calculator(rows: list[dict[str, Any]], samples: int) -> dict[str, Any]:
+    """GSM8K's calculator annotations: how often the last one equals the gold answer (and samples where not)."""
+    with_calc = [r for r in rows if r.get("calculator_last") is not None]
+    agree = [parse_float(r["calculator_last"]) == parse_float(r["answer"]) for r in with_calc]
+    return {
+        "rows": len(rows), "with_annotation": len(with_calc), "last_annotation_equals_gold": sum(agree),
+        "rate": round(sum(agree) / len(with_calc), 4) if with_calc else None,
+        "disagree_samples": [_sample(r["_i"], r, f"last annotation {r['calculator_last']!r}, gold {r['answer']!r}")
+                             for r, ok in zip(with_calc, agree, strict=True) if not ok][:samples]}
 
 
 def parse_float(s: Any) -> float | None:

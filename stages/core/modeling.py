@@ -213,3 +213,28 @@ def peak_memory() -> dict[str, float]:
     if torch.cuda.is_available():
         out["peak_cuda_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return out
+
+
+@contextlib.contextmanager
+def on_device(module: torch.nn.Module | None, device: torch.device, offload: bool) -> Iterator[None]:
+    """Inside: ``module`` is on ``device``; after, back in CPU memory when ``offload`` and ``device`` is not the CPU
+    (the reference / reward model idle between their scoring passes). A no-op on the CPU or for None."""
+    if module is None or device.type == "cpu":
+        yield
+        return
+    module.to(device)
+    try:
+        yield
+    finally:
+        if offload:
+            module.to("cpu")
+            torch.cuda.empty_cache()
+
+
+def release_memory() -> None:
+    """Collect garbage (a finished DeepSpeed engine holds reference cycles) and return cached accelerator memory."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

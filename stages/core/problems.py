@@ -44,8 +44,13 @@ from typing import Any
 from stages.core.answers import extract_answer, gsm8k_gold  # answers imports nothing of this module
 from stages.core.errors import PipelineError, cause
 from stages.core.io import iter_jsonl, iter_jsonl_lines
-from stages.core.text import strip_calculator
 
+_GSM8K_CALC = re.compile(r"<<[^<>]*>>")
+
+
+def strip_calculator(text: str) -> str:
+    """Remove GSM8K ``<<48/2=24>>`` calculator annotations."""
+    return _GSM8K_CALC.sub("", text)
 
 @dataclass(frozen=True)
 class Problem:

@@ -16,7 +16,6 @@ import numpy as np
 # CJK ideographs, kana, hangul: one gram per character.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _GRAM = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
-_GSM8K_CALC = re.compile(r"<<[^<>]*>>")
 
 
 def nfkc_lower(text: str) -> str:
@@ -33,11 +32,6 @@ def ngrams(tokens: list[str], n: int) -> Iterator[tuple[str, ...]]:
     """Every contiguous ``n``-gram of ``tokens`` (none when there are fewer than ``n``)."""
     for i in range(len(tokens) - n + 1):
         yield tuple(tokens[i:i + n])
-
-
-def strip_calculator(text: str) -> str:
-    """Remove GSM8K ``<<48/2=24>>`` calculator annotations."""
-    return _GSM8K_CALC.sub("", text)
 
 
 _CLF_TOKEN = re.compile(r"[^\W_]+|[$\\^_{}=+\-*/<>()%]")

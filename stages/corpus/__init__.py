@@ -36,6 +36,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +123,37 @@ def _abs(path: str | None) -> str | None:
     return str(Path(path).resolve())
 
 
+@dataclass
+class _Job:
+    """What the phases of one build share: the params, the task map (local or a task runner), the log, the work
+    and output directories, and the run's timings and work-split figures (filled in as the phases run)."""
+
+    p: CorpusParams
+    mp: MapFn
+    say: Callable[[str], None]
+    work: Path
+    out: Path
+    timings: dict[str, float]
+    work_split: dict[str, int]
+
+
 def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, out: Path,
            timings: dict[str, float], work_split: dict[str, int]) -> dict[str, Any]:
-    # 0. benchmark index, seed corpus (first: an empty one fails before any work) -------------
-    t = time.perf_counter()
+    """The corpus in five phases (module docstring): the benchmark index and the seed corpus, the shards read,
+    filtered and decontaminated, deduplication, the recall rounds, the outputs; returns the metrics."""
+    job = _Job(p, mp, say, work, out, timings, work_split)
+    index_file, sizes, seed_files, n_seed = _index_and_seed(job)
+    prep = _prepare(job, index_file)
+    dup_kind, dedup_report, n_candidates = _dedup(job, prep)
+    rounds, model_path = _recall_rounds(job, prep["dirs"], seed_files, n_seed, n_candidates, prep["has_truth"])
+    return _write_outputs(job, prep, index_file, sizes, model_path, rounds, dedup_report, dup_kind, n_seed,
+                          n_candidates)
+
+
+def _index_and_seed(job: _Job) -> tuple[str, Any, list[str], int]:
+    """0. The benchmark n-gram index and the seed corpus (first: an empty one fails before any work); returns (the
+    index file, its sizes, the seed shards' files, seed pages)."""
+    p, mp, work = job.p, job.mp, job.work
     index_file = str(work / "index.pkl")
     sizes = mp(tasks.build_index, [dict(index_file=index_file, generated_test=_abs(str(Path(p.problems_dir) / "test.jsonl")),
                                         testsets=_abs(p.decontam.testsets), ngram=p.decontam.ngram,
@@ -140,10 +168,16 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
             seed_skipped.update(sk)
         raise PipelineError(f"corpus.seed_path: the seed corpus {p.seed_path} has no valid pages (skipped: {dict(seed_skipped)}); "
                             "the classifier needs positives")
+    return index_file, sizes, seed_files, n_seed
 
-    # 1. shards: read, filter, decontaminate, bucket entries -----------------------------------------
+
+def _prepare(job: _Job, index_file: str) -> dict[str, Any]:
+    """1. The crawl's shards read, filtered, decontaminated, their dedup entries bucketed; returns the shard
+    directories, the LSH bands / rows, what was skipped, the decontamination report, the planted truth's counts."""
+    p, mp, work = job.p, job.mp, job.work
+    t = time.perf_counter()
     shards = plan_shards(_abs(p.crawl_path), p.n_shards)
-    work_split["shards"] = len(shards)
+    job.work_split["shards"] = len(shards)
     dirs = [str(work / f"shard-{s.index:05d}") for s in shards]
     bands, rows = lsh_params(p.dedup.threshold, p.dedup.num_perm)
     read = ReadOptions(extractor=p.html_extractor, languages=tuple(p.languages) if p.languages is not None else None)
@@ -165,12 +199,18 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
                             "rows need non-empty 'text' and 'url'")
     n_rows = sum(r["kept"] for r in prepared)
     has_truth = n_rows > 0 and sum(r["labelled"] for r in prepared) == n_rows
-    say(f"read {pages_in} pages in {len(shards)} shards; {sum(report.removed.values())} contaminated, skipped {dict(skipped)}")
-    timings["prepare"] = round(time.perf_counter() - t, 2)
+    job.say(f"read {pages_in} pages in {len(shards)} shards; {sum(report.removed.values())} contaminated, skipped {dict(skipped)}")
+    job.timings["prepare"] = round(time.perf_counter() - t, 2)
+    return {"dirs": dirs, "bands": bands, "rows": rows, "skipped": skipped, "report": report, "truth": truth,
+            "pages_in": pages_in, "has_truth": has_truth, "entries": sum(r["entries"] for r in prepared)}
 
-    # 2. dedup: bucket partitions -> edges -> clusters -------------------------------------------------
+
+def _dedup(job: _Job, prep: dict[str, Any]) -> tuple[Any, dict[str, Any], int]:
+    """2. Deduplication: bucket partitions -> edges -> clusters (against the planted duplicates when labelled);
+    returns (what was removed, by kind; the dedup report; the candidate pages left)."""
+    p, mp, work, dirs, has_truth = job.p, job.mp, job.work, prep["dirs"], prep["has_truth"]
     t = time.perf_counter()
-    entries = sum(r["entries"] for r in prepared)
+    entries = prep["entries"]
     n_parts = max(1, -(-entries // p.dedup.partition_size))
     (work / "dedup").mkdir()
     entry_files = [str(Path(d) / "entries.npy") for d in dirs]
@@ -181,8 +221,10 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
         for (lo, hi), f in zip(partition_bounds(n_parts), edge_files, strict=True)])
     clusters = mp(tasks.dedup_clusters, [dict(edge_files=edge_files, shard_dirs=dirs, samples=20)])[0]
     dup_kind = clusters["removed"]
-    dedup_report: dict[str, Any] = {"removed": dup_kind, "samples": clusters["samples"], "bands": bands, "rows": rows}
-    work_split["dedup_partitions"], work_split["bucket_entries"], work_split["edges"] = n_parts, entries, int(sum(n_edges))
+    dedup_report: dict[str, Any] = {"removed": dup_kind, "samples": clusters["samples"], "bands": prep["bands"],
+                                    "rows": prep["rows"]}
+    job.work_split["dedup_partitions"], job.work_split["bucket_entries"], job.work_split["edges"] = \
+        n_parts, entries, int(sum(n_edges))
     truth_dir = work / "dedup-truth"
     truth_dir.mkdir()
     n_truth = len(dirs)
@@ -195,96 +237,135 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
         dedup_report["vs_truth"] = {"true_pairs": pairs, "pairs_found": found, "pair_recall": round(found / max(1, pairs), 4),
                                     "removed_without_true_duplicate": false}
     n_candidates = int(sum(kept))
-    say(f"dedup removed {dup_kind}; {n_candidates} candidate pages")
-    timings["dedup"] = round(time.perf_counter() - t, 2)
+    job.say(f"dedup removed {dup_kind}; {n_candidates} candidate pages")
+    job.timings["dedup"] = round(time.perf_counter() - t, 2)
     if n_candidates == 0:
         raise PipelineError("no crawl page is left after decontamination and deduplication; check corpus.decontam / dedup")
+    return dup_kind, dedup_report, n_candidates
 
-    # 3. rounds --------------------------------------------------------------------------------------------
-    cp = p.classifier
-    uncollected = cp.negatives == "uncollected"
-    n_eligible = n_candidates
-    n_discovered = 0
-    add_files: list[str] = []
+
+def _recall_rounds(job: _Job, dirs: list[str], seed_files: list[str], n_seed: int, n_candidates: int,
+                   has_truth: bool) -> tuple[list[dict[str, Any]], str]:
+    """3. The recall rounds (paper 2.1): each trains the classifier on the positives so far, scores and collects
+    the crawl, and (but the last) discovers math domains whose pages join the positives; returns (the rounds'
+    records, the last classifier's file)."""
+    p = job.p
+    n_eligible, n_discovered, add_files = n_candidates, 0, []
     rounds: list[dict[str, Any]] = []
     model_path = ""
     prev_collected: int | None = None
     for k in range(1, p.recall.rounds + 1):
         tr0 = time.perf_counter()
-        n_pos_all = n_seed + n_discovered
-        n_pos = min(n_pos_all, cp.max_positives)
-        rate = min(1.0, cp.negatives_per_positive * n_pos / max(1, n_eligible))
-        neg_files = [str(work / f"neg-r{k}-{s}.txt") for s in range(len(dirs))]
-        round_add = [str(work / f"add-r{k}-{s}.txt") for s in range(len(dirs))]
-        mp(tasks.training_texts_shard, [
-            dict(shard_dir=d, round_=k, seed=p.seed, rate=rate, uncollected=uncollected, neg_file=neg_files[s],
-                 add_file=round_add[s]) for s, d in enumerate(dirs)])
-        add_files += round_add
-        model_path = str(work / f"model-r{k}.bin")
-        n_p, n_n = mp(tasks.train_round, [dict(
-            positive_files=seed_files + add_files, positive_rate=n_pos / max(1, n_pos_all), negative_files=neg_files,
-            seed=p.seed, shuffle_seed=p.seed + k, train_txt=str(work / f"train-r{k}.txt"), model_file=model_path,
-            dim=cp.dim, lr=cp.lr, word_ngrams=cp.word_ngrams, min_count=cp.min_count, epochs=cp.epochs, bucket=cp.bucket,
-            thread=cp.thread)])[0]
-        if n_n == 0:
-            raise PipelineError(f"round {k}: no crawl page left to sample negatives from; lower corpus.recall.rounds")
-        for f in neg_files:
-            os.unlink(f)
+        model_path, n_p, n_n, n_pos_all = _train_round(job, k, dirs, seed_files, add_files, n_seed + n_discovered,
+                                                       n_eligible)
         t_train = time.perf_counter() - tr0
-
-        ts = time.perf_counter()
-        mp(tasks.score_shard, [dict(shard_dir=d, model_path=model_path, bins=p.recall.bins) for d in dirs])
-        hp, ht = mp(tasks.sum_histograms, [dict(shard_dirs=dirs)])[0]
-        thr = select_threshold(hp, ht, min_score=p.recall.min_score, max_pages=budget_for_round(p.recall.max_pages, k),
-                               max_tokens=budget_for_round(p.recall.max_tokens, k))
-        last = k == p.recall.rounds
-        domain_dir = work / f"domains-r{k}"
-        domain_dir.mkdir()
-        got = mp(tasks.collect_shard, [dict(shard_dir=d, threshold=thr, round_=k, domain_dir=None if last else str(domain_dir),
-                                            n_domain_parts=len(dirs)) for d in dirs])
-        n_col = sum(g["collected"] for g in got)
-        shared = sum(g["shared"] for g in got)
-        rec: dict[str, Any] = {
-            "round": k, "positives": n_p, "positives_discovered": n_pos_all - n_seed, "negatives": n_n,
-            "threshold": round(thr, 4), "collected": n_col, "tokens": sum(g["tokens"] for g in got),
-            "new": n_col - shared if prev_collected is not None else n_col,
-            "overlap_with_previous": round(overlap(n_col, shared), 4) if prev_collected is not None else None,
-            "train_s": round(t_train, 2), "score_s": round(time.perf_counter() - ts, 2),
-        }
-        if has_truth:
-            rec.update(_prf(*_sum([g["prf"] for g in got])))
-            tp, pred, true, held = _sum([g["heldout"] for g in got])
-            rec["heldout_classifier"] = {**_prf(tp, pred, true), "pages": held}
+        rec, thr, last = _collect_round(job, k, dirs, model_path, prev_collected, has_truth)
+        rec.update(positives=n_p, positives_discovered=n_pos_all - n_seed, negatives=n_n, train_s=round(t_train, 2))
         stop = (p.recall.stop_overlap is not None and prev_collected is not None
                 and rec["overlap_with_previous"] >= p.recall.stop_overlap)
         if not last and not stop:
-            parts = mp(tasks.domain_partition, [dict(
-                files=[str(domain_dir / f"part-{q:05d}-{Path(d).name}.json") for d in dirs],
-                domain_fraction=p.domains.domain_fraction,
-                min_domain_pages=p.domains.min_domain_pages, prefix_fraction=p.domains.prefix_fraction,
-                min_prefix_pages=p.domains.min_prefix_pages) for q in range(len(dirs))])
-            mdoms = sorted(d_ for m, _ in parts for d_ in m)
-            props = sorted((x for _, pr in parts for x in pr), key=lambda x: (x.domain, x.prefix))
-            acc = dom.accept(props, mdoms, p.domains.approve)
-            dom.write_proposals(out / "reports" / f"domains-round{k}.tsv", props, acc)
-            added = mp(tasks.add_shard, [dict(shard_dir=d, accepted=acc, uncollected=uncollected) for d in dirs])
-            n_new = sum(a for a, _ in added)
+            n_new, n_eligible = _discover_domains(job, k, dirs, rec)
             n_discovered += n_new
-            n_eligible = sum(e for _, e in added)
-            rec.update({"math_domains": len(mdoms), "prefixes_proposed": len(props), "prefixes_accepted": len(acc),
-                        "pages_added_to_seed": n_new})
-        shutil.rmtree(domain_dir, ignore_errors=True)
+        shutil.rmtree(job.work / f"domains-r{k}", ignore_errors=True)
         rounds.append(rec)
-        say(f"round {k}: collected {n_col} (new {rec['new']}), threshold {thr:.3f}"
-            + (f", precision {rec['precision']}, recall {rec['recall']}" if has_truth else "")
-            + (f"; added {rec.get('pages_added_to_seed', 0)} pages to the seed" if k < p.recall.rounds else ""))
-        prev_collected = n_col
+        job.say(f"round {k}: collected {rec['collected']} (new {rec['new']}), threshold {thr:.3f}"
+                + (f", precision {rec['precision']}, recall {rec['recall']}" if has_truth else "")
+                + (f"; added {rec.get('pages_added_to_seed', 0)} pages to the seed" if k < p.recall.rounds else ""))
+        prev_collected = rec["collected"]
         if stop:
-            say(f"stopping after round {k}: overlap with the previous round {rec['overlap_with_previous']}")
+            job.say(f"stopping after round {k}: overlap with the previous round {rec['overlap_with_previous']}")
             break
-    timings["rounds"] = round(sum(r["train_s"] + r["score_s"] for r in rounds), 2)
+    job.timings["rounds"] = round(sum(r["train_s"] + r["score_s"] for r in rounds), 2)
+    return rounds, model_path
 
-    # 4. outputs --------------------------------------------------------------------------------------------
+
+def _train_round(job: _Job, k: int, dirs: list[str], seed_files: list[str], add_files: list[str], n_pos_all: int,
+                 n_eligible: int) -> tuple[str, int, int, int]:
+    """Round ``k``'s classifier: positives (the seed and the pages discovered so far, at most ``max_positives``)
+    against sampled negatives; ``add_files`` grows by the round's discovered-page files. Returns (the model file,
+    positives, negatives used, positives available)."""
+    p, mp, work, cp = job.p, job.mp, job.work, job.p.classifier
+    n_pos = min(n_pos_all, cp.max_positives)
+    rate = min(1.0, cp.negatives_per_positive * n_pos / max(1, n_eligible))
+    neg_files = [str(work / f"neg-r{k}-{s}.txt") for s in range(len(dirs))]
+    round_add = [str(work / f"add-r{k}-{s}.txt") for s in range(len(dirs))]
+    mp(tasks.training_texts_shard, [
+        dict(shard_dir=d, round_=k, seed=p.seed, rate=rate, uncollected=cp.negatives == "uncollected",
+             neg_file=neg_files[s], add_file=round_add[s]) for s, d in enumerate(dirs)])
+    add_files += round_add
+    model_path = str(work / f"model-r{k}.bin")
+    n_p, n_n = mp(tasks.train_round, [dict(
+        positive_files=seed_files + add_files, positive_rate=n_pos / max(1, n_pos_all), negative_files=neg_files,
+        seed=p.seed, shuffle_seed=p.seed + k, train_txt=str(work / f"train-r{k}.txt"), model_file=model_path,
+        dim=cp.dim, lr=cp.lr, word_ngrams=cp.word_ngrams, min_count=cp.min_count, epochs=cp.epochs, bucket=cp.bucket,
+        thread=cp.thread)])[0]
+    if n_n == 0:
+        raise PipelineError(f"round {k}: no crawl page left to sample negatives from; lower corpus.recall.rounds")
+    for f in neg_files:
+        os.unlink(f)
+    return model_path, n_p, n_n, n_pos_all
+
+
+def _collect_round(job: _Job, k: int, dirs: list[str], model_path: str, prev_collected: int | None,
+                   has_truth: bool) -> tuple[dict[str, Any], float, bool]:
+    """Round ``k``'s scoring and collection at the threshold the budgets allow; returns (the round's record, the
+    threshold, whether it is the last round)."""
+    p, mp = job.p, job.mp
+    ts = time.perf_counter()
+    mp(tasks.score_shard, [dict(shard_dir=d, model_path=model_path, bins=p.recall.bins) for d in dirs])
+    hp, ht = mp(tasks.sum_histograms, [dict(shard_dirs=dirs)])[0]
+    thr = select_threshold(hp, ht, min_score=p.recall.min_score, max_pages=budget_for_round(p.recall.max_pages, k),
+                           max_tokens=budget_for_round(p.recall.max_tokens, k))
+    last = k == p.recall.rounds
+    domain_dir = job.work / f"domains-r{k}"
+    domain_dir.mkdir()
+    got = mp(tasks.collect_shard, [dict(shard_dir=d, threshold=thr, round_=k, domain_dir=None if last else str(domain_dir),
+                                        n_domain_parts=len(dirs)) for d in dirs])
+    n_col = sum(g["collected"] for g in got)
+    shared = sum(g["shared"] for g in got)
+    rec: dict[str, Any] = {
+        "round": k, "positives": None, "positives_discovered": None, "negatives": None,
+        "threshold": round(thr, 4), "collected": n_col, "tokens": sum(g["tokens"] for g in got),
+        "new": n_col - shared if prev_collected is not None else n_col,
+        "overlap_with_previous": round(overlap(n_col, shared), 4) if prev_collected is not None else None,
+        "train_s": None, "score_s": round(time.perf_counter() - ts, 2),
+    }
+    if has_truth:
+        rec.update(_prf(*_sum([g["prf"] for g in got])))
+        tp, pred, true, held = _sum([g["heldout"] for g in got])
+        rec["heldout_classifier"] = {**_prf(tp, pred, true), "pages": held}
+    return rec, thr, last
+
+
+def _discover_domains(job: _Job, k: int, dirs: list[str], rec: dict[str, Any]) -> tuple[int, int]:
+    """After round ``k``: the math domains and URL prefixes of its collection, the accepted ones' pages added to the
+    positives (their proposals in reports/domains-round<k>.tsv); returns (pages added, pages still eligible)."""
+    p, mp = job.p, job.mp
+    domain_dir = job.work / f"domains-r{k}"
+    parts = mp(tasks.domain_partition, [dict(
+        files=[str(domain_dir / f"part-{q:05d}-{Path(d).name}.json") for d in dirs],
+        domain_fraction=p.domains.domain_fraction,
+        min_domain_pages=p.domains.min_domain_pages, prefix_fraction=p.domains.prefix_fraction,
+        min_prefix_pages=p.domains.min_prefix_pages) for q in range(len(dirs))])
+    mdoms = sorted(d_ for m, _ in parts for d_ in m)
+    props = sorted((x for _, pr in parts for x in pr), key=lambda x: (x.domain, x.prefix))
+    acc = dom.accept(props, mdoms, p.domains.approve)
+    dom.write_proposals(job.out / "reports" / f"domains-round{k}.tsv", props, acc)
+    added = mp(tasks.add_shard, [dict(shard_dir=d, accepted=acc, uncollected=p.classifier.negatives == "uncollected")
+                                 for d in dirs])
+    n_new = sum(a for a, _ in added)
+    rec.update({"math_domains": len(mdoms), "prefixes_proposed": len(props), "prefixes_accepted": len(acc),
+                "pages_added_to_seed": n_new})
+    return n_new, sum(e for _, e in added)
+
+
+def _write_outputs(job: _Job, prep: dict[str, Any], index_file: str, sizes: Any, model_path: str,
+                   rounds: list[dict[str, Any]], dedup_report: dict[str, Any], dup_kind: Any, n_seed: int,
+                   n_candidates: int) -> dict[str, Any]:
+    """4. The outputs: the math and general corpora, the classifier, the decontaminated problems, the reports and
+    the rounds' plot table; returns the stage's metrics."""
+    p, mp, work, out, dirs = job.p, job.mp, job.work, job.out, prep["dirs"]
+    has_truth, truth, report = prep["has_truth"], prep["truth"], prep["report"]
     t = time.perf_counter()
     n_math = rounds[-1]["collected"]
     if n_math == 0:
@@ -318,17 +399,23 @@ def _build(p: CorpusParams, mp: MapFn, say: Callable[[str], None], work: Path, o
     tsv_cols = ["round", "collected", "new", "overlap_with_previous", "precision", "recall", "f1"]
     write_text(paths.plots_dir("corpus") / "rounds.tsv", "\t".join(tsv_cols) + "\n" + "".join(
         "\t".join("" if r.get(c) is None else str(r.get(c)) for c in tsv_cols) + "\n" for r in rounds))
-    timings["write"] = round(time.perf_counter() - t, 2)
+    job.timings["write"] = round(time.perf_counter() - t, 2)
+    return _metrics(prep, parts, rounds, problems_removed, decon, dedup_report, dup_kind, n_seed, n_candidates)
 
+
+def _metrics(prep: dict[str, Any], parts: list[Any], rounds: list[dict[str, Any]], problems_removed: dict[str, Any],
+             decon: dict[str, Any], dedup_report: dict[str, Any], dup_kind: Any, n_seed: int,
+             n_candidates: int) -> dict[str, Any]:
+    """The stage's metrics from the phases' figures (and against the planted truth when the crawl is labelled)."""
     metrics: dict[str, Any] = {
-        "pages_in": pages_in, "skipped": dict(skipped), "seed_pages": n_seed,
-        "contaminated_removed": dict(report.removed), "duplicates_removed": dict(dup_kind), "candidates": n_candidates,
-        "rounds_run": len(rounds), "math_pages": n_math, "math_tokens": int(sum(x[2] for x in parts)),
-        "general_pages": int(sum(x[1] for x in parts)),
+        "pages_in": prep["pages_in"], "skipped": dict(prep["skipped"]), "seed_pages": n_seed,
+        "contaminated_removed": dict(prep["report"].removed), "duplicates_removed": dict(dup_kind),
+        "candidates": n_candidates, "rounds_run": len(rounds), "math_pages": rounds[-1]["collected"],
+        "math_tokens": int(sum(x[2] for x in parts)), "general_pages": int(sum(x[1] for x in parts)),
         "problems_removed": {s: v["removed"] for s, v in problems_removed.items()},
         "rounds": [{k_: v for k_, v in r.items() if k_ not in ("heldout_classifier",)} for r in rounds],
     }
-    if has_truth:
+    if prep["has_truth"]:
         last, first = rounds[-1], rounds[0]
         metrics["final"] = {"precision": last["precision"], "recall": last["recall"], "f1": last["f1"],
                             "round1_recall": first["recall"],

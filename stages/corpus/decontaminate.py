@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stages.core import problems
-from stages.core.problems import Problem
-from stages.core.text import NgramIndex, strip_calculator
+from stages.core.problems import Problem, strip_calculator
+from stages.core.text import NgramIndex
 
 
 @dataclass(frozen=True)

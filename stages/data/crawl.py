@@ -671,31 +671,69 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
     ``p`` is a :class:`stages.schema.data.CrawlParams`. ``test_problems`` are the held-out problems: the
     planted contaminated pages copy them, and every other page is checked not to share an
     ``p.avoid_ngram``-gram with any of their questions or solutions (nor contain a shorter
-    question whole); a page that does is redrawn.
+    question whole); a page that does is redrawn. One random stream draws everything, in this order: the domains,
+    the pages, the planted contamination, the near-duplicates, the seed corpus.
     """
     t0 = time.perf_counter()
-    rng = random.Random(f"crawl-{seed}")
-    guard = NgramIndex(p.avoid_ngram)
-    test_questions = set()
-    for t in test_problems:
-        guard.add(t["question"], t["id"])
-        guard.add(t["cot"], t["id"], whole_if_short=False)
-        test_questions.add(t["question"])
-    redrawn = Counter()
+    d = _Drawer(p, seed, test_problems)
+    math_domains, general_domains = _domains(d.rng, p.n_math_domains, p.n_general_domains)
+    rows = [{"id": "", "url": d.url(domain, prefix), "text": d.clean_text(kind, on_math),
+             "label": "math" if kind in MATH_KINDS else "other", "kind": kind, "near_dup_of": None,
+             "contaminated_by": None} for domain, prefix, kind, on_math in _slots(d, math_domains, general_domains)]
+    _plant_contaminated(d, rows, test_problems, math_domains, general_domains)
+    rows = _plant_near_duplicates(d, rows, math_domains + general_domains)
+    seed_rows = _seed_rows(d, rows)
+    write_jsonl(crawl_path, rows)
+    write_jsonl(seed_path, seed_rows)
+    kinds = Counter(r["kind"] for r in rows)
+    general_hosts = {h for h, _ in general_domains}
+    return {
+        "pages": len(rows),
+        "math_pages": sum(r["label"] == "math" for r in rows),
+        "math_pages_on_general_domains": sum(r["label"] == "math" and url_domain(r["url"]) in general_hosts for r in rows),
+        "near_dup_pages": sum(r["near_dup_of"] is not None for r in rows),
+        "contaminated_pages": sum(r["contaminated_by"] is not None for r in rows),
+        "domains": len(math_domains) + len(general_domains),
+        "seed_pages": len(seed_rows),
+        "kinds": dict(sorted(kinds.items())),
+        "redrawn_problems": d.redrawn["problems"],
+        "redrawn_pages": d.redrawn["pages"],
+        "mean_words": round(sum(len(r["text"].split()) for r in rows) / max(1, len(rows)), 1),
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }
 
-    def draw() -> dict[str, Any]:
+
+class _Drawer:
+    """The crawl's one random stream (``rng``) and its guard against the test problems: word problems, page texts
+    and unused URLs, each redrawn while it shares an n-gram with a test problem (counted in ``redrawn``)."""
+
+    def __init__(self, p: Any, seed: int, test_problems: list[dict[str, Any]]) -> None:
+        self.p, self.rng = p, random.Random(f"crawl-{seed}")
+        self.guard = NgramIndex(p.avoid_ngram)
+        self.test_questions: set[str] = set()
+        for t in test_problems:
+            self.guard.add(t["question"], t["id"])
+            self.guard.add(t["cot"], t["id"], whole_if_short=False)
+            self.test_questions.add(t["question"])
+        self.redrawn: Counter[str] = Counter()
+        self.used_urls: set[str] = set()
+
+    def problem(self) -> dict[str, Any]:
+        p, rng = self.p, self.rng
         for _ in range(1000):
             prob = problems.sample_problem(rng, n_steps=rng.randint(1, p.max_steps), max_value=p.max_value)
-            if prob["question"] in test_questions or guard.match(prob["question"]) or guard.match(prob["cot"]):
-                redrawn["problems"] += 1
+            if prob["question"] in self.test_questions or self.guard.match(prob["question"]) or \
+                    self.guard.match(prob["cot"]):
+                self.redrawn["problems"] += 1
                 continue
             return prob
         raise ValueError("could not draw a word problem unlike every test problem; raise data.crawl.avoid_ngram")
 
-    def make_text(kind: str, r: random.Random, math_site: bool) -> str:
+    def text(self, kind: str, r: random.Random, math_site: bool) -> str:
+        p = self.p
         target = r.randint(p.min_words, p.max_words)
         if kind == "worked_problem":
-            return _worked_problem_page(r, target, draw, chatty=not math_site, r1_share=p.r1_share)
+            return _worked_problem_page(r, target, self.problem, chatty=not math_site, r1_share=p.r1_share)
         if kind == "arithmetic":
             return _arithmetic_page(r, target, p.max_value)
         if kind == "definition":
@@ -706,18 +744,29 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
             return _qa_page(r, target)
         return _other_page(r, kind, target, math_site)
 
-    def clean_text(kind: str, math_site: bool) -> str:
+    def clean_text(self, kind: str, math_site: bool) -> str:
         for _ in range(100):
-            text = make_text(kind, rng, math_site)
+            text = self.text(kind, self.rng, math_site)
             # only math pages are built from problem-like text; the others are checked by tests/data/test_crawl.py
-            if kind not in MATH_KINDS or guard.match(text) is None:
+            if kind not in MATH_KINDS or self.guard.match(text) is None:
                 return text
-            redrawn["pages"] += 1
+            self.redrawn["pages"] += 1
         raise ValueError("could not draw a page unlike every test problem; raise data.crawl.avoid_ngram")
 
-    math_domains, general_domains = _domains(rng, p.n_math_domains, p.n_general_domains)
+    def url(self, domain: str, prefix: str) -> str:
+        while True:
+            u = _url(self.rng, domain, prefix, self.rng.randint(1, 10 ** 6))
+            if u not in self.used_urls:
+                self.used_urls.add(u)
+                return u
+
+
+def _slots(d: _Drawer, math_domains: list[tuple[str, str]], general_domains: list[tuple[str, str]]
+           ) -> list[tuple[str, str, str, bool]]:
+    """(domain, prefix, kind, on a math site) of every page, math sites first by their share, then shuffled."""
+    p, rng = d.p, d.rng
     n_math_site_pages = round(p.n_pages * p.math_domain_share)
-    slots: list[tuple[str, str, str, bool]] = []  # (domain, prefix, kind, on a math site)
+    slots: list[tuple[str, str, str, bool]] = []
     for i in range(p.n_pages):
         on_math = i < n_math_site_pages
         domain, site = rng.choice(math_domains) if on_math else rng.choice(general_domains)
@@ -725,50 +774,42 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
         prefix, _, mix = rng.choices(layout, weights=[w for _, w, _ in layout])[0]
         slots.append((domain, prefix, _pick(rng, mix), on_math))
     rng.shuffle(slots)
+    return slots
 
-    rows: list[dict[str, Any]] = []
-    used_urls: set[str] = set()
 
-    def new_url(domain: str, prefix: str) -> str:
-        while True:
-            u = _url(rng, domain, prefix, rng.randint(1, 10 ** 6))
-            if u not in used_urls:
-                used_urls.add(u)
-                return u
-
-    for domain, prefix, kind, on_math in slots:
-        rows.append({
-            "id": "", "url": new_url(domain, prefix), "text": clean_text(kind, on_math),
-            "label": "math" if kind in MATH_KINDS else "other", "kind": kind, "near_dup_of": None, "contaminated_by": None,
-        })
-
-    # planted contamination: homework pages on math prefixes and general homework prefixes
-    contam_slots = [(d, pre) for d, site in math_domains for pre, _, mix in MATH_SITES[site] if "worked_problem" in mix]
-    contam_slots += [(d, "/homework/") for d, site in general_domains if site == "family"]
+def _plant_contaminated(d: _Drawer, rows: list[dict[str, Any]], test_problems: list[dict[str, Any]],
+                        math_domains: list[tuple[str, str]], general_domains: list[tuple[str, str]]) -> None:
+    """Planted contamination: homework pages quoting test problems, on math prefixes and general homework ones."""
+    p, rng = d.p, d.rng
+    contam_slots = [(dm, pre) for dm, site in math_domains for pre, _, mix in MATH_SITES[site] if "worked_problem" in mix]
+    contam_slots += [(dm, "/homework/") for dm, site in general_domains if site == "family"]
     for _ in range(p.n_contaminated):
         test = test_problems[rng.randrange(len(test_problems))]
         domain, prefix = rng.choice(contam_slots)
-        text = _contaminated_page(rng, test, rng.randint(p.min_words, p.max_words), draw)
-        rows.append({"id": "", "url": new_url(domain, prefix), "text": text, "label": "math", "kind": "worked_problem",
+        text = _contaminated_page(rng, test, rng.randint(p.min_words, p.max_words), d.problem)
+        rows.append({"id": "", "url": d.url(domain, prefix), "text": text, "label": "math", "kind": "worked_problem",
                      "near_dup_of": None, "contaminated_by": test["id"]})
 
-    # near-duplicates of base pages: half exact (case/whitespace) variants, half edited copies
+
+def _plant_near_duplicates(d: _Drawer, rows: list[dict[str, Any]], all_domains: list[tuple[str, str]]
+                           ) -> list[dict[str, Any]]:
+    """Near-duplicates of base pages (half exact case / whitespace variants, half edited copies) interleaved among
+    them; every row numbered in file order, copies pointing at their original's id."""
+    p, rng = d.p, d.rng
     rng.shuffle(rows)
     for i, row in enumerate(rows):
         row["id"] = f"crawl-{i:06d}"
     n_dups = round(len(rows) * p.near_dup_frac)
-    all_domains = math_domains + general_domains
     for orig in rng.sample(rows, n_dups):
         exact = rng.random() < 0.5
         text = (_exact_variant(rng, orig["text"]) if exact  # copies of planted pages keep the quoted problem intact
                 else _near_variant(rng, orig["text"], edit=orig["contaminated_by"] is None))
-        if orig["contaminated_by"] is None and guard.match(text) is not None:
+        if orig["contaminated_by"] is None and d.guard.match(text) is not None:
             continue  # an edit that happened to hit a test n-gram: skip this copy
         if rng.random() < 0.5:
             url = orig["url"].replace("https://", "https://m.", 1) + f"?ref={rng.randint(1, 999)}"
         else:  # a scraper or mirror on another domain
-            d = rng.choice(all_domains)[0]
-            url = new_url(d, "/archive/")
+            url = d.url(rng.choice(all_domains)[0], "/archive/")
         rows.append({"id": "", "url": url, "text": text, "label": orig["label"], "kind": orig["kind"],
                      "near_dup_of": orig["id"], "contaminated_by": orig["contaminated_by"]})
     base = len(rows) - n_dups
@@ -785,34 +826,20 @@ def generate(p: Any, *, seed: int, test_problems: list[dict[str, Any]], crawl_pa
     for row in rows:
         if row["near_dup_of"] is not None:
             row["near_dup_of"] = id_map[row["near_dup_of"]]
+    return rows
 
-    # seed corpus: formal styles only, on its own archive domains, texts unlike any crawl page
+
+def _seed_rows(d: _Drawer, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The seed corpus: formal styles only, on its own archive domains, texts unlike any crawl page."""
+    rng = d.rng
     crawl_hashes = {normalize_for_hash(r["text"]) for r in rows}
     seed_domains = [f"openmath-archive{i}.org" for i in range(1, 6)]
-    seed_rows = []
-    while len(seed_rows) < p.n_seed_pages:
+    seed_rows: list[dict[str, Any]] = []
+    while len(seed_rows) < d.p.n_seed_pages:
         kind = rng.choice(SEED_KINDS)
-        text = clean_text(kind, True)
+        text = d.clean_text(kind, True)
         if normalize_for_hash(text) in crawl_hashes:
             continue
-        url = new_url(rng.choice(seed_domains), rng.choice(["/articles/", "/notes/", "/theorems/"]))
+        url = d.url(rng.choice(seed_domains), rng.choice(["/articles/", "/notes/", "/theorems/"]))
         seed_rows.append({"id": f"seed-{len(seed_rows):06d}", "url": url, "text": text})
-
-    write_jsonl(crawl_path, rows)
-    write_jsonl(seed_path, seed_rows)
-    kinds = Counter(r["kind"] for r in rows)
-    general_hosts = {d for d, _ in general_domains}
-    return {
-        "pages": len(rows),
-        "math_pages": sum(r["label"] == "math" for r in rows),
-        "math_pages_on_general_domains": sum(r["label"] == "math" and url_domain(r["url"]) in general_hosts for r in rows),
-        "near_dup_pages": sum(r["near_dup_of"] is not None for r in rows),
-        "contaminated_pages": sum(r["contaminated_by"] is not None for r in rows),
-        "domains": len(all_domains),
-        "seed_pages": len(seed_rows),
-        "kinds": dict(sorted(kinds.items())),
-        "redrawn_problems": redrawn["problems"],
-        "redrawn_pages": redrawn["pages"],
-        "mean_words": round(sum(len(r["text"].split()) for r in rows) / max(1, len(rows)), 1),
-        "wall_s": round(time.perf_counter() - t0, 2),
-    }
+    return seed_rows

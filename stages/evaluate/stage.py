@@ -41,7 +41,7 @@ from stages.core.problems import Problem, load_problem_file
 from stages.core.progress import Throughput, describe
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
 from stages.evaluate.loop import LoopSettings, RunSpec, generator_format, run_one
-from stages.evaluate.metrics import default_ks, mean_se, sample_metrics
+from stages.evaluate.metrics import default_ks, frac, greedy_summary, mean_se, sample_metrics
 from stages.schema.evaluate import EvalCommonParams, EvalModelParams, EvaluateParams
 
 _CODE_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "core")
@@ -122,11 +122,11 @@ def _candidates(x: dict[str, Any]) -> list[str]:
 def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams | None) -> dict[str, Any]:
     """Metrics of one run under the headline checker mode: greedy accuracy, or avg@n / pass@k / maj@k, each with its
     standard error over problems; overall and per difficulty; the verifier-sensitivity table; per-problem scores.
-    ``c``: the evaluation's settings (a greedy run needs none: GRPO's held-out curve passes None, and its records were
-    judged with the loop's default headline mode, strict)."""
+    ``c``: the evaluation's settings (a greedy run needs none; GRPO's held-out curve takes the greedy part alone,
+    stages.evaluate.metrics.greedy_summary, its records judged with the loop's default headline mode, strict)."""
     mode = c.checker.headline if c is not None else "strict"
     if spec.decoding == "greedy":
-        out = _greedy_summary(records, spec)
+        out = greedy_summary(records, spec.mode)
     else:
         assert c is not None
         ks = default_ks(spec.n)
@@ -141,7 +141,7 @@ def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams 
         for k in per_problem[0] if per_problem else ():
             out[f"{k}_se"] = round(mean_se([pm[k] for pm in per_problem])[1], 4)
         comps_all = [x for r in records for x in r["completions"]]
-        out["no_answer"] = _frac(x["answer"] is None for x in comps_all)
+        out["no_answer"] = frac(x["answer"] is None for x in comps_all)
         by: dict[str, list[dict[str, float]]] = {}
         for r, pm in zip(records, per_problem, strict=True):
             by.setdefault(str(r["difficulty"]), []).append(pm)
@@ -172,7 +172,7 @@ def verifier_table(records: list[dict[str, Any]], n_examples: int = 3) -> dict[s
     out: dict[str, Any] = {"n": len(comps)}
     for v in names:
         got = [x["verdicts"].get(v) for _, x in comps]
-        out[v] = {"acc": _frac(g == RIGHT for g in got), **{o: got.count(o) for o in OUTCOMES if o != RIGHT}}
+        out[v] = {"acc": frac(g == RIGHT for g in got), **{o: got.count(o) for o in OUTCOMES if o != RIGHT}}
     pairs = {}
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -190,34 +190,6 @@ def verifier_table(records: list[dict[str, Any]], n_examples: int = 3) -> dict[s
                                      "verdicts": dict(x["verdicts"]), "tail": x.get("text", "")[-160:]})
     out["kinds"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]["count"]))
     return out
-
-
-def _greedy_summary(records: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
-    comps = [r["completions"][0] for r in records]
-    acc, se = mean_se([float(x["correct"]) for x in comps])
-    out: dict[str, Any] = {
-        "acc": round(acc, 4),
-        "acc_se": round(se, 4),
-        "n": len(records),
-        "no_answer": _frac(x["answer"] is None for x in comps),
-        "truncated": _frac(x["finish_reason"] == "length" for x in comps),
-        "mean_tokens": round(sum(x["n_tokens"] for x in comps) / max(1, len(comps)), 2),
-    }
-    if spec.mode == "pot":
-        out["exec_ok"] = _frac(x.get("exec_status") == "ok" for x in comps)
-    if spec.mode == "tir":
-        out["mean_executions"] = round(sum(x.get("executions", 0) for x in comps) / max(1, len(comps)), 3)
-    by: dict[str, list[bool]] = {}
-    for r, x in zip(records, comps, strict=True):
-        by.setdefault(str(r["difficulty"]), []).append(x["correct"])
-    out["by_difficulty"] = {d: {"acc": _frac(v), "n": len(v)} for d, v in sorted(by.items())}
-    out["per_problem"] = {"ids": [r["id"] for r in records], "acc": [int(x["correct"]) for x in comps]}
-    return out
-
-
-def _frac(xs: Any) -> float:
-    xs = list(xs)
-    return round(sum(bool(x) for x in xs) / len(xs), 4) if xs else 0.0
 
 
 def _mean_dicts(ds: list[dict[str, float]]) -> dict[str, float]:
@@ -283,27 +255,13 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
     resumed_total = 0
     gen_tokens = 0
     for spec in runs:
-        problems = benchmarks[spec.benchmark]
-        if spec.decoding == "sample" and c.sample_limit is not None:
-            problems = problems[: c.sample_limit]
-        exemplars = (fewshot_exemplars(sft_file, c.n_shots, spec.mode, c.seed)
-                     if m.prompting == "few_shot" and spec.family == "generated" else None)
-        prompt_examples.append(f"===== {spec.name} =====\n"
-                               f"{build_prompt(problems[0], spec.mode, m.prompting, exemplars, generator_format(generator))}")
-        template = build_prompt(Problem("template", spec.family, "{question}", None, None), spec.mode, m.prompting,
-                                exemplars, generator_format(generator))  # the run's template: its hash is recorded
-        t_run = time.perf_counter()
-        records, resumed = run_one(generator, problems, spec, settings, m.prompting, exemplars,
-                                   ckpt_dir / f"{spec.name}.jsonl", progress=_progress(f"{model}:{spec.name}"))
+        records, resumed, summary, example = _evaluate_run(model, m, c, spec, benchmarks[spec.benchmark], sft_file,
+                                                           generator, settings, ckpt_dir)
+        prompt_examples.append(example)
         resumed_total += resumed
         gen_tokens += sum(x["n_tokens"] for r in records for x in r["completions"])
         outputs[spec.name] = records
-        summary = summarize(records, spec, c)
-        summary["prompt_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
-        summary["sampling"] = sampling_record(spec, settings, m.prompting)
-        summary["wall_s"] = round(time.perf_counter() - t_run, 2)
         metrics.setdefault(spec.benchmark, {}).setdefault(spec.mode, {})[spec.decoding] = summary
-
     with atomic_path(paths.eval_dir(model)) as tmp:
         tmp.mkdir(parents=True)
         for name, records in outputs.items():
@@ -320,6 +278,29 @@ def run(p: EvaluateParams, model: str, generator: Any = None) -> dict[str, Any]:
                                                  "*.sample.pass@*", "*.sample.maj@*", "hardware", "sandbox"])
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return metrics
+
+
+def _evaluate_run(model: str, m: EvalModelParams, c: EvalCommonParams, spec: RunSpec, problems: list[Problem],
+                  sft_file: Path, generator: Any, settings: LoopSettings, ckpt_dir: Path
+                  ) -> tuple[list[dict[str, Any]], int, dict[str, Any], str]:
+    """One run (benchmark, mode, decoding) of the model: (its records, problems resumed from ``ckpt_dir``, its
+    summary with the prompt template's hash, the sampling settings and its wall time, its first prompt)."""
+    if spec.decoding == "sample" and c.sample_limit is not None:
+        problems = problems[: c.sample_limit]
+    exemplars = (fewshot_exemplars(sft_file, c.n_shots, spec.mode, c.seed)
+                 if m.prompting == "few_shot" and spec.family == "generated" else None)
+    example = (f"===== {spec.name} =====\n"
+               f"{build_prompt(problems[0], spec.mode, m.prompting, exemplars, generator_format(generator))}")
+    template = build_prompt(Problem("template", spec.family, "{question}", None, None), spec.mode, m.prompting,
+                            exemplars, generator_format(generator))  # the run's template: its hash is recorded
+    t_run = time.perf_counter()
+    records, resumed = run_one(generator, problems, spec, settings, m.prompting, exemplars,
+                               ckpt_dir / f"{spec.name}.jsonl", progress=_progress(f"{model}:{spec.name}"))
+    summary = summarize(records, spec, c)
+    summary["prompt_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
+    summary["sampling"] = sampling_record(spec, settings, m.prompting)
+    summary["wall_s"] = round(time.perf_counter() - t_run, 2)
+    return records, resumed, summary, example
 
 
 def checker_record(c: EvalCommonParams) -> dict[str, Any]:

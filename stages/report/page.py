@@ -257,12 +257,14 @@ def _pick(evals: dict[str, Any], model: str, bench_first: Sequence[str], path: s
 def paper_rows(inputs: Inputs, comps: list[Comparison] | None = None) -> list[PaperRow]:
     """The paper's findings (stages/report/paper.py) beside what we measured (with the paired bootstrap interval
     of each model comparison, ``comps``)."""
-    out = []
-    c = paper.CLAIMS
-    ev = inputs.evaluate
-    comps = comps if comps is not None else comparisons(ev)
+    comps = comps if comps is not None else comparisons(inputs.evaluate)
+    return (_rl_rows(inputs.evaluate, comps) + _corpus_rows(inputs.metrics.get("corpus"))
+            + [_reward_model_row(inputs.metrics.get("reward_model"))] + _paradigm_rows(inputs))
 
-    # RL over SFT, CoT greedy, on the same benchmark
+
+def _rl_rows(ev: dict[str, Any], comps: list[Comparison]) -> list[PaperRow]:
+    """RL over SFT (CoT greedy, on the same benchmark) and Figure 7 (maj@K against pass@K gain of RL over SFT)."""
+    out, c = [], paper.CLAIMS
     cot_s, b1 = _pick(ev, "sft", ("gsm8k", "generated"), "cot.greedy.acc")
     cot_g, b2 = _pick(ev, "grpo", (b1,) if b1 else (), "cot.greedy.acc")
     ours = None if cot_s is None or cot_g is None else f"{100 * (cot_g - cot_s):+.1f} points"
@@ -272,8 +274,6 @@ def paper_rows(inputs: Inputs, comps: list[Comparison] | None = None) -> list[Pa
     out.append(PaperRow("RL over SFT (CoT greedy)", c["rl_gain"].text, c["rl_gain"].source, ours,
                         f"grpo - sft on {b2}, paired bootstrap over problems" if ours else
                         "needs evaluate@sft and evaluate@grpo"))
-
-    # Figure 7: maj@K vs pass@K gain of RL over SFT
     ours, note = None, "needs sampled CoT runs of sft and grpo"
     for b in ("gsm8k", "generated", "math"):
         s, g = get(ev.get("sft"), f"{b}.cot.sample"), get(ev.get("grpo"), f"{b}.cot.sample")
@@ -293,30 +293,39 @@ def paper_rows(inputs: Inputs, comps: list[Comparison] | None = None) -> list[Pa
                     "gains more than pass@k" if gm > gp else "does not gain more than pass@k")
                 break
     out.append(PaperRow("pass@k vs maj@k", c["maj_not_pass"].text, c["maj_not_pass"].source, ours, note))
+    return out
 
-    # corpus rounds
-    cm = inputs.metrics.get("corpus")
+
+def _corpus_rows(cm: Any) -> list[PaperRow]:
+    """The corpus's collection rounds and size."""
+    c = paper.CLAIMS
     rounds = [r for r in seq(get(cm, "rounds")) if isinstance(r, dict)]
     last_ov = num(rounds[-1].get("overlap_with_previous")) if rounds else None
     ours = None if cm is None else f"{fmt(get(cm, 'rounds_run'))} rounds" + (
         f"; last round {last_ov:.1%} already collected" if last_ov is not None else "")
-    out.append(PaperRow("corpus collection rounds", c["corpus_rounds"].text, c["corpus_rounds"].source, ours,
-                        "overlap of a round's collection with the previous round's"))
-    ours = None if cm is None else f"{fmt(get(cm, 'math_pages'))} pages, {fmt(get(cm, 'math_tokens'))} tokens"
-    out.append(PaperRow("math corpus size", c["corpus_size"].text, c["corpus_size"].source, ours,
-                        "tiny default: a generated crawl"))
+    size = None if cm is None else f"{fmt(get(cm, 'math_pages'))} pages, {fmt(get(cm, 'math_tokens'))} tokens"
+    return [PaperRow("corpus collection rounds", c["corpus_rounds"].text, c["corpus_rounds"].source, ours,
+                     "overlap of a round's collection with the previous round's"),
+            PaperRow("math corpus size", c["corpus_size"].text, c["corpus_size"].source, size,
+                     "tiny default: a generated crawl")]
 
-    # reward model
-    rm = inputs.metrics.get("reward_model")
+
+def _reward_model_row(rm: Any) -> PaperRow:
+    """The reward model's held-out AUCs and best-of-n."""
+    c = paper.CLAIMS
     o, s = num(get(rm, "heldout.outcome_auc")), num(get(rm, "heldout.step_auc"))
     ours = None if rm is None else f"outcome AUC {fmt(o)}, step AUC {fmt(s)}"
     bon = get(rm, "best_of_n")
     if isinstance(bon, dict) and num(bon.get("rm_last")) is not None:
         ours += (f"; best-of-{fmt(bon.get('n'))} {fmt(bon.get('rm_last'))} vs a random sample's "
                  f"{fmt(bon.get('random'))}")
-    out.append(PaperRow("reward model quality", c["rm_auc"].text, c["rm_auc"].source, ours, "held-out questions"))
+    return PaperRow("reward model quality", c["rm_auc"].text, c["rm_auc"].source, ours, "held-out questions")
 
-    # Figure 5, Figure 6 (committed benchmark results)
+
+def _paradigm_rows(inputs: Inputs) -> list[PaperRow]:
+    """Figure 5 (the unified paradigm, with exact and with learned rewards) and Figure 6 (iterative RL), from the
+    committed benchmark results."""
+    out, c = [], paper.CLAIMS
     for kind, label in (("exact", "rule reward / exact step labels"), ("reward_model", "learned reward models")):
         src, name = inputs.paradigm, "paradigm.json"
         if kind == "reward_model" and isinstance(get(inputs.paradigm_rm, f"comparison.{kind}"), dict):
@@ -875,6 +884,38 @@ def _paradigm_block(body: list[str], d: dict[str, Any] | None, name: str) -> boo
     return True
 
 
+def _page_header(title: str, when: str) -> list[str]:
+    """The page's title, what made it, and the navigation."""
+    return [
+        f"<header><h1>{esc(title)}</h1>",
+        f'<p class="sub">Generated{esc(when)} by the report stage (<code>dvc repro report</code>) from '
+        f'<code>data/details</code>, <code>data/plots</code> and <code>benchmarks/results</code>. Paper: '
+        f'<a href="{paper.PAPER_URL}">{esc(paper.PAPER)}</a>.</p>',
+        "<nav>" + "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
+            ("headline", "Headline"), ("uncertainty", "Comparisons"), ("verifiers", "Verifiers"),
+            ("paper", "Paper vs ours"), ("stages", "Stages"), ("data", "data"),
+            ("corpus", "corpus"), ("base_model", "base_model"), ("pretrain", "pretrain"), ("sft", "sft"),
+            ("reward_model", "reward_model"), ("grpo", "grpo"), ("evaluate", "evaluate"),
+            ("comparisons", "comparisons"))) + "</nav></header>",
+    ]
+
+
+def _paper_section(inputs: Inputs, comps: list[Comparison]) -> list[str]:
+    """The paper beside ours: the accuracy table and the findings (:func:`paper_rows`)."""
+    return [
+        '<section id="paper"><h2>The paper beside ours</h2><p class="note">The paper\'s numbers and findings with '
+        "their table or figure (stages/report/paper.py); ours from this run, or from the committed benchmark "
+        "results. Paper: 7B models on GSM8K / MATH; ours: the models of this run on the benchmark named.</p>",
+        f"<h3>Top-1 greedy accuracy, percent ({esc(report_mode(inputs) or 'headline')} rules)</h3>",
+        accuracy_html(inputs),
+        "<h3>Findings</h3>",
+        html_table(("finding", "paper", "source", "ours", "our measurement"),
+                   [(r.what, r.paper, r.source, r.ours or NOT_RUN, r.note) for r in paper_rows(inputs, comps)],
+                   numeric=()),
+        "</section>",
+    ]
+
+
 def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at: datetime | None = None,
               bootstrap_resamples: int = 2000, bootstrap_seed: int = 0,
               comps: list[Comparison] | None = None) -> str:
@@ -890,16 +931,7 @@ def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at:
     head_rows = headline(inputs)
     seps = ["model-sep" if i and r.model != head_rows[i - 1].model else "" for i, r in enumerate(head_rows)]
     parts = [
-        f"<header><h1>{esc(title)}</h1>",
-        f'<p class="sub">Generated{esc(when)} by the report stage (<code>dvc repro report</code>) from '
-        f'<code>data/details</code>, <code>data/plots</code> and <code>benchmarks/results</code>. Paper: '
-        f'<a href="{paper.PAPER_URL}">{esc(paper.PAPER)}</a>.</p>',
-        "<nav>" + "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
-            ("headline", "Headline"), ("uncertainty", "Comparisons"), ("verifiers", "Verifiers"),
-            ("paper", "Paper vs ours"), ("stages", "Stages"), ("data", "data"),
-            ("corpus", "corpus"), ("base_model", "base_model"), ("pretrain", "pretrain"), ("sft", "sft"),
-            ("reward_model", "reward_model"), ("grpo", "grpo"), ("evaluate", "evaluate"),
-            ("comparisons", "comparisons"))) + "</nav></header>",
+        *_page_header(title, when),
         '<section id="headline"><h2>Held-out accuracy per model</h2>',
         '<p class="note">Greedy top-1 accuracy on each benchmark the evaluate stage ran; pass@k and maj@k from k '
         "sampled CoT solutions per problem; ± one standard error over problems. The tiny default's benchmark is "
@@ -910,16 +942,7 @@ def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at:
         "</section>",
         _uncertainty_section(inputs, comps, bootstrap_resamples, bootstrap_seed),
         _verifier_section(inputs),
-        '<section id="paper"><h2>The paper beside ours</h2><p class="note">The paper\'s numbers and findings with '
-        "their table or figure (stages/report/paper.py); ours from this run, or from the committed benchmark "
-        "results. Paper: 7B models on GSM8K / MATH; ours: the models of this run on the benchmark named.</p>",
-        f"<h3>Top-1 greedy accuracy, percent ({esc(report_mode(inputs) or 'headline')} rules)</h3>",
-        accuracy_html(inputs),
-        "<h3>Findings</h3>",
-        html_table(("finding", "paper", "source", "ours", "our measurement"),
-                   [(r.what, r.paper, r.source, r.ours or NOT_RUN, r.note) for r in paper_rows(inputs, comps)],
-                   numeric=()),
-        "</section>",
+        *_paper_section(inputs, comps),
         '<section id="stages"><h2>Stages</h2>',
         html_table(("stage", "status", "result"), overview_rows(inputs), numeric=()),
         f'<p class="note">{esc(TIMINGS_NOTE)}</p>',

@@ -1,10 +1,9 @@
-"""RL building blocks (paper section 4; docs/rl.md). The stage (stages/grpo.py) loads, runs the driver, saves.
+"""RL building blocks (paper section 4; docs/rl.md). The stage (stages/grpo.py) loads, runs the loop, saves.
 
-- :mod:`stages.rl.run`: the driver: ``setup(p, model, tokenizer) -> StepContext``, ``train(ctx, first, last)`` (the
-  loop), ``begin_iteration``, checkpoints, ``close``; ``train_sft`` for the sft algorithm; ``fit`` for tests.
+- :mod:`stages.rl.loop`: the RL loop, top to bottom: ``setup -> (RunSpec, Models, LoopState)``, ``begin_iteration``,
+  ``train`` and ``run_step`` (draw questions -> sample -> reward -> advantages -> log-probs -> update), the departures
+  from the paper; ``fit`` for tests. :mod:`stages.rl.types`: what it works with and what the phases pass.
 - :mod:`stages.rl.iterative`: Algorithm 1 (iterations around ``train``; the reward model's updates).
-- :mod:`stages.rl.step`: one step: collect -> score -> targets -> log-probs -> update, typed phases, one timer;
-  :mod:`stages.rl.types`: the types the phases pass (StepContext, Batch, Targets, LogProbs).
 - Four registries: :mod:`stages.rl.registry` declares algorithms, advantage estimators and policy losses with what
   each needs (torch-free), :mod:`stages.rl.sources` the reward sources (one module each, discovered);
   :mod:`stages.rl.needs` answers what a run needs. Implementations: :mod:`stages.rl.algorithms` (strategies: sft,
@@ -20,11 +19,12 @@
 - :mod:`stages.rl.metrics`: the per-step log line, completion tables, the stage summary, the plotted metrics.
 - :mod:`stages.rl.data`: the prompt JSONL schema and the per-step question order.
 - :mod:`stages.rl.paradigm`: the paper's unified paradigm (section 5.2.1): RFT / online RFT gradient
-  coefficients, RFT's sample filter and offline pool. :mod:`stages.rl.baseline`: the continued-SFT baseline.
+  coefficients, RFT's sample filter and offline pool. :mod:`stages.rl.baseline`: the continued-SFT baseline (and the
+  ``sft`` algorithm).
 - Issues 31-32, wired into the step: :mod:`stages.rl.corrections` (rollout importance-sampling corrections),
-  :mod:`stages.rl.recipes` (phases 1-2 with :mod:`stages.rl.curriculum`, :mod:`stages.rl.dynamic_sampling`,
+  :mod:`stages.rl.recipes` (the loop's hooks, with :mod:`stages.rl.curriculum`, :mod:`stages.rl.dynamic_sampling`,
   :mod:`stages.rl.reward_shaping`), :mod:`stages.rl.sync` (the checked weight sync), :mod:`stages.rl.ledger` and
   :mod:`stages.rl.replay` (every step's rollouts, and a step re-run from them).
 - :mod:`stages.rl.checkpoint`: resumable state. :mod:`stages.rl.update`: the policy's (and value model's)
-  :class:`stages.train.update.Updater` from the grpo params, idle-model offloading.
+  :class:`stages.train.update.Updater` from the grpo params, idle-model offloading, one optimizer step of the update.
 """

@@ -4,7 +4,8 @@ The registry (verl's ``core_algos.py`` shape): every estimator takes the same tw
 :class:`AdvantageInput` (the rollout's :class:`stages.rl.rewards.Rewards`, its loss mask, and for PPO the value
 predictions and the per-token log-ratio to the reference) and an :class:`AdvantageConfig`, and returns
 :class:`Advantages`. ``grpo.advantage.estimator`` names one; its allowed values are the registered names. A new
-estimator is one function decorated with ``@register_estimator("name")``.
+estimator is one function decorated with ``@register_estimator(name, summary)``, its declaration. torch is bound at its
+first use (stages.rl.registry.torch): the params check reads the declarations without loading it.
 
 - ``grpo``: group-relative (below): outcome supervision from per-output rewards, process supervision when the
   source gives per-step rewards (paper 4.1.2-4.1.3).
@@ -38,13 +39,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
+from stages.rl.registry import Registry, torch
 
-from stages.rl import registry
-from stages.rl.rewards import Rewards
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from stages.rl.rewards import Rewards
 
 ScaleRewards = Literal["group", "batch", "none"]
 
@@ -305,23 +307,32 @@ class AdvantageInput:
     log_ratio: Tensor | None = None
 
 
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """An advantage estimator (``grpo.advantage.estimator``); critic: it needs a value model's values (gae)."""
+
+    name: str
+    summary: str
+    critic: bool = False
+
+
 Estimator = Callable[[AdvantageInput, AdvantageConfig], Advantages]
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = registry.ADVANTAGE_ESTIMATORS.impls
-"""The registered estimators by name (stages/rl/registry.py holds their specs)."""
+ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator", "grpo.advantage.estimator")
+"""``grpo.advantage.estimator``: the estimators declared below."""
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator: register ``fn(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages`` under ``name`` (declared
-    in stages/rl/registry.py ADVANTAGE_ESTIMATORS)."""
-    return registry.ADVANTAGE_ESTIMATORS.register(name)
+def register_estimator(name: str, summary: str, *, critic: bool = False) -> Callable[[Estimator], Estimator]:
+    """Decorator: declare the estimator ``name`` (:class:`EstimatorSpec`) implemented by ``fn(inp: AdvantageInput,
+    cfg: AdvantageConfig) -> Advantages``."""
+    return ADVANTAGE_ESTIMATORS.declare(EstimatorSpec(name, summary, critic))
 
 
 def estimate_advantages(name: str, inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
     """Run the registered estimator ``name`` (an unknown name: a one-line error listing the registered ones)."""
-    return registry.ADVANTAGE_ESTIMATORS.get(name)(inp, cfg)
+    return ADVANTAGE_ESTIMATORS.get(name)(inp, cfg)
 
 
-@register_estimator("grpo")
+@register_estimator("grpo", "group-relative: outcome (eq. 3) or process supervision (4.1.3) by the reward source")
 def grpo_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
     """Group-relative advantages: :func:`process_advantages` over the per-step rewards when the source has them
     (paper 4.1.3; ``scale_rewards`` unused: the group's step rewards are normalised together), else
@@ -337,7 +348,7 @@ def grpo_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
     return Advantages(adv, torch.isfinite(r.steps).any(-1), int(zero.sum()), std.squeeze(1).float(), rewards=r.output)
 
 
-@register_estimator("gae")
+@register_estimator("gae", "PPO's generalised advantage estimation from the value model", critic=True)
 def gae_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
     """PPO (paper 4.1.1): the per-token reward of eq. 2 (:func:`ppo_token_rewards`: the output's reward at its last
     token, or a per-step source's step rewards at their end tokens, minus ``kl_coef`` x log pi_old / pi_ref), then
@@ -362,7 +373,7 @@ def gae_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
                       returns=ret.view(Q, G, T))
 
 
-@register_estimator("rloo")
+@register_estimator("rloo", "leave-one-out baseline (not in the paper)")
 def rloo_estimator(inp: AdvantageInput, cfg: AdvantageConfig) -> Advantages:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024): each output's baseline is the mean reward
     of the other valid outputs of its group, A_i = r_i - (sum_{j != i} r_j) / (n - 1), with n the group's valid

@@ -2,16 +2,17 @@
 stages/rl/registry.py ALGORITHMS declares each name and what it needs). The paper's unified paradigm (section 5.2.1, stages/rl/paradigm.py has the table) plus PPO
 (section 4.1.1), the method GRPO is argued against.
 
-An algorithm says what differs between methods; the step (stages/rl/step.py) does the rest the same way for all:
+An algorithm says what differs between methods; the loop (stages/rl/loop.py) does the rest the same way for all.
+Each method gets the run (a :class:`stages.rl.types.RunSpec`) and the models (:class:`stages.rl.types.Models`):
 
 - ``collect``: where the step's outputs come from (sampled from the current policy; rft: the offline pool);
 - ``score``: the rewards (the run's reward source; rft: the pool's, all correct);
 - ``targets``: per-output advantages or gradient coefficients, and which outputs train (the loss mask);
 - ``finish_targets``: targets that need the log-prob phase's values and reference log-probs (PPO's GAE);
 - ``policy_loss`` / ``loss_config``: the registered loss (stages/rl/losses.py) and its settings;
-- ``uses_reference`` / ``needs_old_logprobs`` / ``make_critic``: the models the step needs.
+- ``uses_reference`` / ``needs_old_logprobs``: the models the step needs (a value model: the spec's ``critic``).
 
-sft has no sampling loop (its spec's ``samples`` is false): the driver runs stages/rl/baseline.py's continued SFT.
+sft has no sampling loop (its spec's ``samples`` is false): the stage runs stages/rl/baseline.py's continued SFT.
 
 Adding an algorithm: declare its :class:`stages.rl.registry.AlgorithmSpec` in stages/rl/registry.py (what it needs:
 a KL and where, a value model, the rule reward only; the params check pairs it with estimators and reward sources
@@ -29,15 +30,14 @@ import torch
 from torch import Tensor
 
 from stages.core.dist import rank, world_size
+from stages.core.modeling import on_device
 from stages.rl import registry
 from stages.rl.advantages import AdvantageConfig, AdvantageInput, Advantages, estimate_advantages, outcome_advantages
 from stages.rl.losses import LossConfig
 from stages.rl.paradigm import rft_coefficients, rft_pool_from_samples, run_questions
 from stages.rl.rewards import Rewards, RewardSet, accuracy_reward
 from stages.rl.rollout import Rollout, build_rollout, question_modes, rollout_prompt, sample_outputs
-from stages.rl.types import Batch, LogProbs, RewardStats, StepContext, Targets
-from stages.rl.update import on_device
-from stages.rl.value import Critic, make_critic
+from stages.rl.types import Batch, LogProbs, Models, RewardStats, RunSpec, Targets
 
 
 def group_stats(rewards: Rewards, adv: Advantages, n_fail: int) -> RewardStats:
@@ -89,33 +89,29 @@ class Algorithm:
         return False
 
     def policy_loss(self, p: Any) -> str:
-        """The registered policy loss (stages/rl/registry.py POLICY_LOSSES) of the update."""
+        """The registered policy loss (stages.rl.losses.POLICY_LOSSES) of the update."""
         return "nll"
 
     def loss_config(self, p: Any) -> LossConfig:
+        """What every policy loss reads (the loss's own settings come from its params block)."""
         return LossConfig(clip_eps=p.loss.clip_eps, clip_eps_high=p.loss.clip_eps_high, beta=0.0,
-                          aggregation=p.loss.aggregation, cispo_max_ratio=p.loss.cispo.max_ratio,
-                          cispo_min_ratio=p.loss.cispo.min_ratio)
-
-    def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Critic | None:
-        """A value model with its updater (PPO), or None."""
-        return None
+                          aggregation=p.loss.aggregation)
 
     def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
         """Samples drawn once, before training, from the start model (rft's pool), or None."""
         return None
 
-    def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
-        return sample_rollout(ctx, step, questions)
+    def collect(self, run: RunSpec, models: Models, step: int, questions: list[int]) -> Rollout | None:
+        return sample_rollout(run, models, step, questions)
 
-    def score(self, ctx: StepContext, batch: Batch) -> Rewards:
+    def score(self, run: RunSpec, models: Models, batch: Batch) -> Rewards:
         assert batch.rollout is not None
-        return score_rollout(ctx, batch.rollout)
+        return score_rollout(models, batch.rollout)
 
-    def targets(self, ctx: StepContext, batch: Batch, rewards: Rewards) -> Targets:
+    def targets(self, run: RunSpec, models: Models, batch: Batch, rewards: Rewards) -> Targets:
         raise NotImplementedError
 
-    def finish_targets(self, ctx: StepContext, batch: Batch, rewards: Rewards, tg: Targets, lp: LogProbs) -> Targets:
+    def finish_targets(self, p: Any, batch: Batch, rewards: Rewards, tg: Targets, lp: LogProbs) -> Targets:
         return tg
 
 
@@ -123,34 +119,34 @@ ROUND_SEED = 1_000_000_007
 """Extra round r of a step samples with seed ``seed * 1_000_003 + step + ROUND_SEED * r`` (r = 0: the step's own)."""
 
 
-def sample_rollout(ctx: StepContext, step: int, questions: list[int], round_: int = 0) -> Rollout:
+def sample_rollout(run: RunSpec, models: Models, step: int, questions: list[int], round_: int = 0) -> Rollout:
     """G outputs per question from the current policy, each question in its rollout mode (``grpo.rollout``; the tool
-    loop of stages/core/tool_loop.py with the sandbox threads ``ctx.sandbox_pool``), seeded by seed and step (and
+    loop of stages/core/tool_loop.py with the sandbox threads ``models.sandbox``), seeded by seed and step (and
     ``round_``, dynamic sampling's extra generation rounds of the step: stages/rl/recipes.py)."""
-    p = ctx.p
-    batch = [ctx.rows[i] for i in questions]
+    p, tok = run.p, models.tokenizer
+    batch = [run.rows[i] for i in questions]
     modes = question_modes(p.rollout, p.seed, step, questions)
-    ctx.model.eval()
-    samples, metrics = sample_outputs(ctx.generator, ctx.tokenizer, [r["question"] for r in batch], modes, p,
-                                      seed=p.seed * 1_000_003 + step + ROUND_SEED * round_, pool=ctx.sandbox_pool)
-    sleep = getattr(ctx.generator, "sleep", None)
+    models.policy.eval()
+    samples, metrics = sample_outputs(models.generator, tok, [r["question"] for r in batch], modes, p,
+                                      seed=p.seed * 1_000_003 + step + ROUND_SEED * round_, pool=models.sandbox)
+    sleep = getattr(models.generator, "sleep", None)
     if callable(sleep):
         sleep()  # vllm sleep mode: the engine's memory goes to the update
-    prompts = [rollout_prompt(r["question"], m, p.template, ctx.tokenizer) for r, m in zip(batch, modes, strict=True)]
-    ro = build_rollout(batch, prompts, samples, ctx.tokenizer, mask_truncated=p.loss.mask_truncated,
+    prompts = [rollout_prompt(r["question"], m, p.template, tok) for r, m in zip(batch, modes, strict=True)]
+    ro = build_rollout(batch, prompts, samples, tok, mask_truncated=p.loss.mask_truncated,
                        mask_written=p.loss.mask_written_outputs)
     ro.metrics.update(metrics)
     return ro
 
 
-def score_rollout(ctx: StepContext, ro: Rollout) -> Rewards:
+def score_rollout(models: Models, ro: Rollout) -> Rewards:
     """The rule / custom functions' rewards, or the run's reward source's (a reward model, the step labels, a
     function source) with the functions' values kept as ``parts`` (the accuracy metric)."""
-    rule = ctx.reward_set.rewards(ro)
-    if ctx.source is None or ctx.source is ctx.reward_set:
+    rule = models.reward_set.rewards(ro)
+    if models.scorer is None or models.scorer is models.reward_set:
         return rule
-    with on_device(getattr(ctx.source, "rm", None), ctx.device, ctx.offload):
-        return ctx.source.rewards(ro).with_parts(rule.parts)
+    with on_device(getattr(models.scorer, "rm", None), models.device, models.offload):
+        return models.scorer.rewards(ro).with_parts(rule.parts)
 
 
 ALGORITHMS: dict[str, Algorithm] = registry.ALGORITHMS.impls
@@ -201,16 +197,15 @@ class Rft(Algorithm):
     def reward_functions(self, p: Any) -> RewardSet:
         return rule_reward_set(p.reward.checker)
 
-    def collect(self, ctx: StepContext, step: int, questions: list[int]) -> Rollout | None:
-        if ctx.pool is None:
-            raise ValueError("algorithm rft needs the RFT pool (stages.rl.run.setup draws it)")
-        kept = ctx.pool.step_samples(questions)
-        rows = [ctx.rows[q] for q, _ in kept]
-        prompts = [rollout_prompt(r["question"], getattr(c, "mode", "cot"), ctx.p.template, ctx.tokenizer)
+    def collect(self, run: RunSpec, models: Models, step: int, questions: list[int]) -> Rollout | None:
+        if models.pool is None:
+            raise ValueError("algorithm rft needs the RFT pool (stages.rl.loop.begin_iteration draws it)")
+        kept = models.pool.step_samples(questions)
+        rows, p, tok = [run.rows[q] for q, _ in kept], run.p, models.tokenizer
+        prompts = [rollout_prompt(r["question"], getattr(c, "mode", "cot"), p.template, tok)
                    for r, (_, c) in zip(rows, kept, strict=True)]
-        return build_rollout(rows, prompts, [[c] for _, c in kept], ctx.tokenizer,
-                             mask_truncated=ctx.p.loss.mask_truncated,
-                             mask_written=ctx.p.loss.mask_written_outputs) if kept else None
+        return build_rollout(rows, prompts, [[c] for _, c in kept], tok, mask_truncated=p.loss.mask_truncated,
+                             mask_written=p.loss.mask_written_outputs) if kept else None
 
     def offline_pool(self, model: Any, generator: Any, rows: list[dict[str, Any]], p: Any, total_steps: int) -> Any:
         """``group_size`` outputs of ``model`` (the SFT model) for every question of steps 0 .. total_steps - 1 (this
@@ -224,12 +219,12 @@ class Rft(Algorithm):
             completion=c.text, answer=row["answer"], mode=c.mode, program_answer=c.program_answer,
             checker=p.reward.checker) == 1.0)
 
-    def score(self, ctx: StepContext, batch: Batch) -> Rewards:
+    def score(self, run: RunSpec, models: Models, batch: Batch) -> Rewards:
         n = 0 if batch.rollout is None else len(batch.rollout.texts)
         return Rewards(torch.ones(n, 1, dtype=torch.float64))  # every kept output is correct
 
-    def targets(self, ctx: StepContext, batch: Batch, rewards: Rewards) -> Targets:
-        ro, pool, qs = batch.rollout, ctx.pool, batch.questions
+    def targets(self, run: RunSpec, models: Models, batch: Batch, rewards: Rewards) -> Targets:
+        ro, pool, qs = batch.rollout, models.pool, batch.questions
         assert pool is not None
         N = rewards.output.shape[0]
         mask = torch.zeros(N, 1) if ro is None else ro.loss_mask.clone()
@@ -250,12 +245,12 @@ class OnlineRft(Algorithm):
     def reward_functions(self, p: Any) -> RewardSet:
         return rule_reward_set(p.reward.checker)
 
-    def targets(self, ctx: StepContext, batch: Batch, rewards: Rewards) -> Targets:
+    def targets(self, run: RunSpec, models: Models, batch: Batch, rewards: Rewards) -> Targets:
         assert batch.rollout is not None
         mask = batch.rollout.loss_mask.clone()
         correct = torch.nan_to_num(rewards.output.reshape(-1), nan=0.0) == 1.0
         mask[~correct] = 0
-        adv = replace(outcome_advantages(rewards.output, scale_rewards="group", eps=ctx.p.advantage.eps),
+        adv = replace(outcome_advantages(rewards.output, scale_rewards="group", eps=run.p.advantage.eps),
                       rewards=rewards.output)  # group statistics for the metrics
         n_fail = exclude_invalid(mask, adv)
         return Targets(mask, rft_coefficients(correct), group_stats(rewards, adv, n_fail), rewards.output)
@@ -277,8 +272,8 @@ class Grpo(Algorithm):
     def loss_config(self, p: Any) -> LossConfig:
         return replace(super().loss_config(p), beta=p.kl.beta)
 
-    def targets(self, ctx: StepContext, batch: Batch, rewards: Rewards) -> Targets:
-        ro, p = batch.rollout, ctx.p
+    def targets(self, run: RunSpec, models: Models, batch: Batch, rewards: Rewards) -> Targets:
+        ro, p = batch.rollout, run.p
         assert ro is not None
         mask = ro.loss_mask.clone()
         adv = estimate_advantages(p.advantage.estimator, AdvantageInput(rewards, ro.completion_mask),
@@ -309,10 +304,7 @@ class Ppo(Algorithm):
     def policy_loss(self, p: Any) -> str:
         return p.loss.policy
 
-    def make_critic(self, ctx: StepContext, cache: dict[str, Any]) -> Critic | None:
-        return make_critic(ctx.model, ctx.p, cache)
-
-    def targets(self, ctx: StepContext, batch: Batch, rewards: Rewards) -> Targets:
+    def targets(self, run: RunSpec, models: Models, batch: Batch, rewards: Rewards) -> Targets:
         ro = batch.rollout
         assert ro is not None
         mask = ro.loss_mask.clone()
@@ -320,12 +312,12 @@ class Ppo(Algorithm):
         mask[~valid.reshape(-1)] = 0
         return Targets(mask, None, RewardStats(0, 0, 0, 0, 0, 0, 0, float((~valid).sum())), rewards.output)
 
-    def finish_targets(self, ctx: StepContext, batch: Batch, rewards: Rewards, tg: Targets, lp: LogProbs) -> Targets:
+    def finish_targets(self, p: Any, batch: Batch, rewards: Rewards, tg: Targets, lp: LogProbs) -> Targets:
         assert lp.values is not None
         log_ratio = None if lp.ref is None or lp.old is None else lp.old - lp.ref
-        adv = estimate_advantages(ctx.p.advantage.estimator,
+        adv = estimate_advantages(p.advantage.estimator,
                                   AdvantageInput(rewards, tg.loss_mask, values=lp.values, log_ratio=log_ratio),
-                                  advantage_config(ctx.p))
+                                  advantage_config(p))
         assert adv.returns is not None
         stats = replace(group_stats(rewards, adv, int(tg.stats.n_fail)))
         return replace(tg, weights=adv.advantages.flatten(0, 1), returns=adv.returns.flatten(0, 1), stats=stats,

@@ -14,13 +14,15 @@ import torch
 from torch import Tensor
 
 from stages.core import paths, threads
-from stages.core.dist import all_reduce, is_main_process
+from stages.core.dist import all_reduce, is_main_process, world_size
 from stages.core.errors import PipelineError
+from stages.core.generation import resolve_backend
 from stages.core.modeling import enable_checkpointing, save_model
 from stages.core.plots import write_metric_files
 from stages.core.prompts import prompt_format
 from stages.rl import lora
 from stages.rl.data import step_questions
+from stages.rl.rollout import rollout_generator
 from stages.rl.update import rl_updater, update_adapts
 from stages.train.losses import lm_nll_sum
 from stages.train.update import Updater, micro_slices
@@ -125,3 +127,40 @@ def train_baseline(p: Any, init: Path, tokenizer: Any, rows: list[dict[str, Any]
     if is_main_process():
         save_model(lora.exported(model.to("cpu")), tokenizer, paths.SFT_CONTINUED, extra=extra)
     return out
+
+
+def train_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], p: Any, *, heldout: Any = None
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """algorithm sft: :func:`continued_sft` on the rows' gold CoT solutions, ``p.steps`` x ``iterative.iterations``
+    steps of ``questions_per_step`` questions (the RL question order) at ``p.optim.lr``; one plain process.
+    ``heldout`` (stages.rl.heldout.HeldoutEval) is evaluated with a generator of ``p.rollout.backend`` synced to the
+    model. Returns (metric rows, completion rows: none, info), as the RL loop's run."""
+    if world_size() > 1:
+        raise PipelineError("grpo.algorithm sft runs in one process; launch it without deepspeed / torchrun")
+    total = p.steps * p.iterative.iterations
+    model = lora.attach(model, p.lora, p.seed)
+    generator = None
+    if heldout is not None:
+        questions = [r["question"] for r in heldout.rows]
+        generator = lora.merged_sampler(model, lambda m: rollout_generator(p, m, tokenizer, questions,
+                                                                          heldout.max_new_tokens),
+                                        resolve_backend(p.rollout.backend), bf16=False)
+        generator.sync_weights(model)
+        heldout.evaluate(0, generator)
+
+    def on_step(done: int) -> None:
+        if heldout is not None and heldout.due(done, total):
+            generator.sync_weights(model)
+            heldout.evaluate(done, generator)
+
+    enable_checkpointing(model, p.compute.gradient_checkpointing)
+    hist = continued_sft(model, tokenizer, rows, steps=total, per_step=p.questions_per_step, seed=p.seed,
+                         lr=p.optim.lr, max_grad_norm=p.optim.max_grad_norm, micro_batch_size=p.optim.micro_batch_size,
+                         on_step=on_step, updater=rl_updater(model, p, weight_decay=0.0),
+                         chunk_tokens=p.compute.logprob_chunk_tokens)
+    for r in heldout.records if heldout is not None else []:
+        if r["step"] > 0:
+            hist[r["step"] - 1]["heldout_accuracy"] = r["heldout_accuracy"]
+    if generator is not None and resolve_backend(p.rollout.backend) == "vllm":
+        generator.close()
+    return hist, [], {"resumed_from_step": None}

@@ -90,3 +90,38 @@ def load_latest(rdir: str | os.PathLike[str]) -> dict[str, Any] | None:
         raise ck.corrupt(latest, f"{STATE} does not load: {type(e).__name__}") from None
     state["path"] = str(latest)
     return state
+
+
+def save_state(run: Any, models: Any, state: Any) -> Path:
+    """Save the RL loop's state after ``state.step`` steps in ``state.ckpt_dir`` (every rank): the policy's (and PPO's
+    value model's) update state, the rows, the held-out records and validation state, the reward guards' statistics
+    and the curriculum's pass rates (``run``, ``models``, ``state``: stages/rl/types.py)."""
+    assert state.ckpt_dir is not None
+    updaters = {"policy": models.updater, **({"critic": models.critic.updater} if models.critic is not None else {})}
+    extra: dict[str, Any] = {"samples": state.samples, "heldout": run.heldout.records if run.heldout else [],
+                             "validation": run.validation.state_dict() if run.validation is not None else None}
+    if hasattr(models.scorer, "state_dict"):
+        extra["reward_source"] = models.scorer.state_dict()  # the guards' running statistics
+    if state.curriculum is not None:
+        extra["curriculum"] = state.curriculum.state_dict()  # the pass rates: the next steps' questions
+    return save_checkpoint(state.ckpt_dir, updaters=updaters, step=state.step, history=state.history, extra=extra)
+
+
+def load_state(run: Any, models: Any, state: Any, ckpt_dir: Path | None) -> None:
+    """Load the latest checkpoint of ``ckpt_dir`` (:func:`save_state`'s), if there is one, into the loop."""
+    saved = load_latest(ckpt_dir) if ckpt_dir is not None else None
+    if saved is None:
+        return
+    critic = models.critic is not None and "critic" in saved.get("updaters", [])
+    load_updaters(saved, {"policy": models.updater, **({"critic": models.critic.updater} if critic else {})})
+    extra = saved["extra"]
+    state.step, state.history, state.samples = saved["step"], saved["history"], extra.get("samples", [])
+    if run.heldout is not None:
+        run.heldout.records = list(extra.get("heldout", run.heldout.records))
+    if run.validation is not None and extra.get("validation") is not None:
+        run.validation.load_state_dict(extra["validation"])
+    if extra.get("reward_source") is not None and hasattr(models.scorer, "load_state_dict"):
+        models.scorer.load_state_dict(extra["reward_source"])
+    if state.curriculum is not None and extra.get("curriculum") is not None:
+        state.curriculum.load_state_dict(extra["curriculum"])
+    state.info["resumed_from_step"] = state.step

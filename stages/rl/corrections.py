@@ -40,8 +40,9 @@ preset          weight / rejection                              peers
                 outside [low, high]
 =============== =============================================== ==========================================================
 
-In the RL step (registry ``grpo.correction.method``, stages/rl/registry.py CORRECTIONS): ``none`` (the default, the
-paper's GRPO) or one of the presets above with ``grpo.correction.low`` / ``high`` as the thresholds. The trainer's
+In the RL step (``grpo.correction.method``, :data:`CORRECTIONS`: each preset declared once, below, as the weight and
+rejection it is): ``none`` (the default, the paper's GRPO) or one of the presets above with ``grpo.correction.low`` /
+``high`` as the thresholds. The trainer's
 log-probs are pi_old's (the update's first forward with ``mu = 1``, else the separate pi_old pass), the sampler's are
 those the rollout reported for the tokens it drew (``Rollout.sampler_logprobs``; with top-k / top-p both sides use
 the truncated, renormalised distribution the sampler drew from, stages.core.logprobs). :func:`step_weights` gives a
@@ -56,21 +57,17 @@ statistics other than the ratio (k2 / k3 divergences, seq_max) are not offered.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch import Tensor
+from stages.rl.registry import Registry, torch
 
-from stages.rl import registry
+if TYPE_CHECKING:
+    from torch import Tensor
 
 ISLevel = Literal["token", "sequence", "geometric"]
 IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
-ISMethod = Literal["tis", "mis", "seq-tis", "seq-mis", "seq-mask-tis"]
-IS_METHODS: tuple[str, ...] = ("tis", "mis", "seq-tis", "seq-mis", "seq-mask-tis")
 
 
 @dataclass(frozen=True)
@@ -253,65 +250,86 @@ def _metrics(
     return out
 
 
-def method_kwargs(method: ISMethod, low: float | None, high: float | None) -> dict[str, Any]:
-    """The :func:`rollout_correction` keywords of a preset (table in the module docstring) with thresholds low, high."""
-    if method == "tis":
-        return {"weight_level": "token", "truncate_low": low, "truncate_high": high}
-    if method == "mis":
-        return {"weight_level": "token", "reject_level": "token", "reject_low": low, "reject_high": high}
-    if method == "seq-tis":
-        return {"weight_level": "sequence", "truncate_low": low, "truncate_high": high}
-    if method == "seq-mis":
-        return {"weight_level": "sequence", "reject_level": "sequence", "reject_low": low, "reject_high": high}
-    if method == "seq-mask-tis":
-        return {"weight_level": "token", "reject_level": "geometric", "reject_low": low, "reject_high": high}
-    raise ValueError(f"rollout correction method must be one of {IS_METHODS}, got {method!r}")
-
-
-def correct(
-    method: ISMethod,
-    trainer_logprobs: Tensor,
-    sampler_logprobs: Tensor,
-    mask: Tensor,
-    *,
-    low: float | None,
-    high: float | None,
-) -> ISCorrection:
-    """:func:`rollout_correction` with a preset of :data:`IS_METHODS` and its two thresholds."""
-    return rollout_correction(trainer_logprobs, sampler_logprobs, mask, **method_kwargs(method, low, high))
-
-
 # ---------------------------------------------------------------------------------------------
-# the registry of corrections (grpo.correction.method) and the step's use of it
-
-Correction = Callable[..., "ISCorrection | None"]
-"""``fn(trainer_logprobs, sampler_logprobs, mask, *, low, high) -> ISCorrection`` (None: no correction)."""
-CORRECTIONS: dict[str, Correction] = registry.CORRECTIONS.impls
-"""The registered corrections by name (stages/rl/registry.py holds their specs)."""
+# the presets (grpo.correction.method), each declared once, and the step's use of them
 
 
-def register_correction(name: str) -> Callable[[Correction], Correction]:
-    """Decorator: register ``fn(trainer_logprobs, sampler_logprobs, mask, *, low, high)`` as the correction ``name``
-    (declared in stages/rl/registry.py CORRECTIONS)."""
-    return registry.CORRECTIONS.register(name)
+@dataclass(frozen=True)
+class CorrectionSpec:
+    """A rollout correction (``grpo.correction.method``): the :func:`rollout_correction` it is, the weight's level
+    (truncated to [low, high] when ``truncate``) and the rejection's level (outside [low, high]), each None for none;
+    ``peers``: the same setting in TRL / verl / OpenRLHF / NeMo-RL. ``bounded``: it needs at least one of
+    ``grpo.correction.low`` / ``high`` (every preset but ``none``)."""
+
+    name: str
+    summary: str
+    weight_level: ISLevel | None = None
+    reject_level: ISLevel | None = None
+    truncate: bool = False
+    peers: str = ""
+
+    @property
+    def bounded(self) -> bool:
+        return self.weight_level is not None or self.reject_level is not None
+
+    @property
+    def level(self) -> str:
+        """Where the ratio is taken: token, sequence (a sequence-level weight or rejection), or none."""
+        levels = {self.weight_level, self.reject_level} - {None}
+        return "none" if not levels else ("token" if levels == {"token"} else "sequence")
+
+    def kwargs(self, low: float | None, high: float | None) -> dict[str, Any]:
+        """The :func:`rollout_correction` keywords of this preset with the thresholds ``low`` / ``high``."""
+        kw: dict[str, Any] = {"weight_level": self.weight_level}
+        if self.truncate:
+            kw.update(truncate_low=low, truncate_high=high)
+        if self.reject_level is not None:
+            kw.update(reject_level=self.reject_level, reject_low=low, reject_high=high)
+        return kw
+
+    def __call__(self, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, low: float | None,
+                 high: float | None) -> ISCorrection | None:
+        """The correction of a batch (None for ``none``: the loss's policy term as it is)."""
+        if not self.bounded:
+            return None
+        return rollout_correction(trainer_logprobs, sampler_logprobs, mask, **self.kwargs(low, high))
 
 
-@register_correction("none")
-def no_correction(
-    trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, low: float | None, high: float | None
-) -> None:
-    """The paper's GRPO: no importance weights (the loss's policy term as it is)."""
-    return None
+CORRECTIONS: Registry[CorrectionSpec] = Registry("rollout correction", "grpo.correction.method")
+"""``grpo.correction.method``: the presets below (the module docstring's table)."""
+for _spec in (
+    CorrectionSpec("none", "no correction: the loss trusts the sampler's tokens as pi_old's (the paper's GRPO)"),
+    CorrectionSpec("tis", "truncated IS per token: w = clip(pi_old / pi_sampler, low, high)", "token", truncate=True,
+                   peers="TRL token_truncate, verl rollout_is token, OpenRLHF / NeMo-RL tis"),
+    CorrectionSpec("mis", "masked IS per token: w = pi_old / pi_sampler, tokens outside [low, high] get 0 (IcePop)",
+                   "token", "token", peers="TRL token_mask, OpenRLHF / NeMo-RL icepop"),
+    CorrectionSpec("seq-tis", "truncated IS per sequence: w = clip(prod_t ratio, low, high)", "sequence",
+                   truncate=True, peers="TRL sequence_truncate, verl rollout_is sequence"),
+    CorrectionSpec("seq-mis", "masked IS per sequence: w = prod_t ratio, sequences outside [low, high] get 0",
+                   "sequence", "sequence", peers="TRL sequence_mask"),
+    CorrectionSpec("seq-mask-tis", "token ratios, sequences whose geometric-mean ratio is outside [low, high] get 0",
+                   "token", "geometric", peers="OpenRLHF / NeMo-RL seq-mask-tis"),
+):
+    CORRECTIONS.declare(_spec)(_spec)
+IS_METHODS: tuple[str, ...] = tuple(n for n in CORRECTIONS.names() if CORRECTIONS.spec(n).bounded)
+"""The presets that correct (every one but ``none``)."""
 
 
-for _m in IS_METHODS:
-    register_correction(_m)(functools.partial(correct, _m))
+def method_kwargs(method: str, low: float | None, high: float | None) -> dict[str, Any]:
+    """The :func:`rollout_correction` keywords of the preset ``method`` with thresholds low, high."""
+    return CORRECTIONS.spec(method).kwargs(low, high)
+
+
+def correct(method: str, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, low: float | None,
+            high: float | None) -> ISCorrection:
+    """:func:`rollout_correction` with the preset ``method`` (one of :data:`IS_METHODS`) and its two thresholds."""
+    return rollout_correction(trainer_logprobs, sampler_logprobs, mask, **method_kwargs(method, low, high))
 
 
 def step_weights(c: Any, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor | None:
     """The (B, T) detached weights of one micro-batch for the loss's policy term, with the grpo params' correction
     group ``c`` (method, low, high); None with method ``none``."""
-    out = registry.CORRECTIONS.get(c.method)(
+    out = CORRECTIONS.get(c.method)(
         trainer_logprobs, sampler_logprobs.to(trainer_logprobs.device), mask, low=c.low, high=c.high
     )
     return None if out is None else out.weights

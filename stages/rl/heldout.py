@@ -3,7 +3,7 @@ step, every ``every`` steps and after the last, scored by the evaluation stage's
 
 A held-out evaluation is one greedy zero-shot CoT run of stages/evaluate/loop.py (``evaluate_batch``: the prompt,
 the stop strings, answer extraction and the equivalence check of ``evaluate@<model>``) summarised by
-stages/evaluate/stage.py's ``summarize``, on the rollout generator (synced to the policy). For the same checkpoint,
+stages/evaluate/metrics.py's ``greedy_summary`` (the evaluation stage's summary of a greedy run), on the rollout generator (synced to the policy). For the same checkpoint,
 problems and generation limit it gives the accuracy ``evaluate`` reports (tests/rl/test_heldout.py). The prompt is
 the RL template's (``grpo.template``): for ``deepseekmath`` that is the model's own zero-shot prompt, the one
 ``evaluate`` uses; ``r1`` prompts as the policy is trained.
@@ -19,7 +19,7 @@ from stages.core import paths
 from stages.core.problems import Problem, load_problem_file
 from stages.core.prompts import rl_prompt
 from stages.evaluate.loop import LoopSettings, RunSpec, evaluate_batch
-from stages.evaluate.stage import summarize
+from stages.evaluate.metrics import greedy_summary
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class HeldoutEval:
         fmt = TemplateFormat(self.template, getattr(generator, "tokenizer", None))
         with ThreadPoolExecutor(max_workers=1) as pool:  # cot runs no program
             self.last = evaluate_batch(generator, self.problems, spec, settings, "zero_shot", None, 0, pool, fmt=fmt)
-        return summarize(self.last, spec, None)
+        return greedy_summary(self.last, spec.mode)
 
     def evaluate(self, done: int, generator: Any) -> float:
         """Evaluate now (``generator`` holds the current weights); record and return the accuracy."""

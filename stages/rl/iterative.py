@@ -1,11 +1,11 @@
-"""Iterative GRPO, the paper's Algorithm 1 (section 4.1.4), around the RL driver's loop (stages/rl/run.py).
+"""Iterative GRPO, the paper's Algorithm 1 (section 4.1.4), around the RL loop (stages/rl/loop.py).
 
 ::
 
     pi_theta <- pi_init (data/models/sft); r_phi <- data/models/reward_model (a reward-model source)
     for iteration k = 1..I:                      (I = 1: plain RL)
-        pi_ref <- pi_theta                       (run.begin_iteration copies the policy as it is)
-        M = grpo.steps steps, global step numbers (k-1)M .. kM-1 (run.train; question order and seeds continue)
+        pi_ref <- pi_theta                       (loop.begin_iteration copies the policy as it is)
+        M = grpo.steps steps, global step numbers (k-1)M .. kM-1 (loop.train; question order and seeds continue)
         if r_phi is used: sample the current policy on RL problems, label the samples automatically,
             train r_phi further on them plus a replay of ``iterative.rm.replay_fraction`` (paper: 10%) of the
             historical examples; held-out AUCs of r_phi before / after, on the new policy's samples
@@ -30,17 +30,17 @@ import torch
 
 from stages.core.dist import is_main_process, train_device
 from stages.core.io import untimed, write_json
-from stages.core.modeling import enable_checkpointing, save_model
+from stages.core.modeling import enable_checkpointing, release_memory, save_model
 from stages.rl import lora
 from stages.rl.checkpoint import load_latest, save_checkpoint
+from stages.rl.loop import begin_iteration, train
 from stages.rl.metrics import mean_finite
 from stages.rl.rm.labels import SampleConfig, collect_examples
 from stages.rl.rm.metrics import evaluate_reward_model
 from stages.rl.rm.model import save_reward_model
 from stages.rl.rm.train import replay_mix, split_by_question, train_reward_model
-from stages.rl.run import begin_iteration, train
-from stages.rl.types import StepContext
-from stages.rl.update import release_memory, rl_updater
+from stages.rl.types import LoopState, Models, RunSpec
+from stages.rl.update import rl_updater
 
 INDEX_FILE = "iterations.json"
 ITERATIONS_DIR = "iterations"
@@ -104,108 +104,110 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
     }
 
 
-def run_iterations(ctx: StepContext, *, ckpt_dir: Path | None, out_dir: Path,
+def run_iterations(run: RunSpec, models: Models, state: LoopState, *, ckpt_dir: Path | None, out_dir: Path,
                    on_iteration: Callable[[int, Any, Any], None] | None = None) -> list[dict[str, Any]]:
-    """Algorithm 1 (module docstring) on the policy of ``ctx`` (stages.rl.run.setup) in place: for each iteration,
-    :func:`stages.rl.run.begin_iteration` (pi_ref <- pi_theta, the reward source on the current RM) and
-    :func:`stages.rl.run.train` over its ``grpo.steps`` steps, then with a reward-model source the RM update; the
-    rows go to ``ctx.history`` / ``ctx.samples``, the iterations' facts to ``ctx.info["iterations"]``. Returns the
-    metric rows. ``on_iteration(k, model, rm)`` is called after each iteration's outputs are written (tests).
+    """Algorithm 1 (module docstring) on the policy of ``models`` (stages.rl.loop.setup) in place: for each
+    iteration, :func:`stages.rl.loop.begin_iteration` (pi_ref <- pi_theta, the reward source on the current RM) and
+    :func:`stages.rl.loop.train` over its ``grpo.steps`` steps, then with a reward-model source the RM update; the
+    rows go to ``state.history`` / ``state.samples``, the iterations' facts to ``state.info["iterations"]``. Returns
+    the metric rows. ``on_iteration(k, model, rm)`` is called after each iteration's outputs are written (tests).
 
     Resuming (``ckpt_dir``, with several iterations): after each iteration but the last, the policy, the RM (after
     its update), its replay history, the rows, rft's pool and PPO's value model (with its optimizer) are checkpointed
     in ``ckpt_dir/iterations``; a restarted run continues after the last completed iteration, and inside an iteration
     from that iteration's checkpoints (``ckpt_dir/iter<k>``; pi_ref is the policy the iteration started from)."""
-    n_iter, M = ctx.p.iterative.iterations, ctx.p.steps
+    n_iter, M = run.p.iterative.iterations, run.p.steps
     out_dir, main = Path(out_dir), is_main_process()
     index: dict[str, Any] = {"iterations": []}
-    ctx.info.setdefault("iterations", [])
-    first = _resume_iterations(ctx, ckpt_dir, index) if ckpt_dir is not None and n_iter > 1 else 1
+    state.info.setdefault("iterations", [])
+    first = _resume_iterations(models, state, ckpt_dir, index, run) if ckpt_dir is not None and n_iter > 1 else 1
     if main and first == 1:
         shutil.rmtree(out_dir, ignore_errors=True)  # no stale iter<k> of an earlier run with more iterations
         out_dir.mkdir(parents=True)
     for k in range(first, n_iter + 1):
         t0 = time.perf_counter()
-        begin_iteration(ctx, k, None if ckpt_dir is None else (ckpt_dir if n_iter == 1 else Path(ckpt_dir) / f"iter{k}"))
-        train(ctx, (k - 1) * M, k * M)
-        h = [r for r in ctx.history if r.get("iteration") == k]
+        begin_iteration(run, models, state, k,
+                        None if ckpt_dir is None else (ckpt_dir if n_iter == 1 else Path(ckpt_dir) / f"iter{k}"))
+        train(run, models, state, (k - 1) * M, k * M)
+        h = [r for r in state.history if r.get("iteration") == k]
         it_info: dict[str, Any] = {"iteration": k, "steps": len(h), "grpo_s": round(time.perf_counter() - t0, 2),
                                    "kl_first_step": h[0]["kl"] if h else None,
                                    "accuracy_mean": mean_finite([r.get("accuracy") for r in h]),
                                    "reward_mean": mean_finite([r.get("reward_mean") for r in h]),
-                                   "resumed_from_step": ctx.info.pop("resumed_from_step", None)}
-        entry = _finish_iteration(ctx, k, out_dir, it_info)
-        ctx.info["iterations"].append(it_info)
+                                   "resumed_from_step": state.info.pop("resumed_from_step", None)}
+        entry = _finish_iteration(run.p, models, run.rows, k, out_dir, it_info)
+        state.info["iterations"].append(it_info)
         index["iterations"].append(entry)
         if ckpt_dir is not None and k < n_iter:
-            _save_iteration(Path(ckpt_dir), k, ctx, index)
+            _save_iteration(Path(ckpt_dir), k, run, models, state, index)
         if on_iteration is not None:
-            on_iteration(k, ctx.model, ctx.reward_model)
+            on_iteration(k, models.policy, models.reward_model)
     if main:
         write_json(out_dir / INDEX_FILE, {**index, "final_policy": "data/models/grpo (the stage's final policy)",
-                                          "metrics": untimed(ctx.info["iterations"])})
-    return ctx.history
+                                          "metrics": untimed(state.info["iterations"])})
+    return state.history
 
 
-def _finish_iteration(ctx: StepContext, k: int, out_dir: Path, it_info: dict[str, Any]) -> dict[str, Any]:
+def _finish_iteration(p: Any, models: Models, rows: list[dict[str, Any]], k: int, out_dir: Path,
+                      it_info: dict[str, Any]) -> dict[str, Any]:
     """After iteration ``k``'s steps: its policy (all but the last iteration's) and, with a reward-model source, the
     RM update; returns the iteration's index entry."""
-    p, main = ctx.p, is_main_process()
+    main = is_main_process()
     entry: dict[str, Any] = {"iteration": k, "policy": None, "reward_model": None}
     if k < p.iterative.iterations:
         pol_dir = out_dir / f"iter{k}"
         if main:
-            save_model(lora.exported(ctx.model), ctx.tokenizer, pol_dir, extra={"stage": "grpo", "iteration": k, "steps": k * p.steps})
+            save_model(lora.exported(models.policy), models.tokenizer, pol_dir,
+                       extra={"stage": "grpo", "iteration": k, "steps": k * p.steps})
         entry["policy"] = str(pol_dir)
-    rm = ctx.reward_model
+    rm = models.reward_model
     if rm is not None:
-        new, rm_m = update_reward_model(rm, ctx.tokenizer, ctx.model, ctx.rows, ctx.rm_examples, p, k)
+        new, rm_m = update_reward_model(rm, models.tokenizer, models.policy, rows, models.rm_examples, p, k)
         it_info["rm"] = rm_m
-        ctx.rm_examples = ctx.rm_examples + new
+        models.rm_examples = models.rm_examples + new
         rm_out = out_dir / f"rm_iter{k}"
         if main:
-            save_reward_model(rm, ctx.tokenizer, rm_out, ctx.rm_examples, None,
+            save_reward_model(rm, models.tokenizer, rm_out, models.rm_examples, None,
                               {"stage": "grpo", "iteration": k, "reward_source": p.reward.source,
                                "metrics": untimed(rm_m)})
         entry["reward_model"] = str(rm_out)
     return entry
 
 
-def _resume_iterations(ctx: StepContext, ckpt_dir: Path, index: dict[str, Any]) -> int:
+def _resume_iterations(models: Models, state: LoopState, ckpt_dir: Path, index: dict[str, Any], run: RunSpec) -> int:
     """Restore the state after the last completed iteration from ``ckpt_dir/iterations`` (:func:`_save_iteration`);
     returns the iteration to run next (1 when there is none)."""
     resumed = load_latest(Path(ckpt_dir) / ITERATIONS_DIR)
     if resumed is None:
         return 1
     ex = resumed["extra"]
-    ctx.model.load_state_dict(ex["policy"])
-    if ctx.reward_model is not None:
-        ctx.reward_model.load_state_dict(ex["rm"])
-        ctx.rm_examples = ex["rm_history"]
-    ctx.history, ctx.samples = resumed["history"], ex["samples"]
-    ctx.info.update(ex["info"])
+    models.policy.load_state_dict(ex["policy"])
+    if models.reward_model is not None:
+        models.reward_model.load_state_dict(ex["rm"])
+        models.rm_examples = ex["rm_history"]
+    state.history, state.samples = resumed["history"], ex["samples"]
+    state.info.update(ex["info"])
     index.update(ex["index"])
-    if ctx.heldout is not None:
-        ctx.heldout.records = list(ex["heldout"])
-    ctx.cache.update(ex["cache"])
+    if run.heldout is not None:
+        run.heldout.records = list(ex["heldout"])
+    models.pool = ex.get("pool")
     if "critic" in resumed.get("updaters", []):
-        ctx.cache["critic_resume"] = resumed  # make_critic loads the value model and its optimizer from it
-    ctx.info["resumed_from_iteration"] = resumed["step"]
-    ctx.step = resumed["step"] * ctx.p.steps
+        state.resumed = resumed  # the value model and its optimizer load from it when it is built
+    state.info["resumed_from_iteration"] = resumed["step"]
+    state.step = resumed["step"] * run.p.steps
     return resumed["step"] + 1
 
 
-def _save_iteration(ckpt_dir: Path, k: int, ctx: StepContext, index: dict[str, Any]) -> None:
+def _save_iteration(ckpt_dir: Path, k: int, run: RunSpec, models: Models, state: LoopState,
+                    index: dict[str, Any]) -> None:
     """The state after iteration ``k`` (:func:`run_iterations`' docstring), as checkpoint ``k`` of
     ``ckpt_dir/iterations``; the iteration's own RL checkpoints are removed."""
-    critic = ctx.critic
-    rm = ctx.reward_model
-    extra = {"policy": ctx.model.state_dict(), "rm": rm.state_dict() if rm is not None else None,
-             "rm_history": ctx.rm_examples, "samples": ctx.samples, "info": ctx.info, "index": index,
-             "cache": {key: v for key, v in ctx.cache.items() if key == "pool"},
-             "heldout": list(ctx.heldout.records) if ctx.heldout is not None else []}
+    critic, rm = models.critic, models.reward_model
+    extra = {"policy": models.policy.state_dict(), "rm": rm.state_dict() if rm is not None else None,
+             "rm_history": models.rm_examples, "samples": state.samples, "info": state.info, "index": index,
+             "pool": models.pool, "heldout": list(run.heldout.records) if run.heldout is not None else []}
     save_checkpoint(ckpt_dir / ITERATIONS_DIR, updaters={"critic": critic.updater} if critic is not None else {},
-                    step=k, history=ctx.history, extra=extra)
+                    step=k, history=state.history, extra=extra)
     if is_main_process():
         shutil.rmtree(ckpt_dir / f"iter{k}", ignore_errors=True)
 

@@ -115,18 +115,18 @@ class LedgerWriter:
         self.hash: str | None = None
         self.bytes_written = 0
 
-    def begin(self, ctx: Any) -> None:
+    def begin(self, policy: Any) -> None:
         """Before the step samples: hash the policy's weights (the sampler's, checked by stages/rl/sync.py)."""
-        self.hash = weight_hash(ctx.model)
+        self.hash = weight_hash(policy)
 
-    def _meta(self, ctx: Any, tg: Any, lp: Any, P: int, T: int, G: int) -> dict[str, Any]:
+    def _meta(self, pad_id: int, tg: Any, lp: Any, P: int, T: int, G: int) -> dict[str, Any]:
         """The file's metadata: the params, the start model, the tensor layout, which log-probs it holds."""
         w = tg.weights
         return {
             "ledger_version": LEDGER_VERSION,
             "params": self.p.model_dump(mode="json"),
             "init": self.init,
-            "pad_id": ctx.tokenizer.pad_token_id,
+            "pad_id": pad_id,
             "prompt_len": P,
             "completion_len": T,
             "group_size": G,
@@ -138,7 +138,8 @@ class LedgerWriter:
             "has_values": lp.values is not None,
         }
 
-    def record(self, ctx: Any, batch: Any, rewards: Any, tg: Any, lp: Any, row: dict[str, Any]) -> Path | None:
+    def record(self, models: Any, iteration: int, batch: Any, rewards: Any, tg: Any, lp: Any,
+               row: dict[str, Any]) -> Path | None:
         """Write the step's file (None when the step had no rollout: rft kept nothing)."""
         ro = batch.rollout
         if ro is None:
@@ -156,10 +157,10 @@ class LedgerWriter:
         out = rewards.output.reshape(-1).tolist() if rewards.output.numel() == N else [math.nan] * N
         w = tg.weights
         per_token = w is not None and w.dim() == 2
-        checker, version = checker_info(ctx.p)
+        checker, version = checker_info(self.p)
         cols: dict[str, Any] = {
             "step": pa.array([batch.step] * N, pa.int32()),
-            "iteration": pa.array([ctx.iteration] * N, pa.int16()),
+            "iteration": pa.array([iteration] * N, pa.int16()),
             "rank": pa.array([rank()] * N, pa.int16()),
             "output": pa.array(list(range(N)), pa.int32()),
             "question": pa.array(question, pa.int32()),
@@ -189,7 +190,7 @@ class LedgerWriter:
                 [pa.array([float(v) for v in vals], pa.float64()) for vals in rewards.parts.values()],
                 names=list(rewards.parts),
             )
-        meta = self._meta(ctx, tg, lp, P, T, G)
+        meta = self._meta(models.tokenizer.pad_token_id, tg, lp, P, T, G)
         table = pa.table(cols).replace_schema_metadata({"ledger": json.dumps(meta)})
         path = step_file(self.dir, batch.step)
         path.parent.mkdir(parents=True, exist_ok=True)

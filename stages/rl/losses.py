@@ -1,11 +1,15 @@
 """Policy losses (DeepSeekMath paper eq. 1, 3 and 5), the value loss of PPO, and the registry of policy losses.
 
 Registry (verl's ``core_algos.py`` shape): every policy loss has one signature,
-``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg: LossConfig, normalizer) -> (loss, metrics)``, with
-``weights`` the per-output or per-token advantages (policy-gradient losses) or gradient coefficients (the SFT-like
-losses of eq. 5). Registered: ``clipped`` (:func:`grpo_loss`: the clipped surrogate of eq. 1 / eq. 3, plus the k3 KL
-when the algorithm puts beta in the loss) and ``nll`` (:func:`weighted_nll_loss`, RFT / online RFT). A new loss is
-one function decorated with ``@register_policy_loss("name")``.
+``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg: LossConfig, normalizer, settings) -> (loss, metrics)``,
+with ``weights`` the per-output or per-token advantages (policy-gradient losses) or gradient coefficients (the
+SFT-like losses of eq. 5), ``cfg`` what every loss reads (the clip, beta, the aggregation) and ``settings`` the loss's
+own (an instance of its settings class, or None). Registered: ``clipped`` (:func:`grpo_loss`: the clipped surrogate of
+eq. 1 / eq. 3, plus the k3 KL when the algorithm puts beta in the loss) and ``nll`` (:func:`weighted_nll_loss`, RFT /
+online RFT). A new loss is one function decorated with ``@register_policy_loss(name, summary, settings=...)`` and,
+when it has settings, one settings class: the params block ``grpo.loss.<name>`` is derived from it
+(stages/schema/grpo.py). torch is bound at its first use (stages.rl.registry.torch), so that the params check reads
+these declarations without loading it.
 
 Not in the paper (issue 32): :func:`gspo_loss` (sequence-level ratio, GSPO; registered ``gspo``),
 :func:`cispo_loss` (clipped stop-gradient IS weights, CISPO; registered ``cispo``), each with the same aggregations,
@@ -45,12 +49,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
-from torch import Tensor
+from pydantic import Field, model_validator
 
-from stages.rl import registry
+from stages.rl.registry import Registry, torch
+from stages.schema.base import PosFloat, Section
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 AGGREGATIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
@@ -448,39 +455,52 @@ def entropy_bonus(
 
 
 # ---------------------------------------------------------------------------------------------
-# the registry of policy losses
+# the registry of policy losses: each declared once, with its settings class
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Settings a policy loss may read: the clip (eq. 1 / 3; GSPO's clip of the sequence ratio), the KL coefficient in
-    the loss (beta; 0 for PPO, whose KL is in the reward), the aggregation mode and CISPO's weight bounds
-    (``grpo.loss.cispo``)."""
+    """What every policy loss reads besides its own settings: the clip (eq. 1 / 3; GSPO's clip of the sequence
+    ratio), the KL coefficient in the loss (beta; 0 for PPO, whose KL is in the reward) and the aggregation mode."""
 
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     beta: float = 0.0
     aggregation: Aggregation = "seq-mean-token-mean"
-    cispo_max_ratio: float = 5.0
-    cispo_min_ratio: float | None = None
 
 
-PolicyLoss = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, LossConfig, LossNormalizer],
-                      tuple[Tensor, dict[str, float]]]
-POLICY_LOSSES: dict[str, PolicyLoss] = registry.POLICY_LOSSES.impls
-"""The registered policy losses by name (stages/rl/registry.py holds their specs)."""
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """A policy loss (``grpo.loss.policy``). settings: its settings class (the params block ``grpo.loss.<name>``; the
+    loss receives its instance), or None. metrics: the loss's own metrics the step logs besides kl, clip fractions
+    and ratio_mean (means over the loss tokens). takes_is_weights: it accepts ``is_weights=`` (the rollout
+    correction's per-token weights on its policy term, ``grpo.correction``); a loss without it cannot be paired
+    with a correction."""
+
+    name: str
+    summary: str
+    settings: type[Section] | None = None
+    metrics: tuple[str, ...] = ()
+    takes_is_weights: bool = False
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator: register ``fn(logprobs, old_logprobs, ref_logprobs, weights, mask, cfg, normalizer)`` as ``name``
-    (declared in stages/rl/registry.py POLICY_LOSSES)."""
-    return registry.POLICY_LOSSES.register(name)
+PolicyLoss = Callable[..., "tuple[Tensor, dict[str, float]]"]
+POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", "grpo.loss.policy")
+"""``grpo.loss.policy``: the losses declared below."""
 
 
-@register_policy_loss("clipped")
+def register_policy_loss(name: str, summary: str, *, settings: type[Section] | None = None,
+                         metrics: tuple[str, ...] = (), takes_is_weights: bool = False
+                         ) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: declare the policy loss ``name`` (:class:`PolicyLossSpec`) implemented by ``fn(logprobs,
+    old_logprobs, ref_logprobs, weights, mask, cfg, normalizer, settings[, is_weights=])``."""
+    return POLICY_LOSSES.declare(PolicyLossSpec(name, summary, settings, metrics, takes_is_weights))
+
+
+@register_policy_loss("clipped", "the clipped surrogate (eq. 1 / 3), with beta x k3 KL for grpo", takes_is_weights=True)
 def clipped_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
-                 mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
-                 ) -> tuple[Tensor, dict[str, float]]:
+                 mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, settings: None = None, *,
+                 is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """The clipped surrogate (PPO eq. 1, GRPO eq. 3) with the k3 KL in the loss at ``cfg.beta`` (:func:`grpo_loss`);
     ``is_weights``: the rollout correction's weights on the policy term (``grpo.correction``; None = 1)."""
     return grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=cfg.clip_eps,
@@ -488,17 +508,18 @@ def clipped_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | 
                      is_weights=is_weights)
 
 
-@register_policy_loss("nll")
+@register_policy_loss("nll", "the SFT loss weighted by gradient coefficients (eq. 5)")
 def nll_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, coefficients: Tensor, mask: Tensor,
-             cfg: LossConfig, normalizer: LossNormalizer) -> tuple[Tensor, dict[str, float]]:
+             cfg: LossConfig, normalizer: LossNormalizer, settings: None = None) -> tuple[Tensor, dict[str, float]]:
     """-GC log pi (eq. 5 with a gradient coefficient per output: RFT / online RFT; :func:`weighted_nll_loss`)."""
     return weighted_nll_loss(logprobs, coefficients, mask, aggregation=cfg.aggregation, normalizer=normalizer)
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", "GSPO: the clipped surrogate on the length-normalised sequence ratio (arXiv:2507.18071; "
+                      "not in the paper)", metrics=("seq_ratio_mean",), takes_is_weights=True)
 def gspo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
-                     mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
-                     ) -> tuple[Tensor, dict[str, float]]:
+                     mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, settings: None = None, *,
+                     is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """GSPO (:func:`gspo_loss`): the clip of the sequence ratio is ``cfg.clip_eps`` / ``clip_eps_high``, the k3 KL at
     ``cfg.beta``, ``is_weights`` the rollout correction's (``grpo.correction``; None = 1). On-policy (mu = 1, one
     minibatch: every ratio is 1) its gradient is the clipped loss's."""
@@ -507,12 +528,36 @@ def gspo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tenso
                      is_weights=is_weights)
 
 
-@register_policy_loss("cispo")
+class CispoSettings(Section):
+    """The clipped importance-sampling weight of ``loss.policy: cispo`` (MiniMax-M1, arXiv:2506.13585, section 3.1;
+    :func:`cispo_loss`): sg(clip(ratio, min_ratio, max_ratio)) x A x log pi."""
+
+    max_ratio: PosFloat
+    """Upper bound of the weight (TRL loss_type cispo: epsilon_high, recommended 5.0; verl: 1 + clip_ratio_high)."""
+    min_ratio: Annotated[float, Field(ge=0.0)] | None
+    """Lower bound of the weight; null = none (the paper and TRL; verl: 1 - clip_ratio_low)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CispoSettings:
+        if self.min_ratio is not None and self.min_ratio > self.max_ratio:
+            raise ValueError(f"min_ratio ({self.min_ratio}) is above max_ratio ({self.max_ratio}); lower it, or null")
+        return self
+
+
+@register_policy_loss("cispo", "CISPO: REINFORCE with clipped stop-gradient IS weights (MiniMax-M1, arXiv:2506.13585; "
+                      "not in the paper)", settings=CispoSettings, metrics=("clip_frac_high_pos",),
+                      takes_is_weights=True)
 def cispo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor,
-                      mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, *, is_weights: Tensor | None = None
-                      ) -> tuple[Tensor, dict[str, float]]:
-    """CISPO (:func:`cispo_loss`) with the weight bounds ``cfg.cispo_min_ratio`` / ``cispo_max_ratio``, the k3 KL at
+                      mask: Tensor, cfg: LossConfig, normalizer: LossNormalizer, settings: CispoSettings, *,
+                      is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """CISPO (:func:`cispo_loss`) with its weight bounds ``settings`` (``grpo.loss.cispo``), the k3 KL at
     ``cfg.beta``, ``is_weights`` the rollout correction's. On-policy its gradient is the clipped loss's."""
-    return cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, max_ratio=cfg.cispo_max_ratio,
-                      min_ratio=cfg.cispo_min_ratio, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer,
+    return cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, max_ratio=settings.max_ratio,
+                      min_ratio=settings.min_ratio, beta=cfg.beta, aggregation=cfg.aggregation, normalizer=normalizer,
                       is_weights=is_weights)
+
+
+def settings_of(name: str, block: Any) -> Any:
+    """The settings instance of the registered loss ``name`` in the grpo params' ``loss`` block (its ``<name>``
+    field), or None for a loss without settings."""
+    return getattr(block, name) if POLICY_LOSSES.spec(name).settings is not None else None

@@ -1,18 +1,24 @@
-"""What an RL run reports: a log line per step (Prefect's run logger inside a flow run), tables of sampled
-completions (kept beside the policy; Prefect table artifacts inside a flow run), the stage summary of the per-step
-rows, and which rows become dvc plot curves (stages/core/plots.py writes them).
+"""What an RL run reports: the step's reward, rollout and phase-time metrics, a log line per step (Prefect's run logger
+inside a flow run), tables of sampled completions (kept beside the policy; Prefect table artifacts inside a flow run),
+the stage summary of the per-step rows, and which rows become dvc plot curves (stages/core/plots.py writes them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from stages.core.dist import all_reduce
 from stages.core.progress import loadavg
+from stages.rl.rewards import Rewards
 from stages.rl.rollout import Rollout
+from stages.rl.types import RewardStats
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +34,58 @@ PLOT_METRICS = (
     "curriculum_sampled_hard", "curriculum_sampled_easy", "curriculum_sampled_unseen", "curriculum_sampled_pass_rate_mean",
 )
 """The per-step metrics drawn as curves (data/plots/grpo/<metric>.csv), besides the baseline's."""
+
+class PhaseTimer:
+    """Wall and CPU seconds per phase: ``with timer("update"): ...`` adds ``t_update`` and ``cpu_update``."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            for key, v in ((f"t_{name}", time.perf_counter() - t0), (f"cpu_{name}", time.process_time() - c0)):
+                self.metrics[key] = self.metrics.get(key, 0.0) + v
+
+    def totals(self) -> dict[str, float]:
+        """The phase times plus ``step_s`` / ``cpu_step_s``, their sums."""
+        m = dict(self.metrics)
+        m["step_s"] = sum(v for k, v in m.items() if k.startswith("t_"))
+        m["cpu_step_s"] = sum(v for k, v in m.items() if k.startswith("cpu_"))
+        return m
+
+
+def reward_metrics(stats: RewardStats, ro: Rollout | None) -> dict[str, float]:
+    """Reward mean / std, accuracy, zero-std share and failures over every rank, completion length and truncation."""
+    acc_sum, acc_n, rew_sum, rew_n, n_zero, n_groups, std_sum, n_fail = all_reduce(stats.as_list())
+    N = 0 if ro is None else len(ro.texts)
+    return {
+        "reward_mean": rew_sum / rew_n if rew_n else math.nan,
+        "reward_std": std_sum / n_groups if n_groups else math.nan,
+        "accuracy": acc_sum / acc_n if acc_n else math.nan,
+        "zero_std_frac": n_zero / n_groups if n_groups else math.nan,
+        "n_reward_failures": int(n_fail),
+        "completion_len": float(ro.completion_lengths.float().mean()) if ro is not None else math.nan,
+        "truncated_frac": (sum(r == "length" for r in ro.finish_reasons) / N) if ro is not None and N else 0.0,
+    }
+
+
+def rollout_metrics(ro: Rollout | None, rewards: Rewards) -> dict[str, float]:
+    """The sampling's own metrics (programs, sandbox time, TIR rounds: Rollout.metrics) and, when the step mixes
+    rollout modes, the answer accuracy of each mode's outputs (``accuracy_<mode>``; this rank's)."""
+    if ro is None:
+        return {}
+    m = dict(ro.metrics)
+    acc = rewards.parts.get("accuracy")
+    if acc is not None and len(set(ro.modes)) > 1:
+        for mode in sorted(set(ro.modes)):
+            vals = [a for a, md in zip(acc, ro.modes, strict=True) if md == mode and math.isfinite(a)]
+            m[f"accuracy_{mode}"] = sum(vals) / len(vals) if vals else math.nan
+    return m
+
 
 def run_logger() -> Any:
     """Prefect's run logger inside a flow run (shown in the UI), else this module's logger."""

@@ -1,7 +1,7 @@
 """What a run of the grpo params needs, and whether its registry entries go together: the one place that answers
 "does this run need a reference model / a reward model / a value model / row fields?" from the specs of
 stages/rl/registry.py and stages/rl/sources/ (torch-free). The params check (stages/schema/grpo.py,
-stages/params.py), the planner (stages/plan.py), preflight (stages/preflight.py) and the driver (stages/rl/run.py)
+stages/params.py), the planner (stages/plan.py), preflight (stages/preflight.py) and the loop (stages/rl/loop.py)
 call it instead of testing names.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS
+from stages.rl.advantages import ADVANTAGE_ESTIMATORS
+from stages.rl.registry import ALGORITHMS
 from stages.rl.sources import REWARD_SOURCES
 
 

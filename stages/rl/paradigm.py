@@ -35,8 +35,6 @@ from torch import Tensor
 from stages.rl.data import step_questions
 from stages.rl.losses import weighted_nll_loss  # noqa: F401 - re-exported: the loss of eq. 5 with GC
 
-ALGORITHMS: tuple[str, ...] = ("sft", "rft", "online_rft", "grpo")
-
 
 def rft_coefficients(correct: Tensor) -> Tensor:
     """Gradient coefficient of (online) RFT, paper eq. 10: GC(o) = I(o), 1.0 for a correct output, else 0.0.

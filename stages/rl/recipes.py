@@ -1,23 +1,21 @@
-"""Phases 1-2 of the RL step (stages/rl/step.py), questions -> outputs -> rewards, with the recipes that change them
-(issue 32; none is in the DeepSeekMath paper, each is off in params.yaml, and then this is the paper's step):
+"""The recipes that change phases 1-3 of the RL step (stages/rl/loop.py ``run_step``), as the loop's named hooks
+(issue 32; none is in the DeepSeekMath paper, each is off in params.yaml, and then the step is the paper's):
 
-- the pass-rate curriculum (``grpo.curriculum``; stages/rl/curriculum.py): the step's questions are drawn by their
-  recent group accuracy instead of the shuffled order of stages.rl.data.step_questions;
-- DAPO's soft overlong penalty (``grpo.reward.overlong``; stages/rl/reward_shaping.py), a reward part added to the
-  reward source's rewards;
-- DAPO's dynamic sampling with refill (``grpo.dynamic_sampling``; stages/rl/dynamic_sampling.py): a group whose
-  criterion (accuracy or reward) is equal over its G outputs is dropped and new questions are sampled and scored in
-  extra rounds until the step has ``questions_per_step`` informative groups or ``max_rounds`` rounds have run.
+- :func:`draw_questions`: the pass-rate curriculum (``grpo.curriculum``; stages/rl/curriculum.py) draws the step's
+  questions by their recent group accuracy instead of the shuffled order of stages.rl.data.step_questions;
+  :func:`observe` feeds it every generated group's accuracy;
+- :func:`shape_rewards`: DAPO's soft overlong penalty (``grpo.reward.overlong``; stages/rl/reward_shaping.py), a
+  reward part added to the reward source's rewards;
+- :func:`filter_groups`: DAPO's dynamic sampling with refill (``grpo.dynamic_sampling``;
+  stages/rl/dynamic_sampling.py): a group whose criterion (accuracy or reward) is equal over its G outputs is dropped
+  and new questions are sampled and scored in extra rounds until the step has ``questions_per_step`` informative
+  groups or ``max_rounds`` rounds have run::
 
-:func:`collect_scored` is what the step calls::
-
-    questions = curriculum draw | step_questions(seed, step)          each rank its share [rank::world]
-    round 1:  outputs = algorithm.collect(...); rewards = algorithm.score(...) (+ overlong penalty)
-    dynamic sampling: keep the informative groups; while short and rounds remain:
+    round 1: the step's own batch (the loop's phases 1-3)
+    keep the informative groups; while short and rounds remain:
         n more questions (curriculum draw | a per-step shuffle of the prompts the step has not used)
         outputs = sample_rollout(..., round r)   seeds: stages.rl.algorithms.ROUND_SEED
         rewards = ...; keep the informative groups, up to the room left
-    curriculum: every generated group's accuracy updates the pass rates
 
 The kept groups of all rounds become one batch (stages.rl.rollout.Rollout re-padded to the longest prompt and
 completion), in round order. A step that keeps no group at all trains on its first round as the plain step does
@@ -27,7 +25,7 @@ on every rank from the gathered per-group figures, so all ranks agree; the extra
 share of a round is empty samples nothing; a rank that keeps no group trains on its first round, as above).
 
 Everything is a pure function of (seed, step, the pass rates), so a resumed run (the rates are in the checkpoint,
-stages/rl/run.py) samples what the uninterrupted run would have.
+stages/rl/checkpoint.py) samples what the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -47,42 +45,37 @@ from stages.rl.dynamic_sampling import RefillState, refill_round
 from stages.rl.reward_shaping import with_overlong_penalty
 from stages.rl.rewards import Rewards, accuracy_reward
 from stages.rl.rollout import Rollout
-from stages.rl.types import Batch, StepContext
+from stages.rl.types import Batch, Models, RunSpec
+
+Round = tuple[list[int], Batch, Rewards]
+"""One generation round of a step: every rank's questions, this rank's batch and its rewards."""
 
 
-def collect_scored(ctx: StepContext, step: int, timer: Any) -> tuple[Batch, Rewards, dict[str, float]]:
-    """This rank's batch of step ``step``, its rewards, and the recipes' metrics (``curriculum_*``, ``ds_*``,
-    ``overlong_*`` come with the rewards' metrics). ``timer``: the step's PhaseTimer (generation / scoring)."""
-    p, algo = ctx.p, ctx.algorithm
-    metrics: dict[str, float] = {}
-    if ctx.curriculum is not None:
-        questions, metrics = ctx.curriculum.questions(step, p.questions_per_step)
-    else:
-        questions = step_questions(len(ctx.rows), step, p.questions_per_step, p.seed)
-    mine = questions[ctx.updater.rank :: ctx.updater.world]
-    with timer("generation"):
-        batch = Batch(step, mine, algo.collect(ctx, step, mine))
-    with timer("scoring"):
-        rewards = shaped(ctx, batch, algo.score(ctx, batch))
-    rounds = [(questions, batch, rewards)]
-    if p.dynamic_sampling.enabled:
-        batch, rewards = refill(ctx, step, timer, rounds, metrics)
-    if ctx.curriculum is not None:
-        observed = [gathered(ctx, qs, group_accuracy(b, r)) for qs, b, r in rounds]
-        ctx.curriculum.observe([q for ob in observed for q, _ in ob], [a for ob in observed for _, a in ob])
-    return batch, rewards, metrics
+def draw_questions(run: RunSpec, curriculum: Any, step: int) -> tuple[list[int], dict[str, float]]:
+    """The ``questions_per_step`` questions of step ``step`` (every rank's; each takes its share ``[rank::world]``):
+    the curriculum's draw (and its ``curriculum_*`` metrics) when it is on, else the seeded shuffle."""
+    p = run.p
+    if curriculum is not None:
+        return curriculum.questions(step, p.questions_per_step)
+    return step_questions(len(run.rows), step, p.questions_per_step, p.seed), {}
 
 
-def shaped(ctx: StepContext, batch: Batch, rewards: Rewards) -> Rewards:
+def observe(curriculum: Any, models: Models, rounds: list[Round]) -> None:
+    """The curriculum's pass rates updated with every generated group's accuracy (the same on every rank)."""
+    observed = [gathered(models, qs, group_accuracy(b, r)) for qs, b, r in rounds]
+    curriculum.observe([q for ob in observed for q, _ in ob], [a for ob in observed for _, a in ob])
+
+
+def shape_rewards(p: Any, batch: Batch, rewards: Rewards) -> Rewards:
     """The rewards with the reward parts of ``grpo.reward`` that are computed from the rollout itself: the overlong
     penalty (factor > 0)."""
-    ov = ctx.p.reward.overlong
+    ov = p.reward.overlong
     if not ov.factor or batch.rollout is None or not rewards.output.numel():
         return rewards
     return with_overlong_penalty(
         rewards,
         batch.rollout.completion_lengths,
-        max_len=ctx.p.rollout.max_new_tokens,
+        max_len=p.rollout.max_new_tokens,
         buffer_len=ov.buffer_len,
         factor=ov.factor,
     )
@@ -92,12 +85,12 @@ def shaped(ctx: StepContext, batch: Batch, rewards: Rewards) -> Rewards:
 # dynamic sampling
 
 
-def refill(
-    ctx: StepContext, step: int, timer: Any, rounds: list[tuple[list[int], Batch, Rewards]], metrics: dict[str, float]
-) -> tuple[Batch, Rewards]:
+def filter_groups(run: RunSpec, models: Models, curriculum: Any, step: int, timer: Any, rounds: list[Round],
+                  metrics: dict[str, float]) -> tuple[Batch, Rewards]:
     """Dynamic sampling from the step's first round (``rounds[0]``): extra rounds appended to ``rounds`` until the
-    batch is full or the rounds run out; returns the kept groups as one batch and writes the ``ds_*`` metrics."""
-    p, ds = ctx.p, ctx.p.dynamic_sampling
+    batch is full or the rounds run out; returns the kept groups as one batch and writes the ``ds_*`` metrics.
+    ``timer``: the step's PhaseTimer (generation / scoring)."""
+    p, ds, upd = run.p, run.p.dynamic_sampling, models.updater
     per_round = ds.max_per_round or p.questions_per_step
     state = RefillState(target=p.questions_per_step)
     used = set(rounds[0][0])
@@ -105,7 +98,7 @@ def refill(
     shortfall = 0
     while True:
         qs, b, r = rounds[-1]
-        crit = [c for _, c in gathered(ctx, qs, criterion(b, r, ds.metric))]
+        crit = [c for _, c in gathered(models, qs, criterion(b, r, ds.metric))]
         width = max((len(c) for c in crit), default=1)  # per-step rewards: ranks' step counts may differ
         table = torch.tensor([c + [math.nan] * (width - len(c)) for c in crit], dtype=torch.float64)
         state, d = refill_round(
@@ -115,23 +108,23 @@ def refill(
             max_per_round=per_round,
             oversample=ds.oversample,
         )
-        mine = range(ctx.updater.rank, len(qs), ctx.updater.world)  # this rank's positions in the round's list
+        mine = range(upd.rank, len(qs), upd.world)  # this rank's positions in the round's list
         kept.append((b, r, [k for k, pos in enumerate(mine) if bool(d.keep[pos])]))
         shortfall = d.shortfall
         if d.done:
             break
-        more = more_questions(ctx, step, len(rounds), d.n_more, used)
+        more = more_questions(run, curriculum, step, len(rounds), d.n_more, used)
         if not more:  # every prompt has been tried in this step
             shortfall = state.target - state.kept
             break
         used.update(more)
-        share = more[ctx.updater.rank :: ctx.updater.world]
+        share = more[upd.rank :: upd.world]
         with timer("generation"):
-            ro = sample_rollout(ctx, step, share, round_=len(rounds)) if share else None
+            ro = sample_rollout(run, models, step, share, round_=len(rounds)) if share else None
         nb = Batch(step, share, ro)
         with timer("scoring"):
             nr = (
-                shaped(ctx, nb, ctx.algorithm.score(ctx, nb))
+                shape_rewards(p, nb, run.algorithm.score(run, models, nb))
                 if share
                 else Rewards(torch.zeros(0, p.rollout.group_size, dtype=torch.float64))
             )
@@ -150,7 +143,7 @@ def refill(
     parts = [(b, r, keep) for b, r, keep in kept if keep]
     if not parts:  # nothing informative (on this rank): the plain step on the first round
         return rounds[0][1], rounds[0][2]
-    return merge_batches(ctx, parts, all_rounds=[b for _, b, _ in rounds])
+    return merge_batches(models.tokenizer.pad_token_id, parts, all_rounds=[b for _, b, _ in rounds])
 
 
 def criterion(batch: Batch, rewards: Rewards, metric: str) -> Tensor:
@@ -191,21 +184,21 @@ def group_accuracy(batch: Batch, rewards: Rewards) -> Tensor:
     return torch.where(n > 0, torch.where(ok, acc, 0.0).sum(-1) / n.clamp(min=1), math.nan)
 
 
-def gathered(ctx: StepContext, questions: list[int], local: Tensor) -> list[tuple[int, Any]]:
+def gathered(models: Models, questions: list[int], local: Tensor) -> list[tuple[int, Any]]:
     """(question, row of ``local``) for every question of a round, in the round's order, from every rank's share
     (rank r holds positions r, r + world, ...): the same list on every rank."""
-    pos = range(ctx.updater.rank, len(questions), ctx.updater.world)
+    pos = range(models.updater.rank, len(questions), models.updater.world)
     rows = [(k, local[i].tolist()) for i, k in enumerate(pos)]
     return [(questions[k], row) for k, row in sorted(all_gather_list(rows))]
 
 
-def more_questions(ctx: StepContext, step: int, round_: int, n: int, used: set[int]) -> list[int]:
+def more_questions(run: RunSpec, curriculum: Any, step: int, round_: int, n: int, used: set[int]) -> list[int]:
     """Up to ``n`` questions for extra round ``round_`` of step ``step`` that the step has not used: the curriculum's
     draw, else the next ones of a per-step shuffle of the prompts (seeded by seed and step)."""
-    if ctx.curriculum is not None:
-        return ctx.curriculum.more(step, round_, n, used)
-    order = list(range(len(ctx.rows)))
-    random.Random((ctx.p.seed * 1_000_003 + step) * 7_919 + 1).shuffle(order)
+    if curriculum is not None:
+        return curriculum.more(step, round_, n, used)
+    order = list(range(len(run.rows)))
+    random.Random((run.p.seed * 1_000_003 + step) * 7_919 + 1).shuffle(order)
     return [q for q in order if q not in used][:n]
 
 
@@ -214,13 +207,13 @@ def more_questions(ctx: StepContext, step: int, round_: int, n: int, used: set[i
 
 
 def merge_batches(
-    ctx: StepContext, parts: list[tuple[Batch, Rewards, list[int]]], all_rounds: list[Batch] | None = None
+    pad_id: int, parts: list[tuple[Batch, Rewards, list[int]]], all_rounds: list[Batch] | None = None
 ) -> tuple[Batch, Rewards]:
     """One (Batch, Rewards) of the groups ``keep`` of each (batch, rewards, keep), in order; the rollout's own
     metrics (sandbox time, programs, TIR rounds) are those of ``all_rounds`` (every generation of the step)."""
     ros = [select_groups(b.rollout, keep) for b, _, keep in parts if b.rollout is not None]
     questions = [b.questions[k] for b, _, keep in parts for k in keep]
-    ro = concat_rollouts(ros, ctx.tokenizer.pad_token_id) if ros else None
+    ro = concat_rollouts(ros, pad_id) if ros else None
     if ro is not None and all_rounds is not None:
         ro.metrics = merged_metrics(
             [(b.rollout.metrics, len(b.rollout.texts)) for b in all_rounds if b.rollout is not None]

@@ -1,23 +1,15 @@
-"""The RL registries, torch-free: algorithms, advantage estimators, policy losses, reward sources and rollout
-corrections.
+"""The RL registries' machinery, torch-free: a :class:`Registry` maps a name (the value of a ``grpo`` params field) to
+a *spec* (what the entry is and needs: a reference model, a value model, a reward model, its own settings class)
+and to its implementation.
 
-Each registry maps a name (the value of a ``grpo`` params field) to a *spec*: what the entry is and what it needs
-(a reference model, a value model, a reward model, fields of the prompt rows), declared once, in plain Python.
-The params schema (stages/schema/grpo.py), the whole-file check (stages/params.py), the planner (stages/plan.py),
-the preflight checks (stages/preflight.py) and the driver (stages/rl/run.py) all ask these specs (through
-stages/rl/needs.py for what a run needs); nothing tests a
-name as a string elsewhere. Importing this module imports no torch, so validating params.yaml stays cheap.
-
-The *implementation* of an entry lives in a torch module that registers it with the registry's decorator
-(``@register_algorithm("grpo")`` in stages/rl/algorithms.py, ``@register_estimator`` in stages/rl/advantages.py,
-``@register_policy_loss`` in stages/rl/losses.py); :meth:`Registry.get` imports that module on demand. A
-decorator refuses a name that has no spec here, and tests/rl/test_registry.py checks that every spec has its
-implementation.
-
-Reward sources are discovered instead: every module of the package stages/rl/sources/ declares a tuple
-``SOURCES`` of :class:`RewardSourceSpec` and is importable without torch, so a new source is one file there; that
-package holds their registry (``stages.rl.sources.REWARD_SOURCES``), and stages/rl/needs.py what a run of the four
-registries' entries needs.
+Each entry is declared once, beside its implementation, with the registry's decorator: a policy loss in
+stages/rl/losses.py (``@register_policy_loss(name, summary, settings=...)``), an advantage estimator in
+stages/rl/advantages.py, a rollout correction in stages/rl/corrections.py, a reward source in its module of
+stages/rl/sources/. Those modules import torch on first use (:data:`torch` below), so the params schema
+(stages/schema/grpo.py), the whole-file check (stages/params.py), the planner and preflight read the specs, and the
+schema derives each entry's params block from its settings class, without loading torch (~5 s). The algorithms'
+strategies (stages/rl/algorithms.py) need torch at import: their specs are declared here, :data:`ALGORITHMS`, and the
+strategies registered by name. What a run needs from all of them: stages/rl/needs.py.
 """
 
 from __future__ import annotations
@@ -54,47 +46,6 @@ class AlgorithmSpec:
 
 
 @dataclass(frozen=True)
-class EstimatorSpec:
-    """An advantage estimator (``grpo.advantage.estimator``); critic: it needs a value model's values (gae)."""
-
-    name: str
-    summary: str
-    module: str
-    critic: bool = False
-
-
-@dataclass(frozen=True)
-class PolicyLossSpec:
-    """A policy loss (``grpo.loss.policy``): a pure function of stages/rl/losses.py.
-
-    metrics: the loss's own metrics the step logs besides kl, clip fractions and ratio_mean (means over the loss
-    tokens). takes_is_weights: its registered function accepts ``is_weights=`` (the rollout correction's per-token
-    weights on its policy term, ``grpo.correction``); a loss without it cannot be paired with a correction."""
-
-    name: str
-    summary: str
-    module: str
-    metrics: tuple[str, ...] = ()
-    takes_is_weights: bool = False
-
-
-@dataclass(frozen=True)
-class CorrectionSpec:
-    """A rollout correction (``grpo.correction.method``): importance weights pi_old / pi_sampler between the trainer's
-    and the sampler's policies on the policy-gradient term (stages/rl/corrections.py).
-
-    level: where the ratio is taken (token, sequence, or none for the uncorrected loss); bounded: it needs at least
-    one of ``grpo.correction.low`` / ``high``; peers: the same setting in TRL / verl / OpenRLHF / NeMo-RL."""
-
-    name: str
-    summary: str
-    module: str
-    level: Literal["none", "token", "sequence"] = "token"
-    bounded: bool = True
-    peers: str = ""
-
-
-@dataclass(frozen=True)
 class RewardSourceSpec:
     """A reward source (``grpo.reward.source``): where the reward of a sampled output comes from.
 
@@ -124,7 +75,7 @@ class RewardSourceSpec:
             raise ValueError(f"reward source {self.name!r}: give exactly one of build and score")
 
 
-S = TypeVar("S", AlgorithmSpec, EstimatorSpec, PolicyLossSpec, RewardSourceSpec, CorrectionSpec)
+S = TypeVar("S")
 
 
 class Registry(Generic[S]):
@@ -141,9 +92,10 @@ class Registry(Generic[S]):
             self._add(s)
 
     def _add(self, spec: S) -> None:
-        if spec.name in self._specs:
-            raise ValueError(f"{self.kind} {spec.name!r} is declared twice")
-        self._specs[spec.name] = spec
+        name = spec.name  # type: ignore[attr-defined]
+        if name in self._specs:
+            raise ValueError(f"{self.kind} {name!r} is declared twice")
+        self._specs[name] = spec
 
     def _loaded(self) -> dict[str, S]:
         if self._discover is not None:
@@ -166,8 +118,19 @@ class Registry(Generic[S]):
             raise ValueError(f"unknown {self.kind} {name!r}; registered: {', '.join(specs)}")
         return specs[name]
 
+    def declare(self, spec: S) -> Callable[[Any], Any]:
+        """Decorator: declare ``spec`` and register the decorated object as its implementation (the one declaration
+        of an entry)."""
+
+        def deco(obj: Any) -> Any:
+            self._add(spec)
+            self.impls[spec.name] = obj  # type: ignore[attr-defined]
+            return obj
+
+        return deco
+
     def register(self, name: str) -> Callable[[Any], Any]:
-        """Decorator of an implementation of the declared entry ``name``."""
+        """Decorator of the implementation of ``name``, an entry declared with its spec elsewhere (ALGORITHMS)."""
 
         def deco(obj: Any) -> Any:
             if name not in self._loaded():
@@ -183,8 +146,22 @@ class Registry(Generic[S]):
         """The implementation of ``name`` (its module imported on demand)."""
         spec = self.spec(name)
         if name not in self.impls:
-            importlib.import_module(spec.module)  # type: ignore[union-attr]
+            importlib.import_module(spec.module)  # type: ignore[attr-defined]
         return self.impls[name]
+
+
+class _Torch:
+    """torch, imported at its first use: the modules that declare registry entries bind ``torch`` to
+    :data:`torch` so that reading their declarations (the params check) does not load it."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch as _t
+
+        return getattr(_t, name)
+
+
+torch: Any = _Torch()
+"""``from stages.rl.registry import torch``: torch for the entries' modules (losses, advantages, corrections)."""
 
 
 ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", "grpo.algorithm", (
@@ -200,39 +177,3 @@ ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", "grpo.algorithm", (
                   "stages.rl.algorithms", advantages=True, critic=True, kl="reward"),
 ))
 """``grpo.algorithm``; implementations: stages/rl/algorithms.py."""
-
-ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator", "grpo.advantage.estimator", (
-    EstimatorSpec("grpo", "group-relative: outcome (eq. 3) or process supervision (4.1.3) by the reward source",
-                  "stages.rl.advantages"),
-    EstimatorSpec("gae", "PPO's generalised advantage estimation from the value model", "stages.rl.advantages",
-                  critic=True),
-    EstimatorSpec("rloo", "leave-one-out baseline (not in the paper)", "stages.rl.advantages"),
-))
-"""``grpo.advantage.estimator``; implementations: stages/rl/advantages.py."""
-
-POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", "grpo.loss.policy", (
-    PolicyLossSpec("clipped", "the clipped surrogate (eq. 1 / 3), with beta x k3 KL for grpo", "stages.rl.losses",
-                   takes_is_weights=True),
-    PolicyLossSpec("nll", "the SFT loss weighted by gradient coefficients (eq. 5)", "stages.rl.losses"),
-    PolicyLossSpec("gspo", "GSPO: the clipped surrogate on the length-normalised sequence ratio (arXiv:2507.18071; not "
-                   "in the paper)", "stages.rl.losses", metrics=("seq_ratio_mean",), takes_is_weights=True),
-    PolicyLossSpec("cispo", "CISPO: REINFORCE with clipped stop-gradient IS weights (MiniMax-M1, arXiv:2506.13585; not "
-                   "in the paper)", "stages.rl.losses", metrics=("clip_frac_high_pos",), takes_is_weights=True),
-))
-"""``grpo.loss.policy``; implementations: stages/rl/losses.py."""
-
-CORRECTIONS: Registry[CorrectionSpec] = Registry("rollout correction", "grpo.correction.method", (
-    CorrectionSpec("none", "no correction: the loss trusts the sampler's tokens as pi_old's (the paper's GRPO)",
-                   "stages.rl.corrections", level="none", bounded=False),
-    CorrectionSpec("tis", "truncated IS per token: w = clip(pi_old / pi_sampler, low, high)", "stages.rl.corrections",
-                   peers="TRL token_truncate, verl rollout_is token, OpenRLHF / NeMo-RL tis"),
-    CorrectionSpec("mis", "masked IS per token: w = pi_old / pi_sampler, tokens outside [low, high] get 0 (IcePop)",
-                   "stages.rl.corrections", peers="TRL token_mask, OpenRLHF / NeMo-RL icepop"),
-    CorrectionSpec("seq-tis", "truncated IS per sequence: w = clip(prod_t ratio, low, high)", "stages.rl.corrections",
-                   level="sequence", peers="TRL sequence_truncate, verl rollout_is sequence"),
-    CorrectionSpec("seq-mis", "masked IS per sequence: w = prod_t ratio, sequences outside [low, high] get 0",
-                   "stages.rl.corrections", level="sequence", peers="TRL sequence_mask"),
-    CorrectionSpec("seq-mask-tis", "token ratios, sequences whose geometric-mean ratio is outside [low, high] get 0",
-                   "stages.rl.corrections", level="sequence", peers="OpenRLHF / NeMo-RL seq-mask-tis"),
-))
-"""``grpo.correction.method``; implementations: stages/rl/corrections.py."""

@@ -17,7 +17,7 @@ correction's input), the grpo params and the tensor layout. The weights before s
 
 and are rolled forward through steps c .. N - 1 by running each step's update again from the ledger: the weight hash
 before every step must equal the logged one (else the replay stops: the weights diverged). Then step N's update runs
-(``stages.rl.step.update``, the very code of the run, on the rebuilt :class:`Batch` / :class:`Targets` /
+(``stages.rl.loop.update``, the very code of the run, on the rebuilt :class:`Batch` / :class:`Targets` /
 :class:`LogProbs`) and its loss and gradient norm are compared with the ledger's: equal to ``--tol`` (1e-6, relative
 with an absolute floor of the same size) in float32 on the machine that ran it. The exit status is 0 when every
 replayed step matches.
@@ -40,7 +40,7 @@ from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.rl.ledger import read_step, steps_in, weight_hash
 from stages.rl.rollout import Rollout
-from stages.rl.types import Batch, LogProbs, RewardStats, StepContext, Targets
+from stages.rl.types import Batch, LogProbs, Models, RewardStats, RunSpec, Targets
 
 
 def _dense(lists: list[list[float] | None], N: int, T: int, dtype: torch.dtype) -> torch.Tensor:
@@ -138,7 +138,7 @@ def _checkpoint_at_or_before(rdir: Path | None, step: int) -> tuple[int, Path] |
 
 
 class Replayer:
-    """The policy, its update path and a context to run :func:`stages.rl.step.update` on ledger steps."""
+    """The policy, its update path and the run to call :func:`stages.rl.loop.update` with on ledger steps."""
 
     def __init__(self, ledger_dir: Path, meta: dict[str, Any], checkpoints: Path | None, target: int) -> None:
         from stages.core.dist import train_device
@@ -147,8 +147,7 @@ class Replayer:
         from stages.rl.checkpoint import load_updaters
         from stages.rl.rewards import RewardSet
         from stages.rl.update import rl_updater
-        from stages.train.loop import use_bf16
-        from stages.train.update import use_deepspeed
+        from stages.train.update import use_bf16, use_deepspeed
 
         p = _params(meta)
         algo = get_algorithm(p.algorithm)
@@ -183,32 +182,23 @@ class Replayer:
             load_updaters(state, {"policy": upd})
             self.start, self.source = ck[0], f"checkpoint {ck[1]}"
         model.eval()
-        self.ctx = StepContext(
-            p=p,
-            model=model,
-            tokenizer=load_tokenizer(self.init),
-            generator=None,
-            updater=upd,
-            rows=[],
-            algorithm=algo,
-            reward_set=RewardSet([]),
-        )
+        self.run_spec = RunSpec(p, [], algo, p.steps * p.iterative.iterations)
+        self.models = Models(model, load_tokenizer(self.init), upd, None, RewardSet([]))
 
     def run(self, step: int) -> dict[str, Any]:
         """Replay one step (the weights must be those before it): its update's metrics and the comparison."""
-        from stages.rl.step import update
+        from stages.rl.loop import update
 
         table, meta = read_step(self.dir, step)
         cols = table.select(["weight_hash", "loss", "grad_norm", "iteration"]).slice(0, 1).to_pylist()[0]
-        h = weight_hash(self.ctx.model)
+        h = weight_hash(self.models.policy)
         if h != cols["weight_hash"]:
             raise PipelineError(
                 f"replay: the weights before step {step} are not the run's (hash {h} vs the ledger's "
                 f"{cols['weight_hash']}); replayed from {self.source}"
             )
-        self.ctx.iteration = int(cols["iteration"])
         batch, tg, lp = rebuild(table, meta)
-        m = update(self.ctx, batch, tg, lp)
+        m = update(self.run_spec, self.models, batch, tg, lp)
         return {
             "step": step,
             "loss_logged": cols["loss"],

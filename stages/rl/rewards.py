@@ -208,3 +208,4 @@ def rule_source(inputs: Any) -> RewardSet:
     """The ``rule`` reward source's scorer (stages/rl/sources/rule.py): the run's rule reward functions themselves,
     ``inputs.reward_set`` (``inputs``: stages.rl.sources.SourceInputs)."""
     return inputs.reward_set
+

@@ -326,6 +326,13 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
 
 
+def trim(ro: Rollout, idx: Tensor) -> tuple[Tensor, Tensor, int]:
+    """input_ids / attention_mask of rows ``idx`` with the completion trimmed to their longest; returns T'."""
+    t = int(ro.completion_mask[idx].sum(-1).max().clamp(min=1))
+    P = ro.prompt_len
+    return ro.input_ids[idx, : P + t], ro.attention_mask[idx, : P + t], t
+
+
 def truncation(p: Any) -> dict[str, Any]:
     """The grpo params' top-k / top-p as keywords of :func:`token_logprobs`: every log-prob of the loss is that of the
     distribution the sampler drew from (``logprobs_mode="processed"`` on the sampler's side)."""
@@ -396,3 +403,4 @@ def rollout_generator(p: Any, model: Any, tokenizer: Any, questions: list[str], 
     if p.rollout.vllm.tensor_parallel_size > 1:
         kw["tensor_parallel_size"] = p.rollout.vllm.tensor_parallel_size
     return make_generator("vllm", model, tokenizer, **kw)
+

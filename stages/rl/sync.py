@@ -7,8 +7,7 @@ jumped from 0.015 to 0.201; SkyRL #1680: MoE rollouts corrupted after the first 
 
 The probe: the first prompt row's rollout prompt (cot, the run's template) and ``grpo.sync.probe_tokens`` tokens
 sampled greedily by the generator from the start policy right after the first sync, fixed for the run. After each
-sync (:func:`sync_policy`, called by the driver before the first step of an iteration and by the step after each
-update) both sides score the probe teacher-forced at temperature 1 over the full vocabulary:
+sync (:func:`sync_policy`, called by the loop before the first step of an iteration and after each update) both sides score the probe teacher-forced at temperature 1 over the full vocabulary:
 
 - the sampler with its own weights and kernels: ``generator.score_ids`` (hf: the model it decodes with, by the
   trainer's own function stages.core.logprobs.completion_logprobs; vLLM: a prompt-log-prob pass of the engine);
@@ -87,45 +86,46 @@ def precision_of(updater: Any) -> str:
     return "bf16" if getattr(updater, "bf16", False) or getattr(updater, "autocast_bf16", False) else "fp32"
 
 
-def make_probe(ctx: Any) -> Probe | None:
+def make_probe(p: Any, rows: list[dict[str, Any]], models: Any) -> Probe | None:
     """The run's probe (module docstring) from the generator as it is now (just synced to the start policy), or None
     when the check is off, the generator cannot score, or the prompt leaves no room for a completion."""
-    p, gen = ctx.p, ctx.generator
+    gen = models.generator
     n = p.sync.probe_tokens
-    if not n or not ctx.rows or not callable(getattr(gen, "score_ids", None)):
+    if not n or not rows or not callable(getattr(gen, "score_ids", None)):
         return None
-    prompt = rollout_prompt(ctx.rows[0]["question"], "cot", p.template, ctx.tokenizer)
-    prompt_ids = tokenize_prompts(ctx.tokenizer, [prompt])[0]
+    prompt = rollout_prompt(rows[0]["question"], "cot", p.template, models.tokenizer)
+    prompt_ids = tokenize_prompts(models.tokenizer, [prompt])[0]
     (c,) = gen.generate_ids([prompt_ids], SamplingParams(temperature=0.0, max_new_tokens=n))[0]
     if not c.token_ids:
         return None
-    backend, precision = backend_of(gen), precision_of(ctx.updater)
+    backend, precision = backend_of(gen), precision_of(models.updater)
     tol = float(getattr(p.sync.tolerance, f"{backend}_{precision}"))
     return Probe(list(prompt_ids), list(c.token_ids), backend, precision, tol)
 
 
-def probe_logprobs(ctx: Any, probe: Probe) -> tuple[torch.Tensor, torch.Tensor]:
+def probe_logprobs(models: Any, probe: Probe) -> tuple[torch.Tensor, torch.Tensor]:
     """(sampler, trainer) float64 log-probs of the probe's completion tokens (module docstring)."""
-    sampler = torch.tensor(ctx.generator.score_ids([probe.prompt_ids], [probe.completion_ids])[0], dtype=torch.float64)
-    model = ctx.model
+    sampler = torch.tensor(models.generator.score_ids([probe.prompt_ids], [probe.completion_ids])[0],
+                           dtype=torch.float64)
+    model = models.policy
     if probe.backend == "hf" and lora.has_lora(model):
         # a LoRA policy's hf sampler decodes with its merged weights (stages/rl/lora.py): the trainer side scores the
         # same merge of the trainer's current adapter, so hf fp32 stays bit for bit when the sync took effect
         model = lora.merged_model(model)
     was_training = model.training
     model.eval()
-    ids = torch.tensor([probe.prompt_ids + probe.completion_ids], dtype=torch.long, device=ctx.device)
+    ids = torch.tensor([probe.prompt_ids + probe.completion_ids], dtype=torch.long, device=models.device)
     try:
-        with torch.inference_mode(), ctx.updater.autocast():
+        with torch.inference_mode(), models.updater.autocast():
             trainer, _ = completion_logprobs(model, ids, torch.ones_like(ids), len(probe.prompt_ids), 1.0)
     finally:
         model.train(was_training)
     return sampler, trainer[0].double().cpu()
 
 
-def check(ctx: Any, probe: Probe, before_step: int) -> float:
+def check(models: Any, probe: Probe, before_step: int) -> float:
     """The probe's max |sampler - trainer| log-prob difference; :class:`WeightSyncError` above the tolerance."""
-    sampler, trainer = probe_logprobs(ctx, probe)
+    sampler, trainer = probe_logprobs(models, probe)
     diff = (sampler - trainer).abs()
     worst = float(diff.max()) if not torch.isnan(diff).any() else math.nan
     if not worst <= probe.tolerance:  # NaN fails too
@@ -140,11 +140,11 @@ def check(ctx: Any, probe: Probe, before_step: int) -> float:
     return worst
 
 
-def sync_policy(ctx: Any, before_step: int) -> dict[str, float]:
+def sync_policy(run: Any, models: Any, before_step: int) -> dict[str, float]:
     """Wake the generator, load the policy's weights into it and check the probe (the run's probe is made at the
-    first call and kept in ``ctx.cache``); returns ``{"sync_probe_max_abs": difference}`` (empty without a
+    first call and kept in ``models.probe``); returns ``{"sync_probe_max_abs": difference}`` (empty without a
     probe). A generator of None (replay) does nothing."""
-    gen = ctx.generator
+    gen = models.generator
     if gen is None:
         return {}
     wake = getattr(gen, "wake_up", None)
@@ -153,10 +153,9 @@ def sync_policy(ctx: Any, before_step: int) -> dict[str, float]:
     if before_step in _PLANTED:
         log.warning("test hook: the weight sync before step %d is skipped", before_step)
     else:
-        gen.sync_weights(ctx.model)
-    if "sync_probe" not in ctx.cache:
-        ctx.cache["sync_probe"] = make_probe(ctx)
-    probe = ctx.cache["sync_probe"]
-    if probe is None:
+        gen.sync_weights(models.policy)
+    if models.probe is None:
+        models.probe = make_probe(run.p, run.rows, models) or False  # False: made, and there is none
+    if not models.probe:
         return {}
-    return {"sync_probe_max_abs": check(ctx, probe, before_step)}
+    return {"sync_probe_max_abs": check(models, models.probe, before_step)}

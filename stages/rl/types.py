@@ -1,12 +1,17 @@
-"""What the RL step's phases pass along (stages/rl/step.py), in one module that the step, the algorithms
-(stages/rl/algorithms.py) and the driver (stages/rl/run.py) all import and that imports none of them.
+"""What the RL loop (stages/rl/loop.py) works with and what its phases pass along, in one module below the loop, the
+algorithms (stages/rl/algorithms.py) and the recipes (stages/rl/recipes.py):
 
-- :class:`StepContext`: everything a run's steps work with, built once by :func:`stages.rl.run.setup`;
-- :class:`Batch` (phase 1), :class:`Targets` with its :class:`RewardStats` (phase 3), :class:`LogProbs` (phase 4).
+- :class:`RunSpec`: what the run is, fixed from setup to the end (the params, the prompts, the strategy, where it
+  reports); :class:`Models`: what the steps compute with (the policy and its update path, the sampler, the reference,
+  the reward scorers, PPO's value model, RFT's pool); :class:`LoopState`: what the loop carries from step to step
+  and a checkpoint restores;
+- per step: :class:`Batch` (the sampled outputs), :class:`Targets` with its :class:`RewardStats` (advantages or
+  gradient coefficients and the loss mask), :class:`LogProbs` (pi_old, pi_ref, the values).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +23,74 @@ from torch import Tensor
 from stages.rl.paradigm import RftPool
 from stages.rl.rewards import RewardSet, RewardSource
 from stages.rl.rollout import Rollout
-from stages.rl.value import Critic
 from stages.train.update import Updater
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the run is: ``p`` (the grpo params), the prompt ``rows``, the ``algorithm`` (a strategy of
+    stages/rl/algorithms.py), the run's steps over all iterations, and what it reports to: the held-out and
+    validation evaluations (stages/rl/heldout.py, stages/rl/validation.py), the per-step dvclive log
+    (stages/rl/tracking.py), the rollout ledger (stages/rl/ledger.py) and ``on_step`` (called with each row); each
+    None when off."""
+
+    p: Any
+    rows: list[Row]
+    algorithm: Any
+    total_steps: int
+    heldout: Any = None
+    validation: Any = None
+    tracker: Any = None
+    ledger: Any = None
+    on_step: Callable[[Row], None] | None = None
+
+
+@dataclass
+class Models:
+    """What a step computes with: the ``policy`` (trained in place), its ``updater`` and ``tokenizer``, the rollout
+    ``generator``, the rule ``reward_set`` (the rule reward, and the accuracy metric with every source), the reward
+    source's ``scorer`` (for rule, the reward set itself), the frozen ``reference`` (pi_ref) or None, PPO's
+    ``critic`` or None, the ``reward_model`` of a reward-model source (and the examples it was trained on), RFT's
+    offline ``pool``, the ``sandbox`` threads of pot / tir rollouts, the sync check's ``probe`` (None until the first
+    sync makes it; False: no check), and ``offload`` (the reference and reward models in CPU memory while idle)."""
+
+    policy: Any
+    tokenizer: Any
+    updater: Updater
+    generator: Any
+    reward_set: RewardSet
+    scorer: RewardSource | None = None
+    reference: Any = None
+    critic: Any = None
+    reward_model: Any = None
+    rm_examples: list[Row] = field(default_factory=list)
+    pool: RftPool | None = None
+    sandbox: Executor | None = None
+    probe: Any = None
+    offload: bool = False
+
+    @property
+    def device(self) -> torch.device:
+        return self.updater.device
+
+
+@dataclass
+class LoopState:
+    """What the loop carries and a checkpoint restores: ``step`` (the next one), ``iteration`` (Algorithm 1's, from
+    1), ``history`` (a metrics row per step), ``samples`` (the completion tables), ``info`` (run facts for the stage
+    metrics), the pass-rate ``curriculum`` or None, the checkpoint directory ``ckpt_dir`` or None, and ``resumed``:
+    the iteration checkpoint a restarted run continues from, until PPO's value model has read its optimizer state."""
+
+    step: int = 0
+    iteration: int = 1
+    history: list[Row] = field(default_factory=list)
+    samples: list[Row] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    curriculum: Any = None
+    ckpt_dir: Path | None = None
+    resumed: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -42,7 +113,7 @@ class RewardStats:
 
 @dataclass(frozen=True)
 class Targets:
-    """What the update trains towards (phase 3 of the step; N outputs, T completion tokens).
+    """What the update trains towards (N outputs, T completion tokens).
 
     loss_mask: (N, T) tokens in the loss (0 for excluded outputs). weights: per output (N,) or per token (N, T), the
     advantages (policy-gradient losses) or gradient coefficients (the nll loss); None until ``finish_targets``
@@ -64,7 +135,7 @@ class Targets:
 
 @dataclass
 class Batch:
-    """Phase 1: the step, this rank's question indices and their outputs (None when rft kept nothing for the step)."""
+    """The step, this rank's question indices and their outputs (None when rft kept nothing for the step)."""
 
     step: int
     questions: list[int]
@@ -73,67 +144,9 @@ class Batch:
 
 @dataclass
 class LogProbs:
-    """Phase 4, (N, T) each: pi_old (None: the update's first forward is pi_old), pi_ref (None: no reference) and the
-    value model's V(s_t) at sampling time (None: no value model)."""
+    """(N, T) each: pi_old (None: the update's first forward is pi_old), pi_ref (None: no reference) and the value
+    model's V(s_t) at sampling time (None: no value model)."""
 
     old: Tensor | None
     ref: Tensor | None
     values: Tensor | None
-
-
-@dataclass
-class StepContext:
-    """What every step of a run works with, built once by :func:`stages.rl.run.setup`.
-
-    What a step computes with: p (the grpo params), the policy ``model`` and its ``updater``, the rollout
-    ``generator``, the prompt ``rows``, the ``algorithm`` (a strategy of stages/rl/algorithms.py), the rule
-    ``reward_set`` (the accuracy metric with every source) and the reward ``source`` (stages/rl/sources/; for rule,
-    the reward set itself), ``ref_model`` (pi_ref or None), ``critic`` (PPO's value model or None), ``pool`` (rft's
-    offline samples), ``offload`` (reference / reward model in CPU memory while idle) and ``sandbox_pool`` (the
-    threads that run pot / tir programs, or None).
-
-    What the loop keeps (:func:`stages.rl.run.train`): ``history`` (a metrics row per step), ``samples`` (the
-    completion tables), ``info`` (run facts for the stage metrics), ``heldout`` (the held-out evaluation, or None),
-    ``ckpt_dir`` (resumable checkpoints, or None), ``total_steps`` (the run's steps over all iterations),
-    ``on_step`` (called with each row), ``step`` (the next step to run), ``iteration`` (Algorithm 1's, from 1),
-    ``cache`` (what iterations continue with: rft's pool, PPO's value model), and with a reward-model source the
-    ``reward_model`` and the examples it was trained on (``rm_examples``); ``curriculum``: the pass-rate curriculum
-    (stages.rl.curriculum.PassRateCurriculum) when ``grpo.curriculum`` is on, else None; ``ledger``: the rollout
-    ledger's writer (stages/rl/ledger.py) or None."""
-
-    p: Any
-    model: Any
-    tokenizer: Any
-    generator: Any
-    updater: Updater
-    rows: list[dict[str, Any]]
-    algorithm: Any
-    reward_set: RewardSet
-    source: RewardSource | None = None
-    ref_model: Any = None
-    critic: Critic | None = None
-    pool: RftPool | None = None
-    offload: bool = False
-    sandbox_pool: Executor | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    heldout: Any = None
-    ckpt_dir: Path | None = None
-    total_steps: int = 0
-    on_step: Any = None
-    step: int = 0
-    iteration: int = 1
-    cache: dict[str, Any] = field(default_factory=dict)
-    reward_model: Any = None
-    rm_examples: list[dict[str, Any]] = field(default_factory=list)
-    validation: Any = None
-    """The validation split's evaluations and best checkpoints (stages/rl/validation.py), or None."""
-    tracker: Any = None
-    """The per-step dvclive log (stages/rl/tracking.py), or None."""
-    curriculum: Any = None
-    ledger: Any = None
-
-    @property
-    def device(self) -> torch.device:
-        return self.updater.device

@@ -74,19 +74,14 @@ class Critic:
         return token_values(fwd, input_ids.to(dev), attention_mask.to(dev), prompt_len)
 
 
-def make_critic(policy: Any, p: Any, cache: dict[str, Any]) -> Critic:
+def make_critic(policy: Any, p: Any, resume: dict[str, Any] | None = None) -> Critic:
     """PPO's value model (``grpo.ppo.value_init``, from ``policy`` or data/models/reward_model) and its updater (AdamW
-    at ``grpo.ppo.value_lr``, the policy's update path), kept in ``cache["critic"]`` so that later iterations
-    (Algorithm 1) continue with it; a run resumed after an iteration loads its optimizer from
-    ``cache["critic_resume"]`` (stages.rl.iterative)."""
-    if cache.get("critic") is not None:
-        return cache["critic"]
+    at ``grpo.ppo.value_lr``, the policy's update path); ``resume``: a checkpoint's state to load its optimizer from
+    (a run restarted after an iteration: stages.rl.iterative)."""
     ppo = p.ppo
     vm = init_value_model(policy, ppo.value_init, paths.REWARD_MODEL)
     enable_checkpointing(vm, p.compute.gradient_checkpointing)
     critic = Critic(vm, rl_updater(vm, p, lr=ppo.value_lr), ppo.value_clip)
-    cache["critic"] = critic
-    resume = cache.pop("critic_resume", None)
     if resume is not None:
         load_updaters(resume, {"critic": critic.updater})
     return critic

@@ -7,7 +7,9 @@ start model, data, steps), then ``rollout`` (sampling), ``reward`` (where reward
 reward-model updates share the reward_model section's schema), ``baseline``, ``heldout``, ``compute`` (threads,
 precision, memory switches) and the launch (``deepspeed``, ``launcher``). A name means one thing in every section
 (``max_grad_norm``, ``lr``, ``micro_batch_size``, ``exec_workers`` ...). Registry-valued fields (algorithm,
-advantage.estimator, loss.policy, reward.source) are checked against stages/rl/registry.py without importing torch.
+advantage.estimator, loss.policy, reward.source, correction.method) are checked against the registries without
+importing torch; a registered policy loss's settings block (``loss.<name>``) is its own settings class
+(:func:`with_entry_blocks`).
 
 :data:`MOVED` maps the flat names of the layout before issue 30 to their place here: an old key is a one-line error
 naming its new path, and :func:`from_flat` rewrites an old mapping (tests/rl/golden reads its records with it).
@@ -18,15 +20,16 @@ from __future__ import annotations
 import copy
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
+from stages.rl.advantages import ADVANTAGE_ESTIMATORS
+from stages.rl.losses import POLICY_LOSSES, CispoSettings
 from stages.rl.needs import check_run
-from stages.rl.registry import ADVANTAGE_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, Registry
+from stages.rl.registry import ALGORITHMS, Registry
 from stages.rl.sources import REWARD_SOURCES
 from stages.schema.base import RUNTIME, DataPath, Fraction, NonNegInt, PosFloat, PosInt, Section, TimeoutS, Workers
 from stages.schema.grpo_lora import GrpoLoraParams, check_lora
 from stages.schema.grpo_recipes import (
-    GrpoCispoParams,
     GrpoCurriculumParams,
     GrpoDynamicSamplingParams,
     GrpoOverlongParams,
@@ -215,7 +218,7 @@ class GrpoAdvantageParams(Section):
     """Advantages from the rewards (algorithms grpo / ppo; stages/rl/advantages.py)."""
 
     estimator: str
-    """A registered advantage estimator (stages/rl/registry.py ADVANTAGE_ESTIMATORS): grpo = group-relative (outcome
+    """A registered advantage estimator (stages/rl/advantages.py ADVANTAGE_ESTIMATORS): grpo = group-relative (outcome
     or process supervision by the reward source; paper 4.1.2-4.1.3), rloo = leave-one-out baseline (not in the
     paper), gae = PPO's generalised advantage estimation (ppo needs it, grpo cannot use it: it has no value model).
     Unused by sft / rft / online_rft."""
@@ -236,7 +239,7 @@ class GrpoLossParams(Section):
     """The policy loss and which tokens it counts (stages/rl/losses.py)."""
 
     policy: str
-    """A registered policy loss (stages/rl/registry.py POLICY_LOSSES) for grpo / ppo: clipped = the clipped surrogate
+    """A registered policy loss (stages/rl/losses.py POLICY_LOSSES) for grpo / ppo: clipped = the clipped surrogate
     (eq. 1 / 3; grpo adds kl.beta x k3 KL to it); gspo = the clipped surrogate on the length-normalised sequence ratio
     (GSPO; its clip range is clip_eps / clip_eps_high, the paper's 3e-4 / 4e-4); cispo = REINFORCE with clipped
     stop-gradient IS weights (CISPO; bounds in ``cispo``). sft / rft / online_rft always use the SFT loss (nll; their
@@ -255,7 +258,7 @@ class GrpoLossParams(Section):
     every output before issue 21, when no rollout ran a program; the tiny default keeps it). false: only the tool
     loop's injected tokens are masked, by provenance, and every token the policy wrote trains (an unbiased policy
     gradient). TIR outputs are masked by provenance either way."""
-    cispo: GrpoCispoParams
+    cispo: CispoSettings
     """The weight bounds of ``policy: cispo`` (unused by the other losses)."""
     entropy_coef: NonNegFloat
     """Entropy bonus: coef x the entropy of the policy's full next-token distribution (at the sampling temperature,
@@ -266,6 +269,29 @@ class GrpoLossParams(Section):
     @classmethod
     def _known_loss(cls, v: str) -> str:
         return _registered(POLICY_LOSSES, v)
+
+
+def with_entry_blocks(model: type[Section], registry: Registry[Any]) -> type[Section]:
+    """``model`` with a field per registered entry that has a settings class: named after the entry, of that class
+    (its docstring the field's; a default when every setting has one), unless the model already declares it with that
+    class (keeping the params' order)."""
+    new: dict[str, Any] = {}
+    for name in registry.names():
+        settings = registry.spec(name).settings
+        if settings is None:
+            continue
+        if name in model.model_fields:
+            assert model.model_fields[name].annotation is settings, f"{model.__name__}.{name}: use {settings.__name__}"
+            continue
+        try:  # a settings class whose every field has a default gives a block that may be left out
+            default: dict[str, Any] = {"default_factory": settings} if settings() is not None else {}
+        except ValueError:
+            default = {}
+        new[name] = (settings, Field(description=(settings.__doc__ or "").strip(), **default))
+    return create_model(model.__name__, __base__=model, __module__=model.__module__, **new) if new else model
+
+
+GrpoLossParams = with_entry_blocks(GrpoLossParams, POLICY_LOSSES)  # type: ignore[misc]
 
 
 class GrpoKlParams(Section):
@@ -279,7 +305,7 @@ class GrpoKlParams(Section):
 
 class GrpoOptimParams(Section):
     """The policy update: AdamW at a constant learning rate, ``mu`` passes over each rollout batch, each split into
-    ``minibatches`` optimizer steps accumulated over micro-batches (stages/rl/step.py phase 5)."""
+    ``minibatches`` optimizer steps accumulated over micro-batches (stages/rl/loop.py ``update``)."""
 
     lr: NonNegFloat
     """Policy learning rate, AdamW, constant (paper: 1e-6). 0 freezes the policy: a diagnostic run whose

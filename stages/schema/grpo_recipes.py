@@ -1,8 +1,8 @@
 """Schema of the grpo section's groups for today's RL recipes (issue 32), not in the DeepSeekMath paper: DAPO's
 dynamic sampling with refill (``grpo.dynamic_sampling``) and soft overlong penalty (``grpo.reward.overlong``), the
-CISPO loss's weight bounds (``grpo.loss.cispo``), the pass-rate curriculum (``grpo.curriculum``). Each is off at its
-neutral value, so the paper's GRPO (the default) is unchanged. The GSPO / CISPO losses are values of
-``grpo.loss.policy`` (stages/rl/registry.py), the entropy bonus is ``grpo.loss.entropy_coef``.
+pass-rate curriculum (``grpo.curriculum``). Each is off at its neutral value, so the paper's GRPO (the default) is
+unchanged. The GSPO / CISPO losses are values of ``grpo.loss.policy`` (stages/rl/losses.py; CISPO's weight bounds,
+``grpo.loss.cispo``, are its settings class there), the entropy bonus is ``grpo.loss.entropy_coef``.
 
 :func:`check_recipes` is the cross-field check of these groups against the rest of the section (called by
 stages.schema.grpo.GrpoParams's validator); it asks the registries' specs, so validating imports no torch.
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from stages.rl.registry import ALGORITHMS
-from stages.schema.base import NonNegInt, PosFloat, PosInt, Section
+from stages.schema.base import NonNegInt, PosInt, Section
 
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 
@@ -31,22 +31,6 @@ class GrpoOverlongParams(Section):
     buffer_len: NonNegInt
     """L_cache, the tokens before the limit over which the penalty ramps from 0 to -factor (DAPO: 4096 of 20480;
     verl overlong_buffer.len); 0 = only an output cut at the limit is penalised. At most rollout.max_new_tokens."""
-
-
-class GrpoCispoParams(Section):
-    """The clipped importance-sampling weight of ``loss.policy: cispo`` (MiniMax-M1, arXiv:2506.13585, section 3.1;
-    stages.rl.losses.cispo_loss): sg(clip(ratio, min_ratio, max_ratio)) x A x log pi."""
-
-    max_ratio: PosFloat
-    """Upper bound of the weight (TRL loss_type cispo: epsilon_high, recommended 5.0; verl: 1 + clip_ratio_high)."""
-    min_ratio: NonNegFloat | None
-    """Lower bound of the weight; null = none (the paper and TRL; verl: 1 - clip_ratio_low)."""
-
-    @model_validator(mode="after")
-    def _bounds(self) -> GrpoCispoParams:
-        if self.min_ratio is not None and self.min_ratio > self.max_ratio:
-            raise ValueError(f"min_ratio ({self.min_ratio}) is above max_ratio ({self.max_ratio}); lower it, or null")
-        return self
 
 
 class GrpoDynamicSamplingParams(Section):

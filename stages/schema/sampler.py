@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from stages.rl.registry import CORRECTIONS, POLICY_LOSSES
+from stages.rl.corrections import CORRECTIONS
+from stages.rl.losses import POLICY_LOSSES
 from stages.schema.base import NonNegInt, Section
 
 NonNegFloat = Annotated[float, Field(ge=0.0)]
@@ -23,7 +24,7 @@ class GrpoCorrectionParams(Section):
     GRPO. The KL term is not re-weighted (TRL, verl)."""
 
     method: str
-    """A registered correction (stages/rl/registry.py CORRECTIONS): none (the paper's GRPO), tis (token, truncated:
+    """A registered correction (stages/rl/corrections.py CORRECTIONS): none (the paper's GRPO), tis (token, truncated:
     TRL token_truncate, verl rollout_is token), mis (token, masked: TRL token_mask, IcePop), seq-tis (sequence,
     truncated), seq-mis (sequence, masked), seq-mask-tis (token weights, sequences masked by their geometric-mean
     ratio: OpenRLHF / NeMo-RL)."""

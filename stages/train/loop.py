@@ -34,7 +34,7 @@ from stages.train.data import BatchSource
 from stages.train.ds_config import deepspeed_config
 from stages.train.losses import lm_nll_sum
 from stages.train.schedule import lr_factor
-from stages.train.update import Updater, use_deepspeed
+from stages.train.update import Updater, use_bf16, use_deepspeed
 
 EvalFn = Callable[[torch.nn.Module], float]
 
@@ -48,14 +48,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def use_bf16(precision: str, device: torch.device) -> bool:
-    """Whether to train with bf16: ``bf16`` always, ``fp32`` never, ``auto`` where bf16 matmuls are fast
-    (CUDA with bf16 support; CPUs with AMX tiles, whose oneDNN kernels run bf16 matmuls on AMX)."""
-    from stages.core.hardware import resolve_precision
-
-    return resolve_precision(precision, device) == "bf16"
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -183,16 +175,156 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
           fault_hook: Callable[[int], None] | None = None) -> TrainResult:
     """Train ``model`` in place for ``p.steps`` optimizer steps, resuming from ``run_dir`` when it holds a checkpoint.
 
-    Each step draws ``micro_batch_size * grad_accum * world_size`` rows; every rank scores its slice and the
-    loss is token-weighted over the whole step (``sum nll / target tokens of the step``). A step whose loss
-    or gradient norm is not finite is skipped (no parameter update, counted; the LR schedule still advances).
-    ``eval_fn(model) -> loss`` runs every ``eval_every`` steps and at the end; with ``keep_best`` the weights
-    of the lowest eval loss are kept (``run_dir/best``) and loaded into ``model`` before returning.
-    DeepSpeed is used when ``p.deepspeed.enabled`` or when launched by deepspeed/torchrun.
-    ``fault_hook(step)`` is called before each step (tests inject faults with it).
-    """
+    Each step draws ``micro_batch_size * grad_accum * world_size`` rows; every rank scores its slice and the loss is
+    token-weighted over the whole step (:func:`_optimizer_step`; a non-finite loss or gradient norm skips the update,
+    counted; the LR schedule still advances). ``eval_fn(model) -> loss`` runs every ``eval_every`` steps and at the
+    end; with ``keep_best`` the lowest eval loss's weights are loaded into ``model`` before returning. DeepSpeed when
+    ``p.deepspeed.enabled`` or launched by deepspeed / torchrun. ``fault_hook(step)`` runs before each step (tests)."""
     run_dir = Path(run_dir)
     threads.use(p.num_threads)  # at most num_threads, fewer while other work competes (stages/core/threads.py)
+    upd, bf16 = _updater(model, p)
+    engine, rank, world = upd.engine, upd.rank, upd.world
+    zero_stage = p.deepspeed.zero_stage if engine is not None else 0
+    net: torch.nn.Module = engine.module if engine is not None else model
+    autocast_bf16 = bf16 and engine is None  # DeepSpeed's bf16 mode replaces autocast
+    adapt = threads.training_adapts(autocast_bf16=autocast_bf16, fixed_shape=bool(getattr(data, "fixed_shape", False)),
+                                    deepspeed=engine is not None)
+    is_main = rank == 0
+    state = _start_state(run_dir, upd, data, is_main)
+    start = int(state["step"])
+    side = _SideWork(run_dir, upd, data, state, is_main, eval_fn, net, zero_stage, keep_best)
+    log = _StepLog(p, start, desc, is_main)
+    t0, tokens0 = time.perf_counter(), state["tokens"]
+    for step in range(start, p.steps):
+        threads.step(adapt=adapt)  # float32 under strict MKL and bf16 of one shape follow the load (threads.TRAINING)
+        if fault_hook is not None:
+            fault_hook(step)
+        big = data.next_batch(p.micro_batch_size * p.grad_accum * world)
+        n_target = int((big["labels"][:, 1:] != -100).sum())
+        mine = {k: v[rank::world] for k, v in big.items()} if world > 1 else big
+        step_loss, grad_norm, bad = _optimizer_step(upd, mine, n_target, p, autocast_bf16)
+        n_tok = int(big["input_ids"].numel())
+        state.update(step=step + 1, skipped=state["skipped"] + int(bad), tokens=state["tokens"] + n_tok,
+                     target_tokens=state["target_tokens"] + n_target)
+        log.step(step + 1, None if bad else step_loss, grad_norm, upd.scheduler.get_last_lr()[0], n_tok, state)
+        with log.paused():  # logged tokens/s counts training steps only
+            if (p.eval_every and (step + 1) % p.eval_every == 0) or step + 1 == p.steps:
+                side.evaluate(step + 1)
+            if (p.checkpoint_every and (step + 1) % p.checkpoint_every == 0) or step + 1 == p.steps:
+                side.save(step + 1)
+    log.bar.close()
+    wall = time.perf_counter() - t0
+    if start == p.steps and eval_fn is not None and not state["evals"]:
+        side.evaluate(p.steps)
+    if keep_best and (run_dir / "best" / "model.safetensors").is_file():
+        sd = load_file(str(run_dir / "best" / "model.safetensors"))
+        with gathered_params(net, zero_stage):
+            net.load_state_dict(sd, strict=False)
+    if engine is not None:
+        torch.distributed.barrier()
+    return TrainResult(
+        total_steps=p.steps, start_step=start, steps_run=p.steps - start, skipped_steps=int(state["skipped"]),
+        tokens=int(state["tokens"] - tokens0), target_tokens=int(state["target_tokens"]), train_wall_s=wall,
+        eval_wall_s=side.timers["eval"], checkpoint_wall_s=side.timers["checkpoint"],
+        precision="bf16" if bf16 else "fp32", history=list(state["history"]), evals=list(state["evals"]),
+        best_eval_loss=state["best_eval_loss"], best_step=state["best_step"], run_dir=str(run_dir), world_size=world,
+        zero_stage=zero_stage,
+    )
+
+
+def _start_state(run_dir: Path, upd: Updater, data: BatchSource, is_main: bool) -> dict[str, Any]:
+    """The loop's state: from the latest checkpoint in ``run_dir`` (its update state and the data's position
+    restored), else a fresh one."""
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    latest = ck.latest_checkpoint(run_dir)
+    if latest is not None:
+        return _load_checkpoint(latest, upd, data)
+    return {"step": 0, "skipped": 0, "tokens": 0, "target_tokens": 0, "history": [], "evals": [],
+            "best_eval_loss": None, "best_step": None}
+
+
+class _StepLog:
+    """The loss window, tokens per second and the progress bar: a history row every ``p.log_every`` steps (and the
+    last); :meth:`paused` leaves time spent evaluating and checkpointing out of tokens per second."""
+
+    def __init__(self, p: TrainLoopParams, start: int, desc: str, is_main: bool) -> None:
+        self.p, self.window, self.tok_w, self.tw = p, [], 0, time.perf_counter()
+        self.bar = tqdm(total=p.steps, initial=start, desc=desc, disable=not is_main, mininterval=2.0,
+                        dynamic_ncols=True)
+        self.live = Throughput()  # cores used and load beside tokens/s: why a step is slow
+
+    def step(self, done: int, loss: float | None, grad_norm: float, lr: float, n_tok: int,
+             state: dict[str, Any]) -> None:
+        """After step ``done`` (``loss`` None: skipped)."""
+        self.tok_w += n_tok
+        if loss is not None:
+            self.window.append(loss)
+        if done % self.p.log_every == 0 or done == self.p.steps:
+            now = time.perf_counter()
+            rec = {"step": done, "loss": float(np.mean(self.window)) if self.window else float("nan"), "lr": lr,
+                   "grad_norm": grad_norm, "tokens_per_s": self.tok_w / max(now - self.tw, 1e-9),
+                   "skipped": state["skipped"]}
+            state["history"].append(rec)
+            rate = self.live.tick()
+            self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}",
+                                 cores=f"{rate['cores']:.1f}", load=f"{rate['load']:.1f}")
+            self.window, self.tw, self.tok_w = [], now, 0
+        self.bar.update(1)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.tw += time.perf_counter() - t
+
+
+class _SideWork:
+    """Evaluations (``eval_fn``; with ``keep_best`` the best weights to ``run_dir/best``) and checkpoints of the
+    loop, each timed (``timers``)."""
+
+    def __init__(self, run_dir: Path, upd: Updater, data: BatchSource, state: dict[str, Any], is_main: bool,
+                 eval_fn: EvalFn | None, net: torch.nn.Module, zero_stage: int, keep_best: bool) -> None:
+        self.run_dir, self.upd, self.data, self.state, self.is_main = run_dir, upd, data, state, is_main
+        self.eval_fn, self.net, self.zero_stage, self.keep_best = eval_fn, net, zero_stage, keep_best
+        self.timers = {"eval": 0.0, "checkpoint": 0.0}
+
+    def save(self, step: int) -> None:
+        t = time.perf_counter()
+        _save_checkpoint(self.run_dir, step, self.upd, self.data, self.state, self.is_main)
+        self.timers["checkpoint"] += time.perf_counter() - t
+
+    def evaluate(self, step: int) -> None:
+        if self.eval_fn is None:
+            return
+        t = time.perf_counter()
+        try:
+            self._evaluate(step)
+        finally:
+            self.timers["eval"] += time.perf_counter() - t
+
+    def _evaluate(self, step: int) -> None:
+        assert self.eval_fn is not None
+        state = self.state
+        with gathered_params(self.net, self.zero_stage):
+            loss = float(self.eval_fn(self.net))
+        state["evals"].append({"step": step, "eval_loss": loss})
+        if self.keep_best and math.isfinite(loss) and (state["best_eval_loss"] is None or
+                                                       loss < state["best_eval_loss"]):
+            state["best_eval_loss"], state["best_step"] = loss, step
+            sd = full_state_dict(self.net, self.zero_stage)
+            if self.is_main:
+                with atomic_path(self.run_dir / "best") as tmp:
+                    tmp.mkdir()
+                    save_file(sd, str(tmp / "model.safetensors"))
+
+
+def _updater(model: torch.nn.Module, p: TrainLoopParams) -> tuple[Updater, bool]:
+    """``model`` on this rank's device in training mode (no KV cache, checkpointing per ``p``) and its update path:
+    AdamW with the LR schedule, clipping, DeepSpeed when enabled or launched by deepspeed / torchrun; and whether it
+    trains in bf16."""
     device = train_device()
     bf16 = use_bf16(p.precision, device)
     seed_everything(p.seed)
@@ -205,134 +337,33 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
     upd = Updater(model, optimizer=opt, scheduler=make_scheduler(opt, p),
                   max_grad_norm=p.max_grad_norm if p.max_grad_norm > 0 else float("inf"),
                   deepspeed=deepspeed_config(p, bf16=bf16) if use_deepspeed(p.deepspeed.enabled) else None)
-    opt, sched, engine, device = upd.optimizer, upd.scheduler, upd.engine, upd.device
-    rank, world = upd.rank, upd.world
-    zero_stage = p.deepspeed.zero_stage if engine is not None else 0
-    net: torch.nn.Module = engine.module if engine is not None else model
-    autocast_bf16 = bf16 and engine is None  # DeepSpeed's bf16 mode replaces autocast
-    adapt = threads.training_adapts(autocast_bf16=autocast_bf16, fixed_shape=bool(getattr(data, "fixed_shape", False)),
-                                    deepspeed=engine is not None)
-    is_main = rank == 0
+    return upd, bf16
 
-    state: dict[str, Any] = {"step": 0, "skipped": 0, "tokens": 0, "target_tokens": 0, "history": [], "evals": [],
-                             "best_eval_loss": None, "best_step": None}
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    latest = ck.latest_checkpoint(run_dir)
-    if latest is not None:
-        state = _load_checkpoint(latest, upd, data)
-    start = int(state["step"])
 
-    timers = {"eval": 0.0, "checkpoint": 0.0}
-
-    def save(step: int) -> None:
-        t = time.perf_counter()
-        _save_checkpoint(run_dir, step, upd, data, state, is_main)
-        timers["checkpoint"] += time.perf_counter() - t
-
-    def evaluate(step: int) -> None:
-        if eval_fn is None:
-            return
-        t = time.perf_counter()
-        try:
-            _evaluate(step)
-        finally:
-            timers["eval"] += time.perf_counter() - t
-
-    def _evaluate(step: int) -> None:
-        assert eval_fn is not None
-        with gathered_params(net, zero_stage):
-            loss = float(eval_fn(net))
-        state["evals"].append({"step": step, "eval_loss": loss})
-        if keep_best and math.isfinite(loss) and (state["best_eval_loss"] is None or loss < state["best_eval_loss"]):
-            state["best_eval_loss"], state["best_step"] = loss, step
-            sd = full_state_dict(net, zero_stage)
-            if is_main:
-                with atomic_path(run_dir / "best") as tmp:
-                    tmp.mkdir()
-                    save_file(sd, str(tmp / "model.safetensors"))
-
-    rows_per_micro = p.micro_batch_size
-    t0 = time.perf_counter()
-    tokens0 = state["tokens"]
-    bar = tqdm(total=p.steps, initial=start, desc=desc, disable=not is_main, mininterval=2.0, dynamic_ncols=True)
-    window: list[float] = []
-    tw = time.perf_counter()
-    tok_w = 0
-    live = Throughput()  # cores used and load beside tokens/s: why a step is slow
-    for step in range(start, p.steps):
-        threads.step(adapt=adapt)  # float32 under strict MKL and bf16 of one shape follow the load (threads.TRAINING)
-        if fault_hook is not None:
-            fault_hook(step)
-        big = data.next_batch(rows_per_micro * p.grad_accum * world)
-        n_target = int((big["labels"][:, 1:] != -100).sum())
-        mine = {k: v[rank::world] for k, v in big.items()} if world > 1 else big
-        step_loss = 0.0
-        bad = False
-        upd.zero_grad()
-        for a in range(p.grad_accum):
-            last = a == p.grad_accum - 1
-            if bad:  # DeepSpeed only (plain mode stops at a bad micro-batch): keep the ranks' backward counts equal
-                upd.dummy_backward(last=last)
-                continue
-            mb = {k: v[a * rows_per_micro:(a + 1) * rows_per_micro] for k, v in mine.items()}
-            nll, _ = forward_nll(upd.forward_model, mb, autocast_bf16, device, p.logprob_chunk_tokens)
-            loss = nll / max(n_target, 1)
-            if not torch.isfinite(loss):
-                bad = True
-                if engine is None:
-                    break
-                upd.dummy_backward(last=last)
-                continue
-            upd.backward(loss, last=last)
-            step_loss += float(loss.detach())
-        grad_norm, stepped = upd.step(bad)
-        bad = not stepped
-        if bad:
-            state["skipped"] += 1
-        lr = sched.get_last_lr()[0]
-        state["step"] = step + 1
-        n_tok = int(big["input_ids"].numel())
-        state["tokens"] += n_tok
-        state["target_tokens"] += n_target
-        tok_w += n_tok
-        if not bad:
-            window.append(step_loss)
-        if (step + 1) % p.log_every == 0 or step + 1 == p.steps:
-            now = time.perf_counter()
-            rec = {"step": step + 1, "loss": float(np.mean(window)) if window else float("nan"), "lr": lr,
-                   "grad_norm": grad_norm, "tokens_per_s": tok_w / max(now - tw, 1e-9), "skipped": state["skipped"]}
-            state["history"].append(rec)
-            rate = live.tick()
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}",
-                            cores=f"{rate['cores']:.1f}", load=f"{rate['load']:.1f}")
-            window, tw, tok_w = [], now, 0
-        bar.update(1)
-        last = step + 1 == p.steps
-        t_side = time.perf_counter()
-        if (p.eval_every and (step + 1) % p.eval_every == 0) or last:
-            evaluate(step + 1)
-        if (p.checkpoint_every and (step + 1) % p.checkpoint_every == 0) or last:
-            save(step + 1)
-        tw += time.perf_counter() - t_side  # logged tokens/s counts training steps only
-    bar.close()
-    wall = time.perf_counter() - t0
-    if start == p.steps and eval_fn is not None and not state["evals"]:
-        evaluate(p.steps)
-    if keep_best and (run_dir / "best" / "model.safetensors").is_file():
-        sd = load_file(str(run_dir / "best" / "model.safetensors"))
-        with gathered_params(net, zero_stage):
-            net.load_state_dict(sd, strict=False)
-    if engine is not None:
-        torch.distributed.barrier()
-    return TrainResult(
-        total_steps=p.steps, start_step=start, steps_run=p.steps - start, skipped_steps=int(state["skipped"]),
-        tokens=int(state["tokens"] - tokens0), target_tokens=int(state["target_tokens"]), train_wall_s=wall,
-        eval_wall_s=timers["eval"], checkpoint_wall_s=timers["checkpoint"],
-        precision="bf16" if bf16 else "fp32", history=list(state["history"]), evals=list(state["evals"]),
-        best_eval_loss=state["best_eval_loss"], best_step=state["best_step"], run_dir=str(run_dir), world_size=world,
-        zero_stage=zero_stage,
-    )
+def _optimizer_step(upd: Updater, mine: dict[str, torch.Tensor], n_target: int, p: TrainLoopParams,
+                    autocast_bf16: bool) -> tuple[float, float, bool]:
+    """One optimizer step over this rank's rows ``mine`` in ``p.grad_accum`` micro-batches, the loss token-weighted
+    over the step's ``n_target`` target tokens; returns (loss, gradient norm, skipped: a non-finite loss or norm)."""
+    rows_per_micro, step_loss, bad = p.micro_batch_size, 0.0, False
+    upd.zero_grad()
+    for a in range(p.grad_accum):
+        last = a == p.grad_accum - 1
+        if bad:  # DeepSpeed only (plain mode stops at a bad micro-batch): keep the ranks' backward counts equal
+            upd.dummy_backward(last=last)
+            continue
+        mb = {k: v[a * rows_per_micro:(a + 1) * rows_per_micro] for k, v in mine.items()}
+        nll, _ = forward_nll(upd.forward_model, mb, autocast_bf16, upd.device, p.logprob_chunk_tokens)
+        loss = nll / max(n_target, 1)
+        if not torch.isfinite(loss):
+            bad = True
+            if upd.engine is None:
+                break
+            upd.dummy_backward(last=last)
+            continue
+        upd.backward(loss, last=last)
+        step_loss += float(loss.detach())
+    grad_norm, stepped = upd.step(bad)
+    return step_loss, grad_norm, not stepped
 
 
 def _save_checkpoint(run_dir: Path, step: int, upd: Updater, data: BatchSource, state: dict[str, Any],

@@ -1,5 +1,5 @@
 """The one update path of every model that trains: the pretrain / sft loop (stages/train/loop.py), the RL policy and
-PPO's value model (stages/rl/step.py), the reward model (stages/rl/rm/train.py) and the continued-SFT baseline
+PPO's value model (stages/rl/update.py), the reward model (stages/rl/rm/train.py) and the continued-SFT baseline
 (stages/rl/baseline.py).
 
 :class:`Updater` owns a model's optimizer (and LR schedule, when given) and hides plain PyTorch versus a DeepSpeed
@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from stages.core.dist import all_reduce, init_distributed_env, launched_distributed, train_device
+from stages.core.hardware import resolve_precision
 
 
 class Updater:
@@ -224,6 +225,12 @@ def _is_tied(model: torch.nn.Module, key: str, saved: dict[str, torch.Tensor]) -
     sd = model.state_dict()
     ptr = sd[key].data_ptr() if key in sd else None
     return ptr is not None and any(k in saved and sd[k].data_ptr() == ptr for k in sd if k != key)
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """Whether to train with bf16: ``bf16`` always, ``fp32`` never, ``auto`` where bf16 matmuls are fast
+    (CUDA with bf16 support; CPUs with AMX tiles, whose oneDNN kernels run bf16 matmuls on AMX)."""
+    return resolve_precision(precision, device) == "bf16"
 
 
 def use_deepspeed(enabled: bool) -> bool:

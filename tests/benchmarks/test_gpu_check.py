@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.py off a GPU: the one-line refusal, the --allow-cpu path on a tiny Qwen2 (GRPO steps through
-the RL driver (stages.rl.run.fit), SFT steps through the loop's forward and the update path), and the budget."""
+the RL loop (stages.rl.loop.fit), SFT steps through the loop's forward and the update path), and the budget."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stages.core import hardware
-from stages.train.loop import use_bf16
+from stages.train.update import use_bf16
 
 
 def test_auto_is_bf16_on_a_cpu_with_avx512_bf16_without_amx(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stages.core.errors import PipelineError
-from stages.core.problems import Problem, load_generated, load_gsm8k, load_math, load_problem_file
+from stages.core.problems import Problem, load_generated, load_gsm8k, load_math, load_problem_file, strip_calculator
 
 GSM_ANSWER = "She sold 48/2 = <<48/2=24>>24 clips in May.\n\nAltogether 2,101 clips.\n#### 2,125"
 
@@ -108,3 +108,7 @@ def test_real_gsm8k_and_math(shared_data: Path) -> None:
     assert len(math) == 5000 and all(p.difficulty in {1, 2, 3, 4, 5} and p.solution for p in math)
     train = shared_data / "math" / "train.jsonl"  # 2 rows with a null answer, 2 with an empty one
     assert len(load_math(train)) == 7496 and len(load_math(train, keep_unanswered=True)) == 7500
+
+
+def test_strip_calculator() -> None:
+    assert strip_calculator("48/2 = <<48/2=24>>24 clips") == "48/2 = 24 clips"

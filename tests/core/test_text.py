@@ -12,7 +12,6 @@ from stages.core.text import (
     grams_and_classifier_text,
     normalize_for_classifier,
     normalize_for_hash,
-    strip_calculator,
     url_domain,
     url_prefix,
 )
@@ -22,7 +21,6 @@ def test_grams_nfkc_lower_and_cjk() -> None:
     assert grams("Ｈｅｌｌｏ, WORLD! x² don’t") == ["hello", "world", "x2", "don", "t"]
     assert grams("数学题 abc123") == ["数", "学", "题", "abc123"]
     assert grams("$\\frac{1}{2}$") == ["frac", "1", "2"]
-    assert strip_calculator("48/2 = <<48/2=24>>24 clips") == "48/2 = 24 clips"
 
 
 def test_normalisers() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.core.text import strip_calculator
+from stages.core.problems import strip_calculator
 from stages.corpus.decontaminate import BenchmarkItem, ContaminationIndex, decontaminate, load_benchmarks
 
 BENCH = {"toy": [

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from stages.core.generation import Completion, HFGenerator
-from stages.rl import registry
-from stages.rl.corrections import IS_METHODS, correct, step_metrics
+from stages.rl.corrections import CORRECTIONS, IS_METHODS, correct, step_metrics
 from stages.rl.losses import POLICY_LOSSES
 
 from .test_grpo_stage import _load, rl_train, tiny_params
@@ -44,9 +43,9 @@ class ShiftedSampler(HFGenerator):
 
 
 def test_every_correction_is_registered_with_its_spec():
-    for name in registry.CORRECTIONS.names():
-        assert registry.CORRECTIONS.get(name) is not None
-    assert set(registry.CORRECTIONS.impls) == set(registry.CORRECTIONS.names()) == {"none", *IS_METHODS}
+    for name in CORRECTIONS.names():
+        assert CORRECTIONS.get(name) is CORRECTIONS.spec(name)  # each preset is declared once, as its spec
+    assert set(CORRECTIONS.impls) == set(CORRECTIONS.names()) == {"none", *IS_METHODS}
 
 
 def test_params_refuse_bad_corrections_in_one_line():
@@ -65,14 +64,14 @@ def test_params_refuse_bad_corrections_in_one_line():
 
 def _run(p, monkeypatch, record=None):
     model, tok, rows = _load()
-    real = POLICY_LOSSES["clipped"]
+    real = POLICY_LOSSES.impls["clipped"]
 
-    def spy(lp, old, ref, w, mask, cfg, norm, **kw):
+    def spy(lp, old, ref, w, mask, cfg, norm, settings, **kw):
         if record is not None:
             record.append({"old": old.detach().clone(), "mask": mask.clone(), "is_weights": kw.get("is_weights")})
-        return real(lp, old, ref, w, mask, cfg, norm, **kw)
+        return real(lp, old, ref, w, mask, cfg, norm, settings, **kw)
 
-    monkeypatch.setitem(POLICY_LOSSES, "clipped", spy)
+    monkeypatch.setitem(POLICY_LOSSES.impls, "clipped", spy)
     hist, _, _ = rl_train(model, tok, rows, p, ckpt_dir=None, generator=ShiftedSampler(model, tok))
     return hist
 
@@ -87,13 +86,13 @@ def test_the_loss_gets_the_corrections_weights_and_the_step_reports_them(project
         advantage__skip_zero_std_groups=False,
     )
     captured = {}
-    import stages.rl.step as step_mod
+    import stages.rl.loop as step_mod
 
     real_update = step_mod.update
 
-    def grab(ctx, batch, tg, lp):  # the step's rollout and loss mask, to recompute the weights independently
+    def grab(run, models, batch, tg, lp):  # the step's rollout and loss mask, to recompute the weights independently
         captured.update(ro=batch.rollout, mask=tg.loss_mask, rows=tg.train_rows)
-        return real_update(ctx, batch, tg, lp)
+        return real_update(run, models, batch, tg, lp)
 
     monkeypatch.setattr(step_mod, "update", grab)
     (row,) = _run(p, monkeypatch, calls)

@@ -219,7 +219,7 @@ def test_bad_arguments():
         rollout_correction(trainer, sampler, mask, truncate_low=2.0, truncate_high=1.0)
     with pytest.raises(ValueError, match="weight_level"):
         rollout_correction(trainer, sampler, mask, weight_level="tokens")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="method"):
+    with pytest.raises(ValueError, match="unknown rollout correction 'icepop'"):
         correct("icepop", trainer, sampler, mask, low=0.5, high=2.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shapes"):
         rollout_correction(trainer[:, :-1], sampler, mask)

@@ -11,7 +11,7 @@ import torch
 
 from stages.core import paths
 from stages.core.modeling import load_model, load_tokenizer
-from stages.rl import run
+from stages.rl import loop
 from stages.rl.data import load_prompts
 
 from ._launch import free_port, one_and_two_ranks
@@ -44,7 +44,7 @@ def test_zero_update_matches_plain(ds_env, project, monkeypatch, algorithm, stag
     kw = dict(algorithm=algorithm, steps=2, optim__micro_batch_size=4, checkpoint_every=0)
     if algorithm == "online_rft":  # a random model is never right: scripted outputs, 3 of 4 correct
         tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-        monkeypatch.setattr(run, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
+        monkeypatch.setattr(loop, "rollout_generator", lambda *a, **k: ScriptedGenerator(tok, rows, _texts))
     plain, hp = _train(tiny_params(**kw))
     ds, hd = _train(tiny_params(**kw, deepspeed=dict(enabled=True, zero_stage=stage, offload_optimizer=False)))
     assert hd[-1]["deepspeed_zero_stage"] == stage and hp[-1]["deepspeed_zero_stage"] is None
@@ -61,13 +61,13 @@ def test_nonfinite_loss_under_deepspeed_is_skipped(ds_env, project, monkeypatch)
 
     from stages.rl.losses import POLICY_LOSSES
 
-    real = POLICY_LOSSES["clipped"]
+    real = POLICY_LOSSES.impls["clipped"]
 
     def nan_loss(*a, **k):
         loss, m = real(*a, **k)
         return loss * math.nan, m
 
-    monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
+    monkeypatch.setitem(POLICY_LOSSES.impls, "clipped", nan_loss)
     before = {k: v.clone() for k, v in load_model(paths.SFT_MODEL).state_dict().items()}
     after, h = _train(tiny_params(steps=1, optim__micro_batch_size=4, checkpoint_every=0,
                                   deepspeed=dict(enabled=True, zero_stage=2, offload_optimizer=False)))

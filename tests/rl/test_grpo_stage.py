@@ -17,7 +17,7 @@ from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import untimed
 from stages.params import GrpoParams
-from stages.rl.run import fit
+from stages.rl.loop import fit
 
 torch.set_num_threads(1)
 
@@ -76,10 +76,10 @@ def tiny_params(**over: Any) -> GrpoParams:
 
 def rl_train(model: Any, tok: Any, rows: list[dict[str, Any]], p: GrpoParams, **kw: Any
              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """RL on ``model`` in place through the driver (stages.rl.run.fit: setup, one iteration of train, close; ``kw``:
+    """RL on ``model`` in place through the loop (stages.rl.loop.fit: setup, one iteration of train, close; ``kw``:
     ckpt_dir and setup's options); returns (metric rows, completion rows, info)."""
-    ctx = fit(p, model, tok, rows=rows, **kw)
-    return ctx.history, ctx.samples, ctx.info
+    _, _, state = fit(p, model, tok, rows=rows, **kw)
+    return state.history, state.samples, state.info
 
 
 def _weights(d: Path) -> dict[str, torch.Tensor]:
@@ -129,13 +129,13 @@ def _load():
 def test_nonfinite_step_is_skipped_and_counted(project, monkeypatch):
     from stages.rl.losses import POLICY_LOSSES
 
-    real = POLICY_LOSSES["clipped"]
+    real = POLICY_LOSSES.impls["clipped"]
 
     def nan_loss(*a, **k):
         loss, m = real(*a, **k)
         return loss * math.nan, m
 
-    monkeypatch.setitem(POLICY_LOSSES, "clipped", nan_loss)
+    monkeypatch.setitem(POLICY_LOSSES.impls, "clipped", nan_loss)
     model, tok, rows = _load()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     hist, _, _ = rl_train(model, tok, rows, tiny_params(steps=1), ckpt_dir=None)

@@ -150,7 +150,7 @@ def test_grpo_with_every_guard_resumes_with_its_running_statistics(rm_project): 
     rewards and weights as an uninterrupted run."""
     from stages.core import paths
     from stages.rl.iterative import run_iterations
-    from stages.rl.run import close, setup
+    from stages.rl.loop import close, setup
     from tests.rl.test_grpo_stage import _load
 
     p = tiny_params(steps=3, checkpoint_every=1, reward__source="process_rm", baseline=dict(enabled=False, lr=1e-3),
@@ -163,11 +163,11 @@ def test_grpo_with_every_guard_resumes_with_its_running_statistics(rm_project): 
             if crash and row["step"] == 1:
                 raise KeyboardInterrupt
 
-        ctx = setup(p, model, tok, rows=rows, rm_dir=paths.REWARD_MODEL, on_step=on_step)
+        run, models, state = setup(p, model, tok, rows=rows, rm_dir=paths.REWARD_MODEL, on_step=on_step)
         try:
-            hist = run_iterations(ctx, ckpt_dir=ckpt, out_dir=Path("iters"))
+            hist = run_iterations(run, models, state, ckpt_dir=ckpt, out_dir=Path("iters"))
         finally:
-            close(ctx)
+            close(run, models, state)
         return hist, model
 
     full, m_full = go(Path("ck_full"), crash=False)

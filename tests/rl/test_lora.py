@@ -19,8 +19,8 @@ from stages.core.errors import PipelineError
 from stages.core.modeling import frozen_copy, load_model, load_tokenizer
 from stages.rl import lora
 from stages.rl.data import load_prompts
+from stages.rl.loop import fit
 from stages.rl.rollout import token_logprobs
-from stages.rl.run import fit
 
 from .test_grpo_deepspeed import ds_env  # noqa: F401 - the fixture
 from .test_grpo_stage import tiny_params
@@ -48,18 +48,18 @@ def _explicit_merge(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _lora_steps(**over):
     model, tok, rows = _load()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    ctx = fit(tiny_params(lora=LORA, **over), model, tok, rows=rows, ckpt_dir=None)
-    return model, before, ctx
+    _, models, state = fit(tiny_params(lora=LORA, **over), model, tok, rows=rows, ckpt_dir=None)
+    return model, before, (models, state)
 
 
 def test_lora_grpo_trains_the_adapter_alone_and_the_sampler_gets_the_merged_weights(project) -> None:
-    model, before, ctx = _lora_steps(steps=2, checkpoint_every=0)
-    assert ctx.model is model and lora.has_lora(model)
-    hist = ctx.history
+    model, before, (models, state) = _lora_steps(steps=2, checkpoint_every=0)
+    assert models.policy is model and lora.has_lora(model)
+    hist = state.history
     assert [h["optimizer_steps"] for h in hist] == [1, 1] and hist[0]["kl"] == 0.0 and hist[1]["kl"] > 0.0
-    info = ctx.info["lora"]
+    info = state.info["lora"]
     n_adapter = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert info["adapter_parameters"] == n_adapter == ctx.info["trained_parameters"]["policy"] > 0
+    assert info["adapter_parameters"] == n_adapter == state.info["trained_parameters"]["policy"] > 0
     assert info["adapted_maps"] == 2 * 3  # 2 layers x (q_proj, v_proj, up_proj)
     # the base weights are frozen: unchanged to the bit; the adapter moved
     merged = lora.merged_state_dict(model)
@@ -74,14 +74,14 @@ def test_lora_grpo_trains_the_adapter_alone_and_the_sampler_gets_the_merged_weig
         else:
             assert torch.equal(merged[k], w)
     # the hf sampler decodes with a plain model that holds exactly the merged weights
-    gen = ctx.generator
+    gen = models.generator
     assert isinstance(gen, lora.MergedSampler) and not lora.has_lora(gen.inner.model)
     sampler = gen.inner.model.state_dict()
     assert all(torch.equal(sampler[k], merged[k]) for k in merged)
     # so the sampler's log-probs are the trainer's (unmerged forward) up to float rounding
     assert max(h["mismatch_abs_max"] for h in hist) < 1e-4
     # and the checked weight sync (stages/rl/sync.py) passes bit for bit: hf fp32 against the trainer's merge
-    assert ctx.info["sync_probe_max_abs"] == 0.0 and all(h["sync_probe_max_abs"] == 0.0 for h in hist)
+    assert state.info["sync_probe_max_abs"] == 0.0 and all(h["sync_probe_max_abs"] == 0.0 for h in hist)
 
 
 def test_weight_sync_check_catches_a_skipped_lora_sync(project) -> None:
@@ -123,8 +123,8 @@ def test_merged_weights_equal_base_plus_scaled_product(project) -> None:
 def test_reference_is_the_frozen_base(project) -> None:
     """After two LoRA steps, pi_ref's log-probs (the policy with its adapter disabled, no second copy) equal those of
     a separate copy of the start model, and differ from the policy's."""
-    model, _, ctx = _lora_steps(steps=2, checkpoint_every=0)
-    ref = ctx.ref_model
+    model, _, (models, _) = _lora_steps(steps=2, checkpoint_every=0)
+    ref = models.reference
     assert isinstance(ref, lora.BaseReference) and not list(ref.children()) and not list(ref.buffers(recurse=False))
     start = frozen_copy(load_model(paths.SFT_MODEL))
     ids = torch.tensor([[1, 5, 9, 17, 33, 2, 7, 8], [1, 6, 9, 17, 40, 2, 7, 3]])
@@ -140,22 +140,22 @@ def test_reference_is_the_frozen_base(project) -> None:
 def test_lora_under_deepspeed_equals_plain(ds_env, project) -> None:  # noqa: F811 - the fixture
     """ZeRO-2 on the CPU accelerator (one process, gloo, fp32), AdamW over the adapter alone: the plain LoRA update's
     grad norms and merged weights after two steps."""
-    plain_model, _, plain = _lora_steps(steps=2, checkpoint_every=0, optim__micro_batch_size=4)
-    ds_model, _, ds = _lora_steps(
+    plain_model, _, (_, plain) = _lora_steps(steps=2, checkpoint_every=0, optim__micro_batch_size=4)
+    ds_model, _, (ds_models, ds) = _lora_steps(
         steps=2,
         checkpoint_every=0,
         optim__micro_batch_size=4,
         deepspeed=dict(enabled=True, zero_stage=2, offload_optimizer=False),
     )
     assert ds.info["deepspeed_zero_stage"] == 2 and plain.info["deepspeed_zero_stage"] is None
-    assert ds.updater.engine.module is ds_model and lora.has_lora(ds_model)
+    assert ds_models.updater.engine.module is ds_model and lora.has_lora(ds_model)
     for a, b in zip(plain.history, ds.history, strict=True):
         assert a["optimizer_steps"] == b["optimizer_steps"] == 1
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
     m1, m2 = lora.merged_state_dict(plain_model), lora.merged_state_dict(ds_model)
     assert max(float((m1[k] - m2[k]).abs().max()) for k in m1) < 1e-6
     assert any(not torch.equal(m2[k], v) for k, v in load_model(paths.SFT_MODEL).state_dict().items())
-    sampler = ds.generator.inner.model.state_dict()
+    sampler = ds_models.generator.inner.model.state_dict()
     assert all(torch.equal(sampler[k], m2[k]) for k in m2)
 
 
@@ -192,16 +192,16 @@ def test_iterative_rl_folds_the_adapter_into_the_reference(project) -> None:
         snaps[k] = {key: v.clone() for key, v in lora.merged_state_dict(model).items()}
 
     from stages.rl.iterative import run_iterations
-    from stages.rl.run import close, setup
+    from stages.rl.loop import close, setup
 
     model, tok, rows = _load()
     p = tiny_params(lora=LORA, steps=2, checkpoint_every=0, iterative__iterations=2)
-    ctx = setup(p, model, tok, rows=rows)
+    run, models, state = setup(p, model, tok, rows=rows)
     try:
-        run_iterations(ctx, ckpt_dir=None, out_dir=paths.GRPO_ITERS, on_iteration=keep)
+        run_iterations(run, models, state, ckpt_dir=None, out_dir=paths.GRPO_ITERS, on_iteration=keep)
     finally:
-        close(ctx)
-    h = ctx.history
+        close(run, models, state)
+    h = state.history
     assert len(h) == 4 and h[0]["kl"] == 0.0 and h[2]["kl"] == 0.0 and h[1]["kl"] > 0 and h[3]["kl"] > 0
     it1 = load_model(paths.GRPO_ITERS / "iter1").state_dict()
     assert max(float((it1[k] - v).abs().max()) for k, v in snaps[1].items()) < 1e-6

@@ -12,10 +12,9 @@ from math_verify import parse, verify
 from stages.core import paths
 from stages.core.modeling import load_model, load_tokenizer
 from stages.rl.data import load_prompts
-from stages.rl.run import begin_iteration, close, setup
+from stages.rl.loop import begin_iteration, close, run_step, setup
 from stages.rl.sources import REWARD_SOURCES
 from stages.rl.sources.math_verify import score
-from stages.rl.step import run_step
 
 from .test_grpo_stage import tiny_params
 from .test_paradigm import ScriptedGenerator, _texts
@@ -51,11 +50,11 @@ def test_a_grpo_step_scores_with_math_verify(project) -> None:
     tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     p = tiny_params(reward__source="math_verify", questions_per_step=2, rollout__group_size=4)
     model = load_model(paths.SFT_MODEL)
-    ctx = setup(p, model, tok, rows=rows, generator=ScriptedGenerator(tok, rows, _texts))
+    run, models, state = setup(p, model, tok, rows=rows, generator=ScriptedGenerator(tok, rows, _texts))
     try:
-        begin_iteration(ctx, 1, None)
-        m, ro, rewards = run_step(0, ctx)
+        begin_iteration(run, models, state, 1, None)
+        m, ro, rewards = run_step(run, models, state, 0)
     finally:
-        close(ctx)
+        close(run, models, state)
     assert rewards.tolist() == [[1.0, 1.0, 1.0, 0.0]] * 2  # three right outputs and a wrong one per question
     assert m["reward_mean"] == pytest.approx(0.75) and m["accuracy"] == pytest.approx(0.75)  # rule accuracy beside it

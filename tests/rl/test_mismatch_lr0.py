@@ -25,18 +25,18 @@ SETTINGS = [  # (temperature, top_p, top_k)
 
 @pytest.mark.parametrize(("temperature", "top_p", "top_k"), SETTINGS)
 def test_mismatch_stays_flat_at_lr_0(project, monkeypatch, temperature, top_p, top_k):
-    import stages.rl.step as step_mod
+    import stages.rl.loop as step_mod
 
     bias = []  # the untruncated trainer's log-probs against the sampler's (what the loss used before)
     real = step_mod.update
 
-    def measure(ctx, batch, tg, lp):
+    def measure(run, models, batch, tg, lp):
         ro = batch.rollout
         with torch.no_grad():
-            full, _ = token_logprobs(ctx.model, ro.input_ids, ro.attention_mask, ro.prompt_len, temperature)
+            full, _ = token_logprobs(models.policy, ro.input_ids, ro.attention_mask, ro.prompt_len, temperature)
         m = ro.completion_mask.bool()
         bias.append(float((ro.sampler_logprobs - full)[m].mean()))
-        return real(ctx, batch, tg, lp)
+        return real(run, models, batch, tg, lp)
 
     monkeypatch.setattr(step_mod, "update", measure)
     model, tok, rows = _load()

@@ -19,11 +19,10 @@ from stages.core.modeling import load_model, load_tokenizer
 from stages.core.prompts import chat_prompt
 from stages.params import GrpoParams
 from stages.rl.data import load_prompts, step_questions
+from stages.rl.loop import begin_iteration, run_step, setup
 from stages.rl.losses import LossNormalizer
 from stages.rl.paradigm import build_rft_pool, rft_coefficients, run_questions, select_rft_samples, weighted_nll_loss
 from stages.rl.rewards import accuracy_reward
-from stages.rl.run import begin_iteration, setup
-from stages.rl.step import run_step
 from stages.rl.update import as_updater
 
 from .conftest import write_prompts
@@ -180,9 +179,9 @@ def test_online_rft_step_applies_the_sft_gradient_of_the_correct_samples(project
     out: dict = {}
 
     def step() -> None:
-        ctx = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
-        begin_iteration(ctx, 1, None)
-        out["m"], _, out["r"] = run_step(0, ctx)
+        run, models, state = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
+        begin_iteration(run, models, state, 1, None)
+        out["m"], _, out["r"] = run_step(run, models, state, 0)
 
     _close(_update(model, step), ref)
     assert out["m"]["accuracy"] == pytest.approx(0.75) and out["m"]["n_train_outputs"] == 6
@@ -212,9 +211,10 @@ def test_rft_pool_keeps_correct_deduplicated_samples_and_trains_on_them(project)
     out: dict = {}
 
     def step() -> None:
-        ctx = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p), cache={"pool": pool})
-        begin_iteration(ctx, 1, None)
-        out["m"], _, _ = run_step(1, ctx)
+        run, models, state = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
+        models.pool = pool
+        begin_iteration(run, models, state, 1, None)
+        out["m"], _, _ = run_step(run, models, state, 1)
 
     _close(_update(model, step), ref)
     assert out["m"]["n_train_outputs"] == 4 and out["m"]["accuracy"] == pytest.approx(0.75)

@@ -26,6 +26,7 @@ from stages.rl.advantages import (
 )
 from stages.rl.algorithms import ALGORITHMS, get_algorithm
 from stages.rl.data import load_prompts
+from stages.rl.loop import fit
 from stages.rl.losses import POLICY_LOSSES, LossConfig, LossNormalizer, value_loss
 from stages.rl.rewards import Rewards
 from stages.rl.value import token_values, value_model_from
@@ -192,7 +193,7 @@ def test_ppo_policy_loss_is_the_clipped_surrogate_without_kl() -> None:
     algo = get_algorithm("ppo")
     p = tiny_params(algorithm="ppo", advantage__estimator="gae")
     assert algo.policy_loss(p) == "clipped" and algo.loss_config(p).beta == 0.0
-    loss, m = POLICY_LOSSES["clipped"](lp, old, ref, adv, mask, cfg, LossNormalizer.from_mask(mask))
+    loss, m = POLICY_LOSSES.get("clipped")(lp, old, ref, adv, mask, cfg, LossNormalizer.from_mask(mask))
     per_seq = []
     for b in range(4):
         terms = []
@@ -211,7 +212,7 @@ def test_ppo_policy_loss_is_the_clipped_surrogate_without_kl() -> None:
 
 def test_registries_name_their_entries_in_one_line_errors() -> None:
     assert list(ALGORITHMS) == ["sft", "rft", "online_rft", "grpo", "ppo"]
-    assert {"grpo", "gae"} <= set(ADVANTAGE_ESTIMATORS) and {"clipped", "nll"} <= set(POLICY_LOSSES)
+    assert {"grpo", "gae"} <= set(ADVANTAGE_ESTIMATORS.names()) and {"clipped", "nll"} <= set(POLICY_LOSSES.names())
     with pytest.raises(Exception, match=r"unknown algorithm 'dpo'; registered: sft, rft, online_rft, grpo, ppo"):
         tiny_params(algorithm="dpo")
     with pytest.raises(Exception, match=r"unknown advantage estimator 'vtrace'; registered: .*grpo.*gae"):
@@ -275,8 +276,8 @@ def test_ppo_trains_every_valid_output_and_resumes_with_its_value_model(project)
         rl_train(model, tok, rows, p, ckpt_dir=ckpt, on_step=crash_at_1)
     assert seen[0]["n_train_outputs"] == p.questions_per_step * p.rollout.group_size  # every output (none failed)
     model = load_model(paths.SFT_MODEL)
-    cache: dict = {}
-    hist, _, info = rl_train(model, tok, rows, p, ckpt_dir=ckpt, cache=cache)
+    _, models, state = fit(p, model, tok, rows=rows, ckpt_dir=ckpt)
+    hist, info = state.history, state.info
     assert info["resumed_from_step"] == 1 and [r["step"] for r in hist] == [0, 1, 2]
     from safetensors.torch import load_file
 
@@ -284,7 +285,7 @@ def test_ppo_trains_every_valid_output_and_resumes_with_its_value_model(project)
     assert torch.load(first / "state.pt", weights_only=False)["updaters"] == ["critic", "policy"]
     saved_head = load_file(str(first / "critic" / "model.safetensors"))["score.weight"]  # the critic's Updater state
     assert not torch.equal(saved_head, value_model_from(load_model(paths.SFT_MODEL)).score.weight)  # trained
-    assert cache["critic"].model.score.weight.shape == saved_head.shape
+    assert models.critic.model.score.weight.shape == saved_head.shape
 
 
 def test_ppo_value_model_from_the_reward_model(project) -> None:
@@ -295,11 +296,11 @@ def test_ppo_value_model_from_the_reward_model(project) -> None:
     rm = init_reward_model(paths.SFT_MODEL)
     save_reward_model(rm, tok, paths.REWARD_MODEL, [], None, {"stage": "test"})
     model, rows = load_model(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
-    cache: dict = {}
     p = _ppo(steps=1, ppo=dict(value_init="reward_model", value_lr=1e-3, gamma=1.0, lam=0.95, value_clip=None,
                                whiten=False))
-    hist, _, _ = rl_train(model, tok, rows, p, ckpt_dir=None, cache=cache)
+    _, models, state = fit(p, model, tok, rows=rows, ckpt_dir=None)
+    hist = state.history
     assert math.isfinite(hist[0]["value_loss"]) and hist[0]["vf_clip_frac"] == 0.0
     start = rm.state_dict()
-    now = cache["critic"].model.state_dict()
+    now = models.critic.model.state_dict()
     assert any(not torch.equal(start[k], now[k]) for k in start)  # started from the RM, then trained

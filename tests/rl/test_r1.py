@@ -12,7 +12,7 @@ import torch
 from stages import grpo
 from stages.core import paths
 from stages.core.prompts import chat_prompt, r1_prompt, rl_prompt
-from stages.rl import run
+from stages.rl import loop
 from stages.rl.rewards import RewardSet, format_reward, r1_format_reward
 
 from .conftest import write_prompts
@@ -78,13 +78,13 @@ def test_r1_zero_run_starts_from_the_pretrained_model_with_the_template(project,
         save_model(m, load_tokenizer(paths.PRETRAIN_MODEL), paths.PRETRAIN_MODEL)
     write_prompts(project / "heldout.jsonl", 3)
     seen: list[RecordingGenerator] = []
-    real = run.rollout_generator
+    real = loop.rollout_generator
 
     def recording(*a, **k):
         seen.append(RecordingGenerator(real(*a, **k)))
         return seen[-1]
 
-    monkeypatch.setattr(run, "rollout_generator", recording)
+    monkeypatch.setattr(loop, "rollout_generator", recording)
     p = tiny_params(start="pretrain", template="r1", steps=1, baseline=dict(enabled=False, lr=1e-3),
                     reward=dict(accuracy_weight=1.0, format_weight=1.0, custom=["tests.rl.custom_rewards:length_reward"],
                                 custom_weights=[1.0]),

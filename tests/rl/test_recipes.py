@@ -16,14 +16,12 @@ from pydantic import ValidationError
 from stages.core import paths
 from stages.core.generation import Completion
 from stages.core.modeling import load_model, load_tokenizer
-from stages.rl import registry
 from stages.rl.data import load_prompts, step_questions
-from stages.rl.losses import aggregate
+from stages.rl.loop import begin_iteration, run_step, setup
+from stages.rl.losses import POLICY_LOSSES, aggregate
 from stages.rl.recipes import concat_rollouts, select_groups
 from stages.rl.reward_shaping import overlong_penalty
 from stages.rl.rollout import build_rollout, rollout_prompt, token_logprobs
-from stages.rl.run import begin_iteration, setup
-from stages.rl.step import run_step
 from stages.rl.update import as_updater
 
 from .test_grpo_stage import rl_train, tiny_params
@@ -76,9 +74,9 @@ def _sgd_step(p: Any, gen: Any, step: int = 0) -> tuple[dict[str, torch.Tensor],
     model, tok, rows = _load()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     before = {n: w.detach().clone() for n, w in model.named_parameters()}
-    ctx = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
-    begin_iteration(ctx, 1, None)
-    row, _, rewards = run_step(step, ctx)
+    run, models, state = setup(p, model, tok, rows=rows, generator=gen, updater=as_updater(model, opt, p))
+    begin_iteration(run, models, state, 1, None)
+    row, _, rewards = run_step(run, models, state, step)
     return {n: before[n] - w.detach() for n, w in model.named_parameters()}, row, rewards
 
 
@@ -89,20 +87,20 @@ def _sgd_step(p: Any, gen: Any, step: int = 0) -> tuple[dict[str, torch.Tensor],
 @pytest.mark.parametrize("name,metric", [("gspo", "seq_ratio_mean"), ("cispo", "clip_frac_high_pos")])
 def test_policy_loss_selected_in_params_is_called_and_logs_its_metrics(project, monkeypatch, name, metric):
     calls = []
-    fn = registry.POLICY_LOSSES.get(name)
+    fn = POLICY_LOSSES.get(name)
 
     def spy(*a: Any) -> Any:
-        calls.append(a[5])  # the LossConfig
+        calls.append(a[7])  # the loss's own settings (grpo.loss.<name>; None for gspo)
         return fn(*a)
 
-    monkeypatch.setitem(registry.POLICY_LOSSES.impls, name, spy)
+    monkeypatch.setitem(POLICY_LOSSES.impls, name, spy)
     rows: list[dict[str, Any]] = []
     p = tiny_params(steps=1, loss__policy=name, optim__minibatches=2, loss__cispo=dict(max_ratio=1.01, min_ratio=0.5))
     rl_train(*_load(), p, ckpt_dir=None, on_step=rows.append)
     assert calls and rows[0]["optimizer_steps"] == 2  # two minibatches: the second is off-policy
     assert metric in rows[0] and math.isfinite(rows[0][metric])
     if name == "cispo":
-        assert (calls[0].cispo_max_ratio, calls[0].cispo_min_ratio) == (1.01, 0.5)
+        assert (calls[0].max_ratio, calls[0].min_ratio) == (1.01, 0.5)
     assert rows[0]["ratio_mean"] != 1.0  # the second minibatch moved the ratio
 
 

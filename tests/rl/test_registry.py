@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from stages.rl import registry
+from stages.rl.advantages import ADVANTAGE_ESTIMATORS
+from stages.rl.corrections import CORRECTIONS
+from stages.rl.losses import POLICY_LOSSES
 from stages.rl.needs import check_run, run_needs
 from stages.rl.registry import RewardSourceSpec
 from stages.rl.sources import REWARD_SOURCES, SourceInputs
@@ -21,7 +24,7 @@ from .test_grpo_stage import tiny_params
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("reg", [registry.ALGORITHMS, registry.ADVANTAGE_ESTIMATORS, registry.POLICY_LOSSES],
+@pytest.mark.parametrize("reg", [registry.ALGORITHMS, ADVANTAGE_ESTIMATORS, POLICY_LOSSES, CORRECTIONS],
                          ids=lambda r: r.kind)
 def test_every_declared_entry_has_its_implementation(reg: registry.Registry) -> None:
     for name in reg.names():
@@ -31,15 +34,21 @@ def test_every_declared_entry_has_its_implementation(reg: registry.Registry) -> 
 
 
 def test_an_undeclared_name_is_refused_in_one_line() -> None:
-    with pytest.raises(ValueError, match=r"policy loss 'made_up' has no spec: declare it in stages/rl/registry.py"):
-        registry.POLICY_LOSSES.register("made_up")(lambda *a: None)
+    with pytest.raises(ValueError, match=r"algorithm 'made_up' has no spec: declare it in stages/rl/registry.py"):
+        registry.ALGORITHMS.register("made_up")(lambda *a: None)
+    with pytest.raises(ValueError, match=r"policy loss 'cispo' is declared twice"):
+        POLICY_LOSSES.declare(POLICY_LOSSES.spec("cispo"))(lambda *a: None)
     with pytest.raises(ValueError, match=r"unknown reward source 'nope'; registered: .*rule"):
         REWARD_SOURCES.spec("nope")
 
 
-def test_reward_source_modules_import_no_torch() -> None:
-    """The params check discovers the sources: their modules must stay light (a build function imports the rest)."""
+def test_entry_modules_import_no_torch() -> None:
+    """The params check reads every entry's declaration (its spec and settings class): the sources' modules, the
+    losses, estimators and corrections import no torch until they compute (a build function imports the rest)."""
     code = ("import sys; from stages.rl.sources import REWARD_SOURCES; names = REWARD_SOURCES.names(); "
+            "from stages.rl import advantages, corrections, losses; "
+            "assert losses.POLICY_LOSSES.names() and advantages.ADVANTAGE_ESTIMATORS.names() and "
+            "corrections.CORRECTIONS.names(); "
             "assert 'torch' not in sys.modules, names; print(','.join(names))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
     assert {"rule", "outcome_rm", "process_rm", "process_rule"} <= set(out.stdout.strip().split(","))
@@ -49,8 +58,8 @@ def test_every_reward_source_builds(project) -> None:
     """Each source's build path resolves; the ones without a model build on the tiny project."""
     from stages.core import paths
     from stages.core.modeling import load_tokenizer
+    from stages.rl.loop import build_scorer
     from stages.rl.rewards import RewardSet
-    from stages.rl.run import build_source
 
     tok = load_tokenizer(paths.SFT_MODEL)
     for name in REWARD_SOURCES.names():
@@ -62,7 +71,7 @@ def test_every_reward_source_builds(project) -> None:
         if not spec.reward_model:
             p = tiny_params(reward__source=name)
             rs = RewardSet.from_params(1.0, 0.0, [], [])
-            scorer = build_source(name, SourceInputs(p, tok, rs))
+            scorer = build_scorer(name, SourceInputs(p, tok, rs))
             assert callable(getattr(scorer, "rewards", None)), name
             assert (scorer is rs) == (name == "rule")
 

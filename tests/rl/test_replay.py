@@ -17,8 +17,8 @@ from stages import grpo
 from stages.core import answers, paths
 from stages.core.errors import PipelineError
 from stages.rl.ledger import LedgerWriter, read_step, weight_hash
+from stages.rl.loop import begin_iteration, close, setup, train
 from stages.rl.replay import main, replay
-from stages.rl.run import begin_iteration, close, setup, train
 from stages.schema.grpo import GrpoParams
 
 from .test_grpo_stage import _load, tiny_params
@@ -82,13 +82,12 @@ def _run_with_checkpoints(tmp: Path, steps: int = 3) -> tuple[GrpoParams, Path, 
     p = tiny_params(steps=steps, checkpoint_every=1)
     model, tok, rows = _load()
     ckpt, led = tmp / "ckpt", tmp / "ledger"
-    ctx = setup(p, model, tok, rows=rows)
-    ctx.ledger = LedgerWriter(led, p, paths.SFT_MODEL)
+    run, models, state = setup(p, model, tok, rows=rows, ledger=LedgerWriter(led, p, paths.SFT_MODEL))
     try:
-        begin_iteration(ctx, 1, ckpt)
-        train(ctx, 0, steps)
+        begin_iteration(run, models, state, 1, ckpt)
+        train(run, models, state, 0, steps)
     finally:
-        close(ctx)
+        close(run, models, state)
     return p, ckpt, led
 
 
@@ -138,15 +137,14 @@ def test_ledger_values_are_the_steps(project, tmp_path):
     """The ledger's ids, masks and log-probs are the rollout's, and the per-step loss / gradient norm the logged row."""
     p = tiny_params(steps=2, checkpoint_every=0)
     model, tok, rows = _load()
-    ctx = setup(p, model, tok, rows=rows)
-    ctx.ledger = LedgerWriter(tmp_path / "led", p, paths.SFT_MODEL)
     seen = []
-    ctx.on_step = seen.append
+    run, models, state = setup(p, model, tok, rows=rows, ledger=LedgerWriter(tmp_path / "led", p, paths.SFT_MODEL),
+                               on_step=seen.append)
     try:
-        begin_iteration(ctx, 1, None)
-        train(ctx, 0, 2)
+        begin_iteration(run, models, state, 1, None)
+        train(run, models, state, 0, 2)
     finally:
-        close(ctx)
+        close(run, models, state)
     for r in seen:
         table, meta = read_step(tmp_path / "led", r["step"])
         c = table.to_pydict()

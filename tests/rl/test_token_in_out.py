@@ -22,9 +22,8 @@ from stages.core.generation import Completion, make_generator
 from stages.core.modeling import load_model, load_tokenizer
 from stages.core.tool_loop import TIR_STOP, tool_output_ids
 from stages.rl.data import load_prompts
+from stages.rl.loop import begin_iteration, close, run_step, setup
 from stages.rl.rollout import build_rollout, rollout_prompt, sample_outputs
-from stages.rl.run import begin_iteration, close, setup
-from stages.rl.step import run_step
 
 from .test_grpo_stage import tiny_params
 from .test_tool_rollout import params, tool_project  # noqa: F401 (fixture)
@@ -135,7 +134,7 @@ def test_rollout_holds_the_samplers_ids_exactly(tok, mode, data):
 
 @pytest.mark.parametrize("mode", ["cot", "pot", "tir"])
 def test_the_trainer_scores_the_ids_the_sampler_got_and_gave(tool_project, monkeypatch, mode):  # noqa: F811
-    import stages.rl.step as step_mod
+    import stages.rl.update as step_mod
 
     model, tok = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL)
     rows = load_prompts(paths.RL_PROMPTS)
@@ -168,12 +167,12 @@ def test_the_trainer_scores_the_ids_the_sampler_got_and_gave(tool_project, monke
 
     monkeypatch.setattr(step_mod, "token_logprobs", spy)
     p = params(mode, kl=dict(beta=0.0))
-    ctx = setup(p, model, tok, rows=rows, generator=Recording())
+    run, models, state = setup(p, model, tok, rows=rows, generator=Recording())
     try:
-        begin_iteration(ctx, 1, None)
-        _, ro, _ = run_step(0, ctx)
+        begin_iteration(run, models, state, 1, None)
+        _, ro, _ = run_step(run, models, state, 0)
     finally:
-        close(ctx)
+        close(run, models, state)
     assert len(scored) == len(ro.texts) == 2 * 3
     injected_total = 0
     for row, n in zip(scored, range(len(ro.texts)), strict=True):

@@ -17,9 +17,8 @@ from stages.core import paths
 from stages.core.generation import make_generator
 from stages.core.modeling import load_model, load_tokenizer
 from stages.rl.data import load_prompts
+from stages.rl.loop import begin_iteration, close, run_step, setup
 from stages.rl.rollout import question_modes, rollout_generator
-from stages.rl.run import begin_iteration, close, setup
-from stages.rl.step import run_step
 from tests.tool_model import QUESTIONS, responses
 
 from .test_grpo_stage import rl_train, tiny_params
@@ -54,12 +53,12 @@ def _step(p, backend: str = "hf"):
     model, tok, rows = load_model(paths.SFT_MODEL), load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     gen = make_generator("hf", model, tok) if backend == "hf" else rollout_generator(
         p, model, tok, [r["question"] for r in rows], p.rollout.max_new_tokens)
-    ctx = setup(p, model, tok, rows=rows, generator=gen)
+    run, models, state = setup(p, model, tok, rows=rows, generator=gen)
     try:
-        begin_iteration(ctx, 1, None)
-        m, ro, rewards = run_step(0, ctx)
+        begin_iteration(run, models, state, 1, None)
+        m, ro, rewards = run_step(run, models, state, 0)
     finally:
-        close(ctx)
+        close(run, models, state)
     return tok, m, ro, rewards
 
 

@@ -11,8 +11,8 @@ fingerprints of the models and prompts, and per configuration and step: loss (th
 the step's optimizer step), grad norm, KL, reward mean, accuracy, the (Q, G) rewards, and a few more metrics; after
 the last step, a checksum of the policy's weights. tests/rl/golden/test_golden.py recomputes it with the current code.
 
-The entry points used are the stage's: the RL driver (``stages.rl.run.setup``, ``stages.rl.iterative.run_iterations``
-around ``stages.rl.run.train``; ``stages.rl.run.train_sft`` for sft); the rewards are read by wrapping the driver's
+The entry points used are the stage's: the RL loop (``stages.rl.loop.setup``, ``stages.rl.iterative.run_iterations``
+around ``stages.rl.loop.train``; ``stages.rl.baseline.train_sft`` for sft); the rewards are read by wrapping the loop's
 ``run_step``. The committed records were made with the code of their day (before issue 17's refactor, with the flat
 grpo params that stages.schema.grpo.from_flat reads); this script records today's code.
 """
@@ -129,12 +129,13 @@ def _project(models: Path, prompts: Path) -> Iterator[Path]:
 
 
 def run_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
-    """Run one configuration from the working directory's data/ through the stage's own path (the RL driver: setup,
+    """Run one configuration from the working directory's data/ through the stage's own path (the RL loop: setup,
     Algorithm 1 with one iteration, close; continued SFT for sft) and return its record. The (Q, G) rewards of each
-    step are read by wrapping the driver's ``run_step``."""
+    step are read by wrapping the loop's ``run_step``."""
     from stages.core import paths
     from stages.core.modeling import load_model, load_tokenizer
-    from stages.rl import run
+    from stages.rl import loop
+    from stages.rl.baseline import train_sft
     from stages.rl.data import load_prompts
     from stages.rl.iterative import run_iterations
     from stages.schema.grpo import GrpoParams
@@ -145,28 +146,28 @@ def run_config(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     rows = load_prompts(paths.RL_PROMPTS)
     torch.manual_seed(p.seed)
     rewards: list[Any] = []
-    real_step = run.run_step
+    real_step = loop.run_step
 
     def step(*a: Any, **k: Any) -> Any:
         m, ro, r = real_step(*a, **k)
         rewards.append([[float(x) for x in row] for row in r.tolist()])
         return m, ro, r
 
-    run.run_step = step
+    loop.run_step = step
     try:
         if p.algorithm == "sft":
-            hist, _, _ = run.train_sft(model, tok, rows, p)
+            hist, _, _ = train_sft(model, tok, rows, p)
             for r in hist:
                 r["loss"] = r["sft_loss"]
         else:
-            ctx = run.setup(p, model, tok, rows=rows, rm_dir=paths.REWARD_MODEL)
+            parts = loop.setup(p, model, tok, rows=rows, rm_dir=paths.REWARD_MODEL)
             with tempfile.TemporaryDirectory() as out:
                 try:
-                    hist = run_iterations(ctx, ckpt_dir=None, out_dir=Path(out) / "iters")
+                    hist = run_iterations(*parts, ckpt_dir=None, out_dir=Path(out) / "iters")
                 finally:
-                    run.close(ctx)
+                    loop.close(*parts)
     finally:
-        run.run_step = real_step
+        loop.run_step = real_step
     steps = []
     for i, r in enumerate(hist):
         row = {k: _clean(float(r[k])) for k in STEP_KEYS if k in r and r[k] is not None}
