@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stages.params import resolve
 from tests.flows._project import copy_sources
 
 pytestmark = pytest.mark.slow  # real dvc repro graphs: ~95 s on 2 cores; .ci/slow dvc-graphs
@@ -56,7 +57,7 @@ def project(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Path:
     """A copy of the working tree (tracked + untracked, not ignored) as a fresh git repo."""
     dst = tmp_path_factory.mktemp("proj")
     copy_sources(dst)
-    raw = _shrink(yaml.safe_load((dst / "params.yaml").read_text()))
+    raw = _shrink(resolve(dst / "params.yaml"))
     (dst / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
@@ -76,7 +77,7 @@ def test_repro_then_noop_then_partial_rerun(project: Path) -> None:
     assert "Running stage" not in out
     assert wall < 5.0, f"no-op dvc repro took {wall:.1f} s"
 
-    params = yaml.safe_load((project / "params.yaml").read_text())
+    params = resolve(project / "params.yaml")
     params["base_model"]["hidden_size"] = 96
     params["base_model"]["intermediate_size"] = 192
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -94,7 +95,7 @@ def test_runtime_values_and_other_schemas_rerun_nothing(project: Path) -> None:
     """Values under runtime: (checkpoint / logging intervals, workers) and another section's schema module are not
     deps of these stages: editing them leaves data and base_model up to date."""
     _run(["dvc", "repro", *TARGETS], project)
-    params = yaml.safe_load((project / "params.yaml").read_text())
+    params = resolve(project / "params.yaml")
     params["runtime"]["corpus"]["workers"] += 1
     params["runtime"]["grpo"]["checkpoint_every"] += 1
     params["runtime"]["pretrain"]["train"]["log_every"] += 1
@@ -113,7 +114,7 @@ def test_pipeline_flow_reports_ran_and_skipped(project: Path) -> None:
         return {r[0]: r[1] for r in rows if len(r) == 3 and r[0] in TARGETS}
 
     _run(["dvc", "repro", *TARGETS], project)  # order-independent start: everything up to date
-    params = yaml.safe_load((project / "params.yaml").read_text())
+    params = resolve(project / "params.yaml")
     params["base_model"]["seed"] += 1
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _, out = _run([sys.executable, "-m", "flows.pipeline", *TARGETS], project)

@@ -14,7 +14,7 @@ import yaml
 
 from stages import report
 from stages.core.errors import PipelineError
-from stages.params import load_params, parse_params
+from stages.params import load_params, parse_params, resolve
 from stages.report.inputs import input_files
 from stages.schema.report import ReportParams
 from tests.report.fake_run import write_fake_run
@@ -162,7 +162,7 @@ def test_dvc_yaml_deps_are_exactly_what_it_reads(params: ReportParams) -> None:
 
 
 def test_report_models_must_be_evaluated_models() -> None:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = resolve(ROOT / "params.yaml")
     raw["report"]["models"] = ["sft", "grpo", "ppo"]
     with pytest.raises(PipelineError, match=r"^params: report\.models: \['ppo'\] not in evaluate\.models"):
         parse_params(raw)
