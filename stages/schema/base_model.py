@@ -10,12 +10,14 @@ from stages.schema.base import ModelRef, NonNegInt, PosFloat, PosInt, Section
 
 
 class BaseModelParams(Section):
-    """Section ``base_model``: the starting model (tiny Llama trained here, or a real checkpoint)."""
+    """Section ``base_model``: the starting model (tiny Llama trained here, or a real checkpoint). The tiny model's
+    sizes are not the paper's (its model is the checkpoint's): they size a small Llama, ignored with a checkpoint."""
 
     SECTION = "base_model"
 
     checkpoint: ModelRef = "deepseek-ai/deepseek-coder-7b-base-v1.5"
-    """null: train a tokenizer and initialise a tiny Llama here; else a HF directory or hub id to start from."""
+    """null: train a tokenizer and initialise a tiny Llama here; else a HF directory or hub id to start from (paper 2.3:
+    DeepSeek-Coder-Base-v1.5 7B)."""
     prompt_format: Literal["deepseekmath", "chat_template"] = "deepseekmath"
     """Zero-shot prompt style of every later stage (SFT, RL, RM, evaluation), recorded with the model:
     deepseekmath = ``User: {question}\\n{instruction}\\n\\nAssistant:``; chat_template = the tokenizer's own chat
@@ -37,7 +39,7 @@ class BaseModelParams(Section):
     num_kv_heads: PosInt = 4
     """Key/value heads (grouped-query attention when below num_heads)."""
     max_position_embeddings: PosInt = 4096
-    """Longest sequence the model accepts."""
+    """Longest sequence the model accepts (4096: the paper's 4K context)."""
     rope_theta: PosFloat = 10000.0
     """RoPE base frequency."""
 

@@ -60,7 +60,8 @@ class CrawlParams(Section):
 
 
 class DataParams(Section):
-    """Section ``data``: everything the pipeline generates itself, deterministically from ``seed``."""
+    """Section ``data``: everything the pipeline generates itself, deterministically from ``seed``: stand-ins, not in
+    the paper. Defaults: the real run's labelled checks (params/deepseekmath-7b.yaml); the tiny default is smaller."""
 
     SECTION = "data"
 

@@ -27,7 +27,7 @@ class EvalModelParams(Section):
     sample_modes: list[EvalMode] = []
     """Modes scored from n_samples samples at common.temperature (pass@k, maj@k); [] for none."""
     n_samples: PosInt = 1
-    """Samples per problem in sample_modes; k runs over 1, 2, 4, ... up to it."""
+    """Samples per problem in sample_modes; k runs over 1, 2, 4, ... up to it (paper Figure 7: up to 64)."""
     limit: PosInt | None = None
     """At most this many problems of each benchmark for this model (the first ones; never above common.limit); null: common.limit."""
 
@@ -65,9 +65,9 @@ class EvalCommonParams(Section):
     batch_size: PosInt = 256
     """Prompts per generate call and per resumable checkpoint write; the hf backend decodes all their samples together."""
     max_new_tokens: PosInt = 1024
-    """Most new tokens per generation (per round in tir mode; the reference uses 1024)."""
+    """Most new tokens per generation (per round in tir mode; the reference evaluation, deepseek-ai/DeepSeek-Math: 1024)."""
     temperature: PosFloat = 0.7
-    """Sampling temperature of sample_modes (the paper's pass@k / maj@k: 0.7)."""
+    """Sampling temperature of sample_modes (paper 5.2.2 / Figure 7's pass@k / maj@k: 0.7)."""
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     """Nucleus sampling threshold of sample_modes (reference: 1.0)."""
     seed: NonNegInt = 0
@@ -84,7 +84,8 @@ class EvalCommonParams(Section):
     checker: EvalCheckerParams = EvalCheckerParams()
     """Answer checking: the mode of the headline and of the report's paper comparison, the deadline of one check."""
     n_shots: NonNegInt = 8
-    """Few-shot exemplars (from the SFT split, Q:/A: format) in few_shot prompts for the generated problems."""
+    """Few-shot exemplars (from the SFT split, Q:/A: format) in few_shot prompts for the generated problems (the
+    reference evaluation's 8-shot)."""
     limit: PosInt | None = None
     """Evaluate at most this many problems of each benchmark (the first ones); null: all."""
     sample_limit: PosInt | None = None
@@ -93,7 +94,8 @@ class EvalCommonParams(Section):
     """Where the benchmarks are: the testsets stage's directory (data/testsets), one file per test set."""
     benchmarks: list[str] = ["gsm8k", "math"]
     """The test sets to evaluate, by name (files <testsets>/<name>.jsonl; names of testsets.datasets), e.g.
-    [gsm8k, math]; each is scored with its rows' family (gsm8k / math / generated: prompts and answer extraction)."""
+    [gsm8k, math] (the paper's English benchmarks, the default); each is scored with its rows' family (gsm8k / math /
+    generated: prompts and answer extraction)."""
 
     @field_validator("benchmarks")
     @classmethod

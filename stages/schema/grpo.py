@@ -86,9 +86,10 @@ class GrpoRolloutParams(Section):
     evaluation stage uses (stages/core/tool_loop.py): chain of thought, a program, or tool-integrated reasoning."""
 
     group_size: Annotated[int, Field(ge=2)] = 64
-    """G, outputs sampled per question (paper: 64)."""
+    """G, outputs sampled per question (paper 4.2: 64)."""
     temperature: PosFloat = 1.0
-    """Sampling temperature; log-probs of the ratio and KL use logits / temperature."""
+    """Sampling temperature; log-probs of the ratio and KL use logits / temperature (the paper states none: 1.0, plain
+    sampling)."""
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     """Nucleus sampling top-p (1.0 = off). Handled exactly: the sampler reports, and every log-prob of the loss
     (pi_theta, pi_old, pi_ref) uses, the distribution the tokens were drawn from: softmax(logits / temperature)
@@ -98,7 +99,7 @@ class GrpoRolloutParams(Section):
     """Top-k sampling: only the k most likely tokens can be drawn (0 = off); applied before top_p, handled exactly as
     top_p."""
     max_new_tokens: PosInt = 1024
-    """Longest sampled output in tokens (paper: 1024); also L_max of the seq-mean-token-sum-norm aggregation."""
+    """Longest sampled output in tokens (paper 4.2: 1024); also L_max of the seq-mean-token-sum-norm aggregation."""
     backend: Literal["auto", "hf", "vllm"] = "auto"
     """Generation backend (stages/core/generation.py); auto = vllm when installed and usable, else hf."""
     vllm: GrpoVllmParams = GrpoVllmParams()
@@ -156,7 +157,8 @@ class GrpoRewardParams(Section):
     is the accuracy metric with every source."""
 
     source: str = "process_rm"
-    """A registered reward source (one module each in stages/rl/sources/): rule = the weighted
+    """Paper 4.2: a reward model trained Math-Shepherd style, process supervision here (whether the released model's
+    was outcome or process supervision is not stated). A registered reward source (one module each in stages/rl/sources/): rule = the weighted
     functions below (outcome supervision); outcome_rm = sigmoid of the reward model's last-token score; process_rm =
     the reward model's score at every step end, with process-supervised advantages (paper 4.1.3; group normalisation
     over all step rewards, advantage.scale_rewards unused); RM: data/models/reward_model (reward_model stage), the
@@ -218,11 +220,12 @@ class GrpoAdvantageParams(Section):
     paper), gae = PPO's generalised advantage estimation (ppo needs it, grpo cannot use it: it has no value model).
     Unused by sft / rft / online_rft."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scaling: group std (paper), batch std (TRL option) or none (Dr. GRPO)."""
+    """Advantage scaling: group std (paper 4.1.2), batch std (TRL option) or none (Dr. GRPO)."""
     eps: NonNegFloat = 1.0e-4
-    """Added to the std when normalising rewards (1e-4 as TRL)."""
+    """Added to the std when normalising rewards (not in the paper; 1e-4 as TRL)."""
     skip_zero_std_groups: bool = False
-    """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost."""
+    """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost (false:
+    the paper's update keeps them)."""
 
     @field_validator("estimator")
     @classmethod
@@ -240,7 +243,7 @@ class GrpoLossParams(Section):
     stop-gradient IS weights (CISPO; bounds in ``cispo``). sft / rft / online_rft always use the SFT loss (nll; their
     gradient coefficient defines them)."""
     clip_eps: PosFloat = 0.2
-    """Clip epsilon of the ratio (the paper does not state it; 0.2 as TRL/verl)."""
+    """Clip epsilon of the ratio (the paper does not state it; 0.2 as TRL / verl)."""
     clip_eps_high: PosFloat | None = None
     """Upper clip epsilon (DAPO clip-higher, e.g. 0.28); null = clip_eps (symmetric, as the paper)."""
     aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
@@ -271,7 +274,7 @@ class GrpoKlParams(Section):
     the policy at each iteration)."""
 
     beta: NonNegFloat = 0.04
-    """KL coefficient (paper: 0.04): grpo: beta x the k3 KL in the loss (eq. 3-4); ppo: -beta x log pi_old / pi_ref in
+    """KL coefficient (paper 4.2: 0.04): grpo: beta x the k3 KL in the loss (eq. 3-4); ppo: -beta x log pi_old / pi_ref in
     the per-token reward (eq. 2). 0 loads no reference model."""
 
 
@@ -280,18 +283,20 @@ class GrpoOptimParams(Section):
     ``minibatches`` optimizer steps accumulated over micro-batches (stages/rl/step.py phase 5)."""
 
     lr: NonNegFloat = 1.0e-6
-    """Policy learning rate, AdamW, constant (paper: 1e-6). 0 freezes the policy: a diagnostic run whose
+    """Policy learning rate, AdamW, constant (paper 4.2: 1e-6). 0 freezes the policy: a diagnostic run whose
     sampler-trainer mismatch must stay flat (docs/rl.md, the lr = 0 table)."""
     weight_decay: NonNegFloat = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay (not in the paper: 0)."""
     max_grad_norm: PosFloat = 1.0
-    """Clip the global gradient norm of each optimizer step to this value."""
+    """Clip the global gradient norm of each optimizer step to this value (not in the paper: 1.0)."""
     mu: PosInt = 1
-    """Policy updates per rollout batch (paper: 1); >1 makes the ratio differ from 1."""
+    """Policy updates per rollout batch (paper 4.2: a single update per exploration stage); >1 makes the ratio differ from 1."""
     minibatches: PosInt = 1
-    """Optimizer steps per update pass over the rollout batch (the batch is split into this many minibatches)."""
+    """Optimizer steps per update pass over the rollout batch (the batch is split into this many minibatches; paper
+    4.2: one, the batch of 1024 outputs)."""
     micro_batch_size: PosInt = 8
-    """Outputs per forward/backward pass; gradients accumulate over a minibatch with batch-wide normalisers."""
+    """Outputs per forward/backward pass; gradients accumulate over a minibatch with batch-wide normalisers (memory
+    only: the same update at any size)."""
 
 
 class GrpoPpoParams(Section):
@@ -304,7 +309,8 @@ class GrpoPpoParams(Section):
     """The value model's weights: policy = the model RL starts from (its backbone, a new scalar head); reward_model =
     data/models/reward_model (backbone and head; the paper's PPO initialises its value model from the reward model)."""
     value_lr: PosFloat = 1.0e-5
-    """AdamW learning rate of the value model (its own optimizer; clipping at optim.max_grad_norm)."""
+    """AdamW learning rate of the value model (its own optimizer; clipping at optim.max_grad_norm; the paper gives none:
+    1e-5, verl's critic default for 7B PPO)."""
     gamma: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
     """GAE discount (not in the paper; 1.0 as verl and TRL)."""
     lam: Annotated[float, Field(ge=0.0, le=1.0)] = 0.95
@@ -326,7 +332,7 @@ class GrpoIterativeRmParams(RmDataParams):
     The samples use grpo.rollout's temperature, max_new_tokens and backend."""
 
     replay_fraction: Fraction = 0.1
-    """Share of the historical RM training examples replayed in each RM update (paper: 10%)."""
+    """Share of the historical RM training examples replayed in each RM update (paper 4.1.4: 10%)."""
 
 
 class GrpoIterativeParams(Section):
@@ -336,7 +342,7 @@ class GrpoIterativeParams(Section):
     plus a replay of historical examples. Policies and RMs per iteration go to data/models/grpo_iters/."""
 
     iterations: PosInt = 2
-    """I, outer iterations (paper: 2, Figure 6); 1 = plain GRPO. Total GRPO steps = iterations x steps."""
+    """I, outer iterations (paper 4.2 / Figure 6: 2); 1 = plain GRPO. Total GRPO steps = iterations x steps."""
     rm: GrpoIterativeRmParams = GrpoIterativeRmParams()
     """The reward model's update per iteration (the reward_model section's settings, plus the replay share)."""
 
@@ -348,7 +354,7 @@ class GrpoBaselineParams(Section):
     enabled: bool = True
     """Train the baseline after GRPO (false: skip it; data/models/sft_continued is then a copy of the start model)."""
     lr: PosFloat = 1.0e-6
-    """Learning rate of the baseline's SFT steps."""
+    """Learning rate of the baseline's SFT steps (the policy's, 1e-6, by default)."""
 
 
 class GrpoHeldoutParams(Section):
@@ -356,12 +362,12 @@ class GrpoHeldoutParams(Section):
     before the first step, every ``every`` steps and after the last (curves for benchmarks/paradigm.py)."""
 
     every: NonNegInt = 0
-    """Evaluate every this many steps (plus before the first and after the last); 0 = off."""
+    """Evaluate every this many steps (plus before the first and after the last); 0 = off (not in the paper)."""
     problems_file: DataPath
     """The held-out problems: a test set of the testsets stage (data/testsets/<name>.jsonl) or any JSONL of
     {"question", "answer"} rows (GSM8K rows, whose answer ends with '#### N', are read too)."""
     limit: PosInt = 500
-    """Problems evaluated (the first ones of the file)."""
+    """Problems evaluated (the first ones of the file; 500: GSM8K's standard error near 2 points)."""
     max_new_tokens: PosInt = 1024
     """Greedy generation limit of the evaluation."""
 
@@ -420,7 +426,7 @@ class GrpoParams(Section):
     model start there too."""
     template: Literal["deepseekmath", "r1"] = "deepseekmath"
     """Prompt template of the rollouts and the held-out curve (stages/core/prompts.py): deepseekmath = the chat
-    prompt the SFT data uses; r1 = DeepSeek-R1-Zero's (<think> reasoning </think> then the answer in \\boxed{}).
+    prompt the SFT data uses (the paper's); r1 = DeepSeek-R1-Zero's (<think> reasoning </think> then the answer in \\boxed{}).
     reward.format_weight weighs the template's format reward (stages/rl/rewards.py)."""
     seed: NonNegInt = 0
     """Seed for question order, sampling and the baseline."""
@@ -428,9 +434,10 @@ class GrpoParams(Section):
     """The RL prompts: a JSONL of {"question", "answer", ...} rows or a directory of them (schema: stages/rl/data.py):
     the tiny default's data/corpus/problems/rl.jsonl, the ingest stage's data/ingest/rl in real mode."""
     steps: PosInt = 500
-    """GRPO steps (one rollout batch each); iterative RL runs iterative.iterations x steps."""
+    """GRPO steps (one rollout batch each); iterative RL runs iterative.iterations x steps (the paper does not state
+    the count: 500)."""
     questions_per_step: PosInt = 16
-    """Questions sampled per step (paper: 1024 outputs per step / G = 64 -> 16)."""
+    """Questions sampled per step (paper 4.2: a batch of 1024 outputs / G = 64 -> 16)."""
     log_completions_every: NonNegInt = 10
     """Keep a table of sampled completions every this many steps (samples.jsonl beside the policy; a Prefect artifact
     inside a flow); 0 = never."""

@@ -16,9 +16,9 @@ class IngestDecontamParams(Section):
     testsets: str
     """The test sets to decontaminate against: the testsets stage's directory (data/testsets) or one file."""
     ngram: Annotated[int, Field(ge=3, le=256)] = 10
-    """n of the n-gram rule (paper: 10)."""
+    """n of the n-gram rule (paper 2.1: 10)."""
     min_short: Annotated[int, Field(ge=1)] = 3
-    """Test questions with at least this many (and fewer than ngram) grams are matched whole (paper: 3)."""
+    """Test questions with at least this many (and fewer than ngram) grams are matched whole (paper 2.1: 3)."""
     min_overlap: Fraction = 0.7
     """A row is removed when it holds this share of one test question's or solution's distinct n-grams
     (0: one shared n-gram, the paper's literal rule; 0.7 measured on real math: docs/corpus.md)."""
@@ -33,7 +33,7 @@ class IngestCommonParams(Section):
     exec_workers: Annotated[Workers, RUNTIME] = 2
     """Sandbox worker processes for the program checks."""
     samples: NonNegInt = 20
-    """Skipped and removed rows quoted per reason in the report (data/ingest/reports/<name>.json)."""
+    """Skipped and removed rows quoted per reason in the report (data/ingest/reports/<name>.json; ours)."""
     decontam: IngestDecontamParams
     """Decontamination against the test sets."""
 

@@ -13,18 +13,20 @@ from stages.schema.train import AttnImplementation, DeepSpeedParams
 class RmDataParams(Section):
     """How reward-model training data is made and fitted: policy samples on RL problems, labelled automatically
     (stages/rl/rm/labels.py), then trained on (stages/rl/rm/train.py). Shared by the ``reward_model`` section (the
-    RM's first training) and ``grpo.iterative.rm`` (its updates in iterative RL), so both spell it alike."""
+    RM's first training) and ``grpo.iterative.rm`` (its updates in iterative RL), so both spell it alike. Paper 4.1.3:
+    data built following Math-Shepherd (Wang et al. 2023: 15 solutions per problem, N = 8 completions per step, hard
+    estimation); the number of problems, epochs, batch size and held-out share are not stated (ours)."""
 
     questions: PosInt = 10_000
     """RL problems to sample: reward_model: the first ones of its prompts_file; grpo.iterative.rm: a seeded draw
     from grpo.prompts_file per update."""
     samples_per_question: PosInt = 15
-    """Policy outputs sampled per problem."""
+    """Policy outputs sampled per problem (Math-Shepherd: 15)."""
     labels: Literal["values", "rollouts"] = "rollouts"
     """Step labels: values = check each step line against the problem's known running values; rollouts =
     Math-Shepherd (a step is right if one of rollouts_per_step completions from it reaches the gold answer)."""
     rollouts_per_step: PosInt = 8
-    """Math-Shepherd completions sampled from each step prefix (labels: rollouts only)."""
+    """Math-Shepherd completions sampled from each step prefix (labels: rollouts only; Math-Shepherd: N = 8)."""
     train_on: Literal["process", "outcome"] = "process"
     """process: a label at every step end (a PRM, also usable as an ORM: its last step is the outcome);
     outcome: a label at the last token only (an ORM)."""
@@ -33,7 +35,7 @@ class RmDataParams(Section):
     epochs: PosInt = 1
     """Passes over the training examples."""
     lr: PosFloat = 2.0e-5
-    """AdamW learning rate, constant (paper: 2e-5 for the 7B RM)."""
+    """AdamW learning rate, constant (paper 4.2: 2e-5 for the 7B RM)."""
     batch_size: PosInt = 32
     """Examples per optimizer step (and per scoring forward)."""
 
@@ -52,15 +54,16 @@ class RewardModelParams(RmDataParams):
     init: Literal["sft", "pretrain", "base"] = "pretrain"
     """The RM's backbone: sft = data/models/sft (the policy it will score); pretrain = data/models/pretrain (the
     continually pretrained model: the paper initialises its RM from DeepSeekMath-Base 7B); base = data/models/base
-    (the base_model stage's model). The head is new in every case; the samples always come from the SFT model."""
+    (the base_model stage's model). The head is new in every case; the samples always come from the SFT model. Paper
+    4.2: initialised from DeepSeekMath-Base 7B, so pretrain."""
     prompts_file: DataPath
     """The RL prompts whose samples are labelled: as grpo.prompts_file (a JSONL file or a directory of them; schema:
     stages/rl/data.py; GSM8K rows {"question", "answer": "... #### N"} and MATH rows {"problem", "answer"} are read
     too)."""
     temperature: PosFloat = 1.0
-    """Sampling temperature of the policy outputs (and of the Math-Shepherd rollouts)."""
+    """Sampling temperature of the policy outputs (and of the Math-Shepherd rollouts; not stated in the paper)."""
     max_new_tokens: PosInt = 1024
-    """Longest sampled output in tokens."""
+    """Longest sampled output in tokens (the RL rollouts' 1024, paper 4.2)."""
     backend: Literal["auto", "hf", "vllm"] = "auto"
     """Generation backend (stages/core/generation.py)."""
     best_of_n: PosInt = 8

@@ -19,7 +19,8 @@ class LauncherParams(Section):
     (every rank draws its own micro-batches), so DVC tracks it; how the ranks are started is a runtime value."""
 
     nproc_per_node: PosInt = 1
-    """Ranks per node (GPUs per node; CPU ranks with gloo on a CPU-only machine); 1 with kind none."""
+    """Ranks per node (GPUs per node; CPU ranks with gloo on a CPU-only machine); 1 with kind none (the default: one
+    local process; a recipe names its cluster, params/deepseekmath-7b.yaml 8 x 8)."""
     nnodes: PosInt = 1
     """Nodes; 1 with kind none. Several nodes: kind deepspeed with a hostfile (it starts the other nodes' ranks over
     ssh / pdsh), or kind torchrun with rdzv_endpoint (the other nodes run the printed torchrun command)."""
@@ -84,21 +85,23 @@ class TrainLoopParams(Section):
     seq_len: PosInt
     """Tokens per packed sequence; must not exceed the model's max_position_embeddings."""
     lr: PosFloat
-    """Peak learning rate."""
+    """Peak learning rate (paper: 4.2e-4 for the 7B base, 5e-5 for SFT: pretrain.train, sft.train)."""
     schedule: Literal["multistep", "constant"]
-    """multistep: the paper's (linear warm-up, then 31.6% of peak after 80% of steps, 10% after 90%); constant: warm-up then flat."""
+    """multistep: the paper's (2.2.1: linear warm-up, then 31.6% of peak after 80% of steps, 10% after 90%); constant:
+    warm-up then flat (the paper's SFT, 3.2)."""
     warmup_steps: NonNegInt
-    """Linear warm-up steps from 0 to the peak (paper pretraining: 2000)."""
+    """Linear warm-up steps from 0 to the peak (paper 2.2.1 pretraining: 2000)."""
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.1
-    """AdamW decoupled weight decay (paper: 0.1); not applied to norms and biases."""
+    """AdamW decoupled weight decay (paper 2.2.1: 0.1); not applied to norms and biases."""
     adam_beta1: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    """AdamW beta1 (paper: 0.9)."""
+    """AdamW beta1 (paper 2.2.1: 0.9)."""
     adam_beta2: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.95
-    """AdamW beta2 (paper: 0.95)."""
+    """AdamW beta2 (paper 2.2.1: 0.95)."""
     adam_eps: PosFloat = 1.0e-8
-    """AdamW epsilon."""
+    """AdamW epsilon (not in the paper: 1e-8, PyTorch's)."""
     max_grad_norm: Annotated[float, Field(ge=0.0)] = 1.0
-    """Clip the global gradient norm to this value; 0 = no clipping (the norm is logged either way)."""
+    """Clip the global gradient norm to this value; 0 = no clipping (the norm is logged either way; not in the paper:
+    1.0, DeepSeek LLM's)."""
     precision: Literal["auto", "bf16", "fp32"] = "bf16"
     """bf16: bf16 autocast with fp32 weights and optimizer; fp32: plain; auto: bf16 where the hardware has fast bf16 (AMX, CUDA)."""
     num_threads: NonNegInt = 0
