@@ -106,6 +106,29 @@ def test_runtime_values_and_other_schemas_rerun_nothing(project: Path) -> None:
     assert "changed" not in status and "modified" not in status, status
 
 
+def test_a_default_edit_reruns_the_stages_that_read_it(project: Path) -> None:
+    """A value the params file does not name comes from its schema module, a code dep of the stages that read it:
+    editing the default re-runs base_model (which records the value in data/params/base_model.yaml) and not data."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["base_model"].pop("rope_theta", None)  # the paper's value, the schema's default
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _run(["dvc", "repro", *TARGETS], project)
+    record = yaml.safe_load((project / "data" / "params" / "base_model.yaml").read_text())
+    assert record["base_model"]["rope_theta"] == 10000.0 and "data" in yaml.safe_load(
+        (project / "data" / "params" / "data.yaml").read_text())
+    schema = project / "stages" / "schema" / "base_model.py"
+    text = schema.read_text()
+    assert text.count("rope_theta: PosFloat = 10000.0") == 1
+    schema.write_text(text.replace("rope_theta: PosFloat = 10000.0", "rope_theta: PosFloat = 500000.0"))
+    try:
+        _, status = _run(["dvc", "status", *TARGETS], project)
+        assert status.startswith("base_model:") and "stages/schema/base_model.py" in status and "data:" not in status
+    finally:
+        schema.write_text(text)
+    _, status = _run(["dvc", "status", *TARGETS], project)
+    assert "changed" not in status and "modified" not in status, status
+
+
 def test_pipeline_flow_reports_ran_and_skipped(project: Path) -> None:
     """`python -m flows.pipeline` runs each stage through DVC's bookkeeping: after the test above, data
     is up to date and base_model's params changed, so only base_model runs; a second run skips both."""
