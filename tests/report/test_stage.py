@@ -157,7 +157,7 @@ def test_dvc_yaml_deps_are_exactly_what_it_reads(params: ReportParams) -> None:
     stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["report"]
     data_deps = [d for d in stage["deps"] if not d.endswith(".py")]
     assert data_deps == [str(p) for p in input_files(params)]
-    assert stage["outs"] == ["data/report", "data/details/report.json"] and stage["params"] == ["report"]
+    assert stage["outs"] == ["data/report", "data/details/report.json", "data/params/report.yaml"] and stage["params"] == ["report"]
     assert list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])[-1] == "report"  # the last stage
 
 
