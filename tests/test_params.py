@@ -159,7 +159,7 @@ def test_unknown_key_is_rejected() -> None:
 def test_missing_key_is_reported() -> None:
     raw = _raw()
     del raw["grpo"]["heldout"]["problems_file"]
-    with pytest.raises(PipelineError, match=r"grpo\.heldout\.problems_file: missing; add it \(dvc\.yaml reads it"):
+    with pytest.raises(PipelineError, match=r"grpo\.heldout\.problems_file: missing; add it \(no default: dvc\.yaml reads it"):
         parse_params(raw)
     raw = _raw()
     del raw["report"]

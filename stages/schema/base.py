@@ -9,7 +9,7 @@ Rules (tests/test_params.py checks them):
   default field by field, however deep (:meth:`Section._over_defaults`); lists and named entries are replaced whole;
 - DVC tracks what a file spells (``params: [section]``) and each schema module is a code dep of the stages that import
   it (dvc.yaml, generated from the import closure), so a file edit or a default edit re-runs the stages that read it;
-  each stage records its resolved values beside its outputs (data/params/, :func:`resolved_record`);
+  each stage records its resolved values beside its outputs (data/params/, ``stages.params.record``);
 - extra keys are forbidden and every field has a docstring (pydantic's ``use_attribute_docstrings``);
 - a bad value is reported as one line naming the key and what is expected, before any stage does work;
 - no number is infinite or NaN (``allow_inf_nan=False`` for every section, nested models and containers
@@ -302,7 +302,7 @@ def format_error(source: str, err: ValidationError, prefix: str = "") -> str:
     for e in err.errors():
         key = (prefix + ".".join(str(x) for x in e["loc"])).rstrip(".") or "(top level)"
         if e["type"] == "missing":
-            parts.append(f"{key}: missing; add it (dvc.yaml reads it, so every params file names it)")
+            parts.append(f"{key}: missing; add it (no default: dvc.yaml reads it, or it describes your data)")
         elif e["type"] == "extra_forbidden":
             parts.append(f"{key}: unknown key; remove it or check its spelling")
         else:
