@@ -314,13 +314,23 @@ def test_validating_the_params_imports_no_torch() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-def test_values_dvc_writes_for_dvc_exp_run_set_param_load(tmp_path: Path) -> None:
-    """``dvc exp run -S '++grpo.optim.lr=1e-5'`` (``++``: add the key or set it) writes ``lr: 1e-05`` into a group
-    the file may not have had: a number to DVC (YAML 1.2) and to the loader alike."""
+@pytest.mark.parametrize("name", ["params.yaml", "params/deepseekmath-7b.yaml"])
+def test_dvc_exp_run_set_param_changes_only_the_key_it_sets(name: str, tmp_path: Path) -> None:
+    """``dvc exp run -S`` rewrites the params file with DVC's own YAML writer (dvc.utils.hydra.apply_overrides):
+    the file is written as that writer writes it (block lists, flow maps under 80 columns), so a value set to what it
+    is changes no byte, and ``-S '++grpo.kl.beta=1e-5'`` (``++``: add the key where the file has none) adds that key
+    alone, written ``1e-05``: a number to DVC (YAML 1.2) and to the loader alike."""
+    from dvc.utils.hydra import apply_overrides
+
     f = tmp_path / "params.yaml"
-    f.write_text((ROOT / "params.yaml").read_text().replace("  ppo: {value_lr: 2.0e-5}\n",
-                                                           "  ppo: {value_lr: 2.0e-5}\n  kl:\n    beta: 1e-05\n"))
+    f.write_text((ROOT / name).read_text())
+    apply_overrides(f, ["grpo.prompts_file=" + load_params(f).grpo.prompts_file])
+    assert f.read_text() == (ROOT / name).read_text()
+    apply_overrides(f, ["++grpo.kl.beta=1e-5"])
+    added = [ln for ln in f.read_text().splitlines() if ln not in (ROOT / name).read_text().splitlines()]
+    assert added == ["  kl:", "    beta: 1e-05"], added
     assert load_params(f).grpo.kl.beta == 1e-05
+    assert diff(resolve(ROOT / name), resolve(f)) == ["grpo.kl.beta: 0.04 -> 1e-05"]
 
 
 def test_show_and_diff_print_resolved_values(tmp_path: Path) -> None:

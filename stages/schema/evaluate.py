@@ -26,7 +26,7 @@ class EvalModelParams(Section):
     """Modes scored with greedy decoding (top-1 accuracy), e.g. [cot, pot, tir]."""
     sample_modes: list[EvalMode] = []
     """Modes scored from n_samples samples at common.temperature (pass@k, maj@k); [] for none."""
-    n_samples: PosInt = 1
+    n_samples: PosInt = 64
     """Samples per problem in sample_modes; k runs over 1, 2, 4, ... up to it (paper Figure 7: up to 64)."""
     limit: PosInt | None = None
     """At most this many problems of each benchmark for this model (the first ones; never above common.limit); null: common.limit."""
