@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     start = rss()
     crawl = Path(args.crawl).resolve()
     seed = crawl.with_name(crawl.name.replace("crawl-", "seed-"))
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    from stages.params import resolve
+    params = resolve(ROOT / "params.yaml")
     point_at(params["corpus"], crawl, seed if seed.is_file() else ROOT / params["corpus"]["seed_path"], args.shards)
     proj = Path(tempfile.mkdtemp(prefix="corpus-driver-"))
     sched, work, addr = start_cluster(args.workers, dict(os.environ), proj / "log.txt")

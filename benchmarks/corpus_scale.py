@@ -38,13 +38,11 @@ RESULTS = ROOT / "benchmarks" / "results" / "corpus_scale.json"
 
 def generate(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
-    import yaml
-
     from stages.core.io import read_jsonl
     from stages.data import crawl
-    from stages.params import CrawlParams
+    from stages.params import CrawlParams, resolve
 
-    base = yaml.safe_load((ROOT / "params.yaml").read_text())["data"]["crawl"]
+    base = resolve(ROOT / "params.yaml")["data"]["crawl"]
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     test = read_jsonl(ROOT / "data" / "generated" / "problems" / "test.jsonl")
@@ -133,8 +131,7 @@ def run_one(code: Path, label: str, crawl: Path, seed: Path, pages: int, workers
     c = params["corpus"]
     n_shards = max(1, -(-pages // shard_pages))
     point_at(c, crawl, seed, n_shards)
-    runtime = params.get("runtime", {}).get("corpus")
-    target = runtime if runtime is not None and "task_runner" in runtime else c
+    target = c if "task_runner" in c else params.setdefault("runtime", {}).setdefault("corpus", {})  # older layouts
     target.update(task_runner="dask", workers=workers, address=None)
     proj = Path(tempfile.mkdtemp(prefix=f"scale-{label}-", dir=os.environ.get("SCALE_TMP", "/tmp")))
     (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -40,13 +40,11 @@ def build_model(out_dir: Path, n_texts: int) -> None:
     The tokenizer learns from the data stage's texts when data/generated exists (as the base_model stage
     does, reaching the configured vocabulary size), else from synthetic problems only (a smaller vocabulary).
     """
-    import yaml
-
     from stages.base_model import corpus_texts, init_model, train_tokenizer
     from stages.data.problems import sample_problem
-    from stages.params import BaseModelParams
+    from stages.params import BaseModelParams, resolve
 
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())["base_model"]
+    raw = resolve(ROOT / "params.yaml")["base_model"]
     p = BaseModelParams(**raw)
     generated = ROOT / "data" / "generated"
     if (generated / "problems" / "sft.jsonl").is_file():

@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
 
 def _root() -> Path:
     import stages
@@ -34,7 +32,9 @@ def _root() -> Path:
 
 
 def _raw() -> dict:
-    return yaml.safe_load((_root() / "params.yaml").read_text())
+    from stages.params import resolve
+
+    return resolve(_root() / "params.yaml")
 
 
 def _keys(node, prefix=""):
@@ -204,7 +204,8 @@ def case_files() -> list[str]:
         with open(arrow, "r+b") as h:
             h.truncate(arrow.stat().st_size // 2)
         out.append("datasets directory, truncated arrow file: " + _outcome(lambda: list(read_source(ds))))
-        raw = yaml.safe_load((_root() / "params.yaml").read_text())["base_model"]
+        from stages.params import resolve
+        raw = resolve(_root() / "params.yaml")["base_model"]
         raw.update(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2, num_kv_heads=2, vocab_size=400)
         tok = _tok()
         good = d / "good"

@@ -55,14 +55,14 @@ def _worker(workload: str, threads: int, steps: int, prompts: int, adaptive: boo
     import torch
 
     sys.path.insert(0, str(ROOT))
-    import yaml
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from stages.core.threads import ThreadPolicy
 
     policy = ThreadPolicy(threads, adaptive=adaptive)  # not adaptive: set_num_threads(threads) for good
     time.sleep(0.5)  # the sampler's first samples
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    from stages.params import resolve
+    raw = resolve(ROOT / "params.yaml")
     b = raw["base_model"]
     cfg = LlamaConfig(vocab_size=b["vocab_size"], hidden_size=b["hidden_size"], intermediate_size=b["intermediate_size"],
                       num_hidden_layers=b["num_layers"], num_attention_heads=b["num_heads"],

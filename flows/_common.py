@@ -115,6 +115,18 @@ def log_section(section: str, p: Section) -> None:
                           section.replace("_", "-"))
 
 
+def write_record(params: Any, address: str) -> None:
+    """data/params/<stage>.yaml (an output of the stage): the values the stage at ``address`` ran with, resolved
+    (``stages.params.record``), written when it succeeded."""
+    import yaml
+
+    from stages.core import io, paths
+    from stages.params import record
+
+    io.write_text(paths.PARAMS / f"{address.replace('@', '_')}.yaml",
+                  yaml.safe_dump(record(params, address), sort_keys=False, width=110))
+
+
 def publish_metrics(stage: str, metrics: dict[str, Any]) -> None:
     """Publish a stage's metrics as a markdown table artifact (key ``<stage>-metrics``)."""
     from prefect.artifacts import create_markdown_artifact
@@ -254,6 +266,7 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
         os.environ["PREFECT_API_URL"] = url  # for the processes this stage starts (ranks)
         with temporary_settings(updates=_servers.settings_updates(url)):
             flow_fn(params_path=args.params, **extra)
+        write_record(params, where)
     except Exception as e:
         user_error = pipeline_error(e)
         if user_error is None:

@@ -1,5 +1,10 @@
 """The whole params file: every section's schema (stages/schema/<section>.py) plus the ``runtime`` section.
 
+A params file is an overlay on the schema's defaults, the paper's values (stages/schema/base.py): params.yaml holds
+the tiny default's differences, params/*.yaml a recipe's. ``python -m stages.params show [FILE]`` prints every value
+a file resolves to (runtime values under ``runtime:``), ``python -m stages.params diff A B`` the values two files
+resolve differently; each stage records its resolved values with its outputs (data/params/<stage>.yaml, :func:`record`).
+
 Stages never import this module: each imports only its own section's schema, so editing one section's schema
 re-runs no other stage. This module validates the *whole* file before anything runs (``python -m flows.<stage>``
 and ``python -m flows.pipeline`` call :func:`load_params` first), so a bad value anywhere fails fast in one line.
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +32,7 @@ from stages.schema.base import (
     ALLOW_REDUCED_ISOLATION,
     RUNTIME,
     Section,
+    _NoAliasLoader,
     format_error,
     merge_runtime,
     read_params_file,
@@ -65,6 +72,7 @@ __all__ = [
     "EvaluateParams", "GrpoBaselineParams", "GrpoHeldoutParams", "GrpoIterativeParams", "GrpoParams",
     "GrpoRewardParams", "MixtureSource", "Params", "PretrainParams", "ProblemParams", "RecallParams",
     "ReportParams", "RewardModelParams", "Section", "SftFormatMix", "SftParams", "TrainLoopParams", "load_params", "parse_params",
+    "record", "resolve",
 ]
 
 
@@ -139,10 +147,7 @@ def parse_params(raw: Any, source: str = "params") -> Params:
         raise PipelineError(f"{source}: runtime: expected a mapping of sections, got {type(runtime).__name__}")
     classes = section_classes()
     runtime = dict(runtime)
-    if ALLOW_REDUCED_ISOLATION not in runtime:
-        raise PipelineError(f"{source}: runtime.{ALLOW_REDUCED_ISOLATION}: missing; add it (false unless model-written "
-                            "programs may run with reduced isolation)")
-    if not isinstance(runtime.pop(ALLOW_REDUCED_ISOLATION), bool):
+    if not isinstance(runtime.pop(ALLOW_REDUCED_ISOLATION, False), bool):  # default false (stages/schema/base.py)
         raise PipelineError(f"{source}: runtime.{ALLOW_REDUCED_ISOLATION}: expected true or false")
     for name in runtime:
         if name not in classes:
@@ -168,11 +173,69 @@ def load_params(path: str | os.PathLike[str] = "params.yaml") -> Params:
     return parse_params(raw, str(path))
 
 
+def resolve(params: Params | str | os.PathLike[str]) -> dict[str, Any]:
+    """Every value of a params file (a path, read with :func:`load_params`, or validated params), laid out as a
+    complete file: each section without its runtime values, and those under ``runtime:`` (the mapping a file spelling
+    out every key would load to; a script edits it and writes it out as a params file)."""
+    if not isinstance(params, Params):
+        params = load_params(params)
+    out: dict[str, Any] = {name: getattr(params, name).tracked_dump() for name in Params.model_fields}
+    out["runtime"] = {name: d for name in Params.model_fields if (d := getattr(params, name).runtime_dump())}
+    return out
+
+
+def record(params: Params, address: str) -> dict[str, Any]:
+    """What the dvc.yaml stage ``address`` (``grpo``, ``evaluate@sft``) computes with: its section's tracked values,
+    a foreach stage's own entry only (``evaluate: {common: ..., models: {sft: ...}}``). Stages write it beside their
+    outputs (data/params/<stage>.yaml): the resolved values DVC's ``params:`` and the schema code dep track."""
+    name, _, key = address.partition("@")
+    values = getattr(params, name).tracked_dump()
+    if key:
+        values = {k: {key: v[key]} if isinstance(v, dict) and key in v else v for k, v in values.items()}
+    return {name: values}
+
+
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        return {k: v for key, sub in node.items() for k, v in _leaves(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """``key: value in a -> value in b`` for every dotted key whose value differs (``<absent>`` where one has none)."""
+    la, lb = _leaves(a), _leaves(b)
+    return [f"{k}: {la.get(k, '<absent>')!r} -> {lb.get(k, '<absent>')!r}" for k in sorted(set(la) | set(lb))
+            if la.get(k, "<absent>") != lb.get(k, "<absent>")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stages.params show [FILE]`` / ``diff A B``: a file's resolved values, or two files' differences."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m stages.params", description="Resolved values of params files (an "
+                                 "overlay on the paper's values, the schema's defaults).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("show", help="every value FILE resolves to").add_argument("file", nargs="?", default="params.yaml")
+    d = sub.add_parser("diff", help="the values A and B resolve differently")
+    d.add_argument("a")
+    d.add_argument("b")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "show":
+            print(yaml.safe_dump(resolve(load_params(args.file)), sort_keys=False, width=110), end="")
+        else:
+            print("\n".join(diff(resolve(load_params(args.a)), resolve(load_params(args.b)))) or "(no difference)")
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 _SEXAGESIMAL = re.compile(r"^[-+]?\d+(?::[0-5]?\d)+(?:\.\d*)?$")
 _BOOL_WORDS = {"yes", "no", "on", "off", "y", "n"}
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(_NoAliasLoader):
     """SafeLoader that reports (instead of silently resolving) what YAML 1.1 reads differently from what people mean."""
 
     problems: list[str]
@@ -197,8 +260,8 @@ class _StrictLoader(yaml.SafeLoader):
                 self.problems.append(f"line {line}: {word!r} is read as {str(word.lower() in ('yes', 'on', 'y')).lower()} "
                                      "(YAML 1.1); write true / false, or quote it for text")
             elif node.tag == "tag:yaml.org,2002:str" and _looks_numeric(word):
-                self.problems.append(f"line {line}: {word!r} is read as the text {word!r}, not a number (YAML 1.1 "
-                                     "floats need a dot and a signed exponent: write e.g. 1.0e-4)")
+                self.problems.append(f"line {line}: {word!r} is read as the text {word!r}, not a number; write the "
+                                     "number as 1.0e-4, 0.5 or 1000, or quote it for text")
             elif node.tag == "tag:yaml.org,2002:int" and (_SEXAGESIMAL.match(word) or
                                                           (len(word) > 1 and word.lstrip("+-").startswith("0")
                                                            and word.lstrip("+-").isdigit())):
@@ -217,8 +280,8 @@ def _looks_numeric(word: str) -> bool:
 
 def check_yaml(path: str | os.PathLike[str]) -> None:
     """Refuse YAML that loads other than it reads: duplicate keys (the first is silently dropped), unquoted
-    yes / no / on / off (booleans in YAML 1.1), numbers that YAML 1.1 reads as text (``1e-4``) and text it reads as
-    numbers (``1:30``, ``010``). One line naming the file, the line and the fix."""
+    yes / no / on / off (booleans in YAML 1.1), numbers read as text (``1_0.5``) and text read as numbers
+    (``1:30``, ``010``). One line naming the file, the line and the fix."""
     text = Path(path).read_text(encoding="utf-8")
     loader = _StrictLoader(text)
     loader.problems = []
@@ -231,3 +294,7 @@ def check_yaml(path: str | os.PathLike[str]) -> None:
     if loader.problems:
         raise PipelineError(f"{path}:{loader.problems[0].removeprefix('line ')}"
                             + (f" (and {len(loader.problems) - 1} more)" if len(loader.problems) > 1 else ""))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from stages import base_model
 from stages.core.errors import PipelineError
 from stages.core.modeling import load_model, load_tokenizer, resolve_model, save_model
-from stages.params import BaseModelParams
+from stages.params import BaseModelParams, resolve
 from stages.schema.base import validate_section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +18,7 @@ TEXTS = [f"Tom has {i} apples. He buys {i * 3 % 17} more: {i} + {i * 3 % 17} = {
 
 
 def _params(**kw: object) -> BaseModelParams:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())["base_model"]
+    raw = resolve(ROOT / "params.yaml")["base_model"]
     raw.update(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2, num_kv_heads=2, vocab_size=400)
     raw.update(kw)
     return BaseModelParams.model_validate(raw)

@@ -15,6 +15,7 @@ from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.ingestion import convert
 from stages.core.io import untimed
+from stages.params import resolve
 from stages.schema.datasets import DatasetSpec
 from stages.schema.ingest import IngestParams
 from stages.schema.testsets import TestsetsParams
@@ -107,7 +108,7 @@ def test_fetch_cli_reads_params_and_names_hub_sets(project: Path) -> None:
 
     from tests.test_params import ROOT  # the committed params.yaml, with a hub data set added
 
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = resolve(ROOT / "params.yaml")
     raw["ingest"]["datasets"]["gsm_rl"] = {**_ds("data/hub/gsm", "gsm8k", role="rl"), "hub": {
         "id": str(project / "raw"), "config": None, "split": "train", "revision": "v1"}}
     (project / "params.yaml").write_text(yaml.safe_dump(raw))

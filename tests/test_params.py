@@ -1,8 +1,10 @@
-"""params.yaml against the schema: it validates, spells out every field, every field is documented,
-and bad values fail fast with one line naming the key."""
+"""params files against the schema: each is an overlay on the paper's values (the schema's defaults) that resolves
+to what its full version spelled out, every field is documented, and bad values fail fast with one line naming the
+key."""
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -14,13 +16,20 @@ import yaml
 from pydantic import BaseModel
 
 from stages.core.errors import PipelineError
-from stages.params import Params, load_params, parse_params
+from stages.params import Params, diff, load_params, parse_params, record, resolve
+from tests.flows.test_dvc_yaml import dvc_reads
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _raw() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    return resolve(ROOT / "params.yaml")
+
+
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        return {k: v for key, sub in node.items() for k, v in _leaves(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
 
 
 def _model_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
@@ -43,30 +52,75 @@ def _runtime_keys() -> set[str]:
     return {f"{name}.{path}" for name, f in Params.model_fields.items() for path in f.annotation.runtime_paths()}
 
 
-def test_params_yaml_spells_out_every_field() -> None:
-    # runtime fields (stages/schema/base.py) are spelled out under runtime:, at the same path
-    raw = _raw()
-    missing = []
-    runtime = _runtime_keys()
-    for key, _ in _model_fields(Params):
-        node: Any = raw["runtime"] if key in runtime else raw
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                missing.append(key)
-                break
-            node = node[part]
-    assert not missing, f"params.yaml lacks {missing}"
-
-
-def test_every_field_has_a_docstring() -> None:
+def test_every_field_is_documented_and_defaults_but_what_dvc_yaml_reads() -> None:
+    """A file naming only what dvc.yaml reads (the paths it interpolates, the named data sets and models, the groups
+    it tracks) validates and takes the paper's values for everything else; without any one of those keys it fails in
+    one line naming the key."""
     undocumented = [k for k, f in _model_fields(Params) if not (f.description or "").strip()]
     assert not undocumented, f"fields without a docstring: {undocumented}"
+    full = yaml.safe_load((ROOT / "params" / "deepseekmath-7b.yaml").read_text())
+    minimal: dict[str, Any] = {}
+    for key, kind in dvc_reads().items():  # a value copied, a tracked group present
+        node, src = minimal, full
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node, src = node.setdefault(part, {}), src[part]
+        node.setdefault(leaf, src[leaf] if kind == "value" else {})
+    p = parse_params(minimal)
+    assert p.grpo.optim.lr == 1.0e-6 and p.grpo.rollout.group_size == 64 and p.sft.train.lr == 5.0e-5  # paper 4.2, 3.2
+    assert p.pretrain.train.steps == 50_000 and p.corpus.classifier.dim == 256 and p.grpo.kl.beta == 0.04
+    for key in dvc_reads():
+        raw = copy.deepcopy(minimal)
+        *parents, leaf = key.split(".")
+        node = raw
+        for part in parents:
+            node = node[part]
+        del node[leaf]
+        with pytest.raises(PipelineError, match=rf"{re.escape(key)}: missing; add it"):
+            parse_params(raw)
 
 
-def test_no_field_has_a_default() -> None:
-    # DVC tracks params.yaml values, not schema defaults: every value must be written out.
-    with_default = [k for k, f in _model_fields(Params) if not f.is_required()]
-    assert not with_default, f"fields with schema defaults: {with_default}"
+def test_the_paper_file_sets_only_data_launch_and_what_dvc_yaml_reads() -> None:
+    """The schema's defaults are the paper's values: params/deepseekmath-7b.yaml changes none of them, it names its
+    data (what dvc.yaml reads), its benchmarks, the report's title and how the run is launched."""
+    full = yaml.safe_load((ROOT / "params" / "deepseekmath-7b.yaml").read_text())
+    full.pop("runtime")
+    reads = [k for k, kind in dvc_reads().items() if kind == "value"]
+    allowed = ("evaluate.common.benchmarks", "report.title", "grpo.launcher.", "pretrain.launcher.", "sft.launcher.")
+    extra = [k for k, v in _leaves(full).items() if v != {} and not any(k == r or k.startswith(r + ".") for r in reads)
+             and not k.startswith(allowed)]
+    assert not extra, f"params/deepseekmath-7b.yaml changes paper defaults: {extra}"
+
+
+FULL_FILES_OF = "a75a2a3"
+"""The commit whose params files spelled out every value (before issue 44)."""
+
+
+@pytest.mark.parametrize("name", ["params.yaml", "params/deepseekmath-7b.yaml", "params/qwen2.5-0.5b-gsm8k.yaml"])
+def test_each_file_resolves_to_its_full_version_value_for_value(name: str) -> None:
+    """Each overlay resolves to every value its full version of a75a2a3 spelled out, and both load to the same
+    params (fields added since then take their defaults in both)."""
+    show = subprocess.run(["git", "show", f"{FULL_FILES_OF}:{name}"], cwd=ROOT, capture_output=True, text=True)
+    if show.returncode:
+        pytest.skip(f"no git history of {FULL_FILES_OF} here: {show.stderr.strip()[:200]}")
+    full = yaml.safe_load(show.stdout)
+    got = resolve(load_params(ROOT / name))
+    old, new = _leaves(full), _leaves(got)
+    different = {k: (v, new.get(k, "<absent>")) for k, v in old.items() if new.get(k, "<absent>") != v}
+    assert not different, different
+    assert got == resolve(parse_params(full)), diff(resolve(parse_params(full)), got)
+
+
+def test_a_group_is_written_over_its_default_key_by_key() -> None:
+    raw = _raw()
+    raw["grpo"]["rollout"] = {"group_size": 4}
+    raw["sft"]["train"] = {"lr": 1.0e-4}
+    p = parse_params(raw)
+    assert (p.grpo.rollout.group_size, p.grpo.rollout.max_new_tokens, p.grpo.rollout.vllm.gpu_memory_utilization) == \
+        (4, 1024, 0.3)
+    # sft.train's own defaults (paper 3.2), not the training loop's of pretrain
+    assert (p.sft.train.lr, p.sft.train.steps, p.sft.train.deepspeed.zero_stage, p.pretrain.train.steps) == \
+        (1.0e-4, 500, 3, 300)
 
 
 def _set(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
@@ -104,8 +158,12 @@ def test_unknown_key_is_rejected() -> None:
 
 def test_missing_key_is_reported() -> None:
     raw = _raw()
-    del raw["base_model"]["vocab_size"]
-    with pytest.raises(PipelineError, match=r"base_model\.vocab_size: missing"):
+    del raw["grpo"]["heldout"]["problems_file"]
+    with pytest.raises(PipelineError, match=r"grpo\.heldout\.problems_file: missing; add it \(no default: dvc\.yaml reads it"):
+        parse_params(raw)
+    raw = _raw()
+    del raw["report"]
+    with pytest.raises(PipelineError, match=r"report: missing"):
         parse_params(raw)
 
 
@@ -153,22 +211,23 @@ def test_runtime_values_live_under_runtime_only() -> None:
     runtime = _runtime_keys()
     assert {"grpo.checkpoint_every", "pretrain.train.log_every", "corpus.workers"} <= runtime
     raw = _raw()
-    raw["grpo"]["checkpoint_every"] = raw["runtime"]["grpo"].pop("checkpoint_every")
+    raw["grpo"]["checkpoint_every"] = 5
     with pytest.raises(PipelineError, match=r"grpo\.checkpoint_every: a runtime value .* move it to "
                                             r"runtime\.grpo\.checkpoint_every"):
         parse_params(raw)
     raw = _raw()
-    raw["runtime"]["grpo"]["optim"] = {"lr": 0.1}
+    raw["runtime"] = {"grpo": {"optim": {"lr": 0.1}}}
     with pytest.raises(PipelineError, match=r"runtime\.grpo\.optim: not a runtime value .* move it to grpo\.optim"):
         parse_params(raw)
     raw = _raw()
-    del raw["runtime"]["pretrain"]["train"]["log_every"]
-    with pytest.raises(PipelineError, match=r"runtime\.pretrain\.train\.log_every: missing"):
-        parse_params(raw)
-    raw = _raw()
-    raw["runtime"]["bogus"] = {}
+    raw["runtime"] = {"bogus": {}}
     with pytest.raises(PipelineError, match=r"runtime\.bogus: unknown section"):
         parse_params(raw)
+    raw = _raw()  # a runtime value not given keeps its default (one local process); one given lands in its group
+    raw["runtime"] = {"pretrain": {"train": {"log_every": 7}}, "grpo": {"rollout": {"exec_workers": 3}}}
+    p = parse_params(raw)
+    assert (p.pretrain.train.log_every, p.pretrain.train.checkpoint_every, p.pretrain.train.lr) == (7, 50, 1.0e-3)
+    assert (p.grpo.rollout.exec_workers, p.grpo.rollout.group_size, p.grpo.launcher.kind) == (3, 8, "none")
 
 
 def test_one_section_loads_alone_with_its_runtime_values(tmp_path: Path) -> None:
@@ -176,7 +235,7 @@ def test_one_section_loads_alone_with_its_runtime_values(tmp_path: Path) -> None
 
     p = GrpoParams.from_file(ROOT / "params.yaml")
     full = load_params(ROOT / "params.yaml").grpo
-    assert p == full and p.checkpoint_every == _raw()["runtime"]["grpo"]["checkpoint_every"]
+    assert p == full and p.checkpoint_every == 10
     assert "checkpoint_every" not in p.tracked_dump() and p.tracked_dump()["optim"]["lr"] == p.optim.lr
     assert "offload_idle_models" not in p.tracked_dump()["compute"] and p.compute.offload_idle_models is True
     raw = _raw()
@@ -255,28 +314,45 @@ def test_validating_the_params_imports_no_torch() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-def test_grpo_keys_of_the_flat_layout_name_their_new_place() -> None:
-    from stages.schema.grpo import MOVED, from_flat
+@pytest.mark.parametrize("name", ["params.yaml", "params/deepseekmath-7b.yaml"])
+def test_dvc_exp_run_set_param_changes_only_the_key_it_sets(name: str, tmp_path: Path) -> None:
+    """``dvc exp run -S`` rewrites the params file with DVC's own YAML writer (dvc.utils.hydra.apply_overrides):
+    the file is written as that writer writes it (block lists, flow maps under 80 columns), so a value set to what it
+    is changes no byte, and ``-S '++grpo.kl.beta=1e-5'`` (``++``: add the key where the file has none) adds that key
+    alone, written ``1e-05``: a number to DVC (YAML 1.2) and to the loader alike."""
+    from dvc.utils.hydra import apply_overrides
 
-    raw = _raw()
-    raw["grpo"]["reward_source"] = raw["grpo"]["reward"].pop("source")
-    with pytest.raises(PipelineError, match=r"grpo: reward_source: moved to grpo\.reward\.source"):
-        parse_params(raw)
-    raw = _raw()
-    raw["grpo"]["iterative"]["rm_lr"] = raw["grpo"]["iterative"]["rm"].pop("lr")
-    with pytest.raises(PipelineError, match=r"iterative\.rm_lr: moved to grpo\.iterative\.rm\.lr"):
-        parse_params(raw)
-    # from_flat is the inverse of the move: a flat rendering of today's section comes back equal
-    grpo = _raw()["grpo"]
-    flat: dict[str, Any] = {k: v for k, v in grpo.items() if not isinstance(v, dict)}
-    for old, new in MOVED.items():
-        node: Any = grpo
-        for part in new.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None and "." not in old:
-            flat[old] = node
-    assert from_flat(grpo) == grpo
-    assert from_flat(flat)["optim"]["lr"] == grpo["optim"]["lr"] and from_flat(flat)["kl"] == grpo["kl"]
+    f = tmp_path / "params.yaml"
+    f.write_text((ROOT / name).read_text())
+    apply_overrides(f, ["grpo.prompts_file=" + load_params(f).grpo.prompts_file])
+    assert f.read_text() == (ROOT / name).read_text()
+    apply_overrides(f, ["++grpo.kl.beta=1e-5"])
+    added = [ln for ln in f.read_text().splitlines() if ln not in (ROOT / name).read_text().splitlines()]
+    assert added == ["  kl:", "    beta: 1e-05"], added
+    assert load_params(f).grpo.kl.beta == 1e-05
+    assert diff(resolve(ROOT / name), resolve(f)) == ["grpo.kl.beta: 0.04 -> 1e-05"]
+
+
+def test_show_and_diff_print_resolved_values(tmp_path: Path) -> None:
+    show = subprocess.run([sys.executable, "-m", "stages.params", "show"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    assert yaml.safe_load(show) == resolve(load_params(ROOT / "params.yaml"))
+    out = subprocess.run([sys.executable, "-m", "stages.params", "diff", "params.yaml", "params/deepseekmath-7b.yaml"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "grpo.optim.lr: 2e-05 -> 1e-06\n" in out and "grpo.kl.beta" not in out
+    bad = tmp_path / "p.yaml"
+    bad.write_text("grpo: {steps: -1}\n")
+    proc = subprocess.run([sys.executable, "-m", "stages.params", "show", str(bad)], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+
+
+def test_each_stage_records_what_it_computes_with() -> None:
+    p = load_params(ROOT / "params.yaml")
+    rec = record(p, "evaluate@sft")
+    assert set(rec["evaluate"]) == {"common", "models"} and list(rec["evaluate"]["models"]) == ["sft"]
+    assert record(p, "grpo") == {"grpo": p.grpo.tracked_dump()} and "checkpoint_every" not in record(p, "grpo")["grpo"]
+    assert list(record(p, "testsets@generated")["testsets"]["datasets"]) == ["generated"]
 
 
 def test_one_name_per_concept_across_sections() -> None:
@@ -293,7 +369,7 @@ def test_one_name_per_concept_across_sections() -> None:
     p = load_params(ROOT / "params.yaml")
     assert "max_grad_norm" in TrainLoopParams.model_fields and "grad_clip" not in TrainLoopParams.model_fields
     assert p.grpo.optim.max_grad_norm and p.sft.train.max_grad_norm
-    assert "exec_workers" in p.grpo.rollout.model_fields_set and p.evaluate.common.exec_workers
+    assert "exec_workers" in type(p.grpo.rollout).model_fields and p.evaluate.common.exec_workers
 
 
 def test_updated_applies_dotted_changes_and_validates() -> None:
@@ -305,16 +381,15 @@ def test_updated_applies_dotted_changes_and_validates() -> None:
 
 
 def test_the_reduced_isolation_opt_in_is_spelled_out_and_read(tmp_path: Path) -> None:
-    """``runtime.allow_reduced_isolation`` (issue 46): false in every committed file, required, a boolean; reading a
-    params file sets what stages.core.sandbox.require_isolation consults."""
+    """``runtime.allow_reduced_isolation`` (issue 46): never true in a committed file, false when absent (the schema's
+    default), a boolean; reading a params file sets what stages.core.sandbox.require_isolation consults."""
     from stages.schema import base
 
     for path in [ROOT / "params.yaml", *(ROOT / "params").glob("*.yaml")]:
-        assert yaml.safe_load(path.read_text())["runtime"]["allow_reduced_isolation"] is False, path
+        assert (yaml.safe_load(path.read_text()).get("runtime") or {}).get("allow_reduced_isolation", False) is False, path
     raw = _raw()
-    del raw["runtime"]["allow_reduced_isolation"]
-    with pytest.raises(PipelineError, match=r"runtime\.allow_reduced_isolation: missing; add it"):
-        parse_params(raw)
+    raw.setdefault("runtime", {}).pop("allow_reduced_isolation", None)
+    assert isinstance(parse_params(raw), Params)
     raw["runtime"]["allow_reduced_isolation"] = "yes please"
     with pytest.raises(PipelineError, match=r"runtime\.allow_reduced_isolation: expected true or false"):
         parse_params(raw)

@@ -342,7 +342,7 @@ def test_the_7b_grpo_plan_with_lora_on_one_80gb_gpu(tmp_path, capsys) -> None:
     does (no reference copy, the adapter's states only; the weight sync's merged maps counted), through the command
     line as docs/real-mode.md shows it."""
     raw = yaml.safe_load(PARAMS_7B.read_text())
-    raw["grpo"]["lora"]["enabled"] = True
+    raw["grpo"]["lora"] = {"enabled": True}
     f = tmp_path / "params.yaml"
     f.write_text(yaml.safe_dump(raw, sort_keys=False))
     for path in (PARAMS_7B, f):

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stages.params import resolve
 from tests.flows._project import env, make_project, run, set_key, tree_hash
 
 # (case id, stage, what it breaks, edit(raw params, project) -> raw params or None (then: a raw YAML text), expected)
@@ -95,9 +96,9 @@ CASES: list[tuple[str, str, str, Edit, str]] = [
     ("YAML: duplicate key", "data", "yaml",
      lambda r, p: yaml.safe_dump(r, sort_keys=False).replace("  seed: 0\n", "  seed: 0\n  seed: 1\n", 1),
      "key 'seed' appears twice"),
-    ("YAML: 1e-4 is text", "grpo", "yaml",
-     lambda r, p: yaml.safe_dump(r, sort_keys=False).replace("  lr: 2.0e-05\n", "  lr: 1e-4\n", 1),
-     "'1e-4' is read as the text"),
+    ("YAML: 040 is octal", "grpo", "yaml",
+     lambda r, p: yaml.safe_dump(r, sort_keys=False).replace("  steps: 40\n", "  steps: 040\n", 1),
+     "'040' is read as the number 32"),
     ("YAML: yes is a boolean", "corpus", "yaml",
      lambda r, p: yaml.safe_dump(r, sort_keys=False).replace("    approve: auto\n", "    approve: yes\n", 1),
      "'yes' is read as true"),
@@ -182,7 +183,7 @@ def _flow(stage: str) -> Callable[[list[str]], int]:
 def run_case(project: Path, case: tuple[str, str, str, Edit, str], capsys: Any, monkeypatch: Any) -> dict[str, Any]:
     """Run one case in ``project``; return exit code, stderr lines and whether data/ is unchanged."""
     name, stage, _, edit, _ = case
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = resolve(project / "params.yaml")
     out = edit(raw, project)
     bad = project / "bad" / "params.yaml"
     bad.parent.mkdir(exist_ok=True)
@@ -215,7 +216,7 @@ def test_bad_input_is_one_line_before_any_work(case: tuple[str, str, str, Edit, 
 def test_pipeline_refuses_bad_input_before_dvc_removes_outputs(project: Path) -> None:
     """The pipeline checks every stage it will run (those whose inputs an earlier stage writes excepted) before
     any stage runs: a bad input of the last stage leaves every earlier output in place."""
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = resolve(project / "params.yaml")
     set_key(raw, "corpus.decontam.testsets", "bad/testsets")
     set_key(raw, "data.seed", 7)  # data would re-run (and DVC would delete data/generated first)
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -236,7 +237,7 @@ def test_under_dvc_repro_the_error_names_the_restoring_command(project: Path, pr
     and that command does. (A missing input file is refused by DVC itself, before it deletes anything: every input
     named in params is a dvc dependency; an existing directory without pages passes DVC and is refused here.)"""
     before = tree_hash(project / "data" / "corpus")
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = resolve(project / "params.yaml")
     (project / "bad" / "nocrawl").mkdir(parents=True, exist_ok=True)
     (project / "bad" / "nocrawl" / "README").write_text("no pages here\n")
     set_key(raw, "corpus.crawl_path", "bad/nocrawl")

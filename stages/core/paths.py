@@ -46,6 +46,7 @@ RL_PROMPTS = DATA / "corpus" / "problems" / "rl.jsonl"  # corpus stage: the RL q
 # small reports: the headline metrics and plots (git-tracked dvc metrics / plots), every result metric (DVC-cached)
 METRICS = DATA / "metrics"  # headline metrics per stage (dvc metrics)
 DETAILS = DATA / "details"  # every result metric per stage (the dict the stage returns, timings excepted)
+PARAMS = DATA / "params"  # the values each stage ran with, resolved (stages.params.record)
 PLOTS = DATA / "plots"
 # what a run measured about itself (wall / CPU times, throughputs, peak memory): no DVC output, git-ignored; the
 # same inputs give the same bytes everywhere else, and these files say how long that took this time

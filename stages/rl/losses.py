@@ -532,9 +532,9 @@ class CispoSettings(Section):
     """The clipped importance-sampling weight of ``loss.policy: cispo`` (MiniMax-M1, arXiv:2506.13585, section 3.1;
     :func:`cispo_loss`): sg(clip(ratio, min_ratio, max_ratio)) x A x log pi."""
 
-    max_ratio: PosFloat
+    max_ratio: PosFloat = 5.0
     """Upper bound of the weight (TRL loss_type cispo: epsilon_high, recommended 5.0; verl: 1 + clip_ratio_high)."""
-    min_ratio: Annotated[float, Field(ge=0.0)] | None
+    min_ratio: Annotated[float, Field(ge=0.0)] | None = None
     """Lower bound of the weight; null = none (the paper and TRL; verl: 1 - clip_ratio_low)."""
 
     @model_validator(mode="after")

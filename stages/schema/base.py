@@ -2,23 +2,30 @@
 and loading one section from a params file.
 
 Rules (tests/test_params.py checks them):
-- extra keys are forbidden and every field is required, so the committed params.yaml spells out every value
-  (DVC tracks params.yaml values, not schema defaults);
-- every field has a docstring (pydantic's ``use_attribute_docstrings``);
+- every field has a default, the paper's value (arXiv 2402.03300; its docstring cites the section, or says the paper
+  gives none), except what dvc.yaml reads to build the graph (the paths it interpolates, the named data sets and
+  models, the groups it tracks): a params file names those, and holds only what differs from the paper for the rest;
+- a params file is an overlay: a group it gives (``grpo: {rollout: {group_size: 8}}``) is written over the group's
+  default field by field, however deep (:meth:`Section._over_defaults`); lists and named entries are replaced whole;
+- DVC tracks what a file spells (``params: [section]``) and each schema module is a code dep of the stages that import
+  it (dvc.yaml, generated from the import closure), so a file edit or a default edit re-runs the stages that read it;
+  each stage records its resolved values beside its outputs (data/params/, ``stages.params.record``);
+- extra keys are forbidden and every field has a docstring (pydantic's ``use_attribute_docstrings``);
 - a bad value is reported as one line naming the key and what is expected, before any stage does work;
 - no number is infinite or NaN (``allow_inf_nan=False`` for every section, nested models and containers
   included); timeouts, pool sizes and counts have upper bounds (:data:`TimeoutS`, :data:`Workers`,
   :data:`PosInt`), so a value that validates cannot overflow or hang a stage later;
-- YAML anchors and aliases are refused (:func:`load_yaml`: an alias bomb is one line, not minutes at GBs).
+- YAML anchors and aliases are refused (:func:`load_yaml`: an alias bomb is one line, not minutes at GBs); numbers
+  read as YAML 1.2 does (DVC writes ``dvc exp run -S x=1e-5`` as ``1e-05``, a number to it and to the loader).
 
 Runtime fields. A field annotated with :data:`RUNTIME` does not change what a stage computes (checkpoint and
 logging intervals, worker counts, task-runner addresses). It is written under the top-level ``runtime:`` section
 of params.yaml, at the same path as it has in its stage's section (``runtime.grpo.checkpoint_every``,
 ``runtime.pretrain.train.log_every``), and no dvc.yaml stage tracks ``runtime``: changing it re-runs nothing.
-The loader merges ``runtime.<section>`` into ``<section>`` before validation, so the stage code reads
-``p.checkpoint_every`` as usual; a runtime field written in the tracked section (or a tracked one under runtime)
-is a one-line error naming where it belongs. :meth:`Section.tracked_dump` is the section without its runtime
-fields: what stages record with their outputs and hash for resumable runs.
+Their defaults run one local process. The loader merges ``runtime.<section>`` into ``<section>`` before validation,
+so the stage code reads ``p.checkpoint_every`` as usual; a runtime field written in the tracked section (or a tracked
+one under runtime) is a one-line error naming where it belongs. :meth:`Section.tracked_dump` is the section without
+its runtime fields: what stages record with their outputs and hash for resumable runs.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from stages.core.errors import PipelineError
 
@@ -56,6 +63,21 @@ class Section(BaseModel):
 
     SECTION: ClassVar[str | None] = None
     """The top-level params.yaml key of a stage's section class (None for nested models)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _over_defaults(cls, data: Any) -> Any:
+        """A group given as a mapping is written over its field's default, key by key and as deep as the default
+        has groups (``sft: {train: {lr: 1e-4}}`` keeps the default sft.train's other values); a mapping for a field
+        without a default group is validated as it is (its own fields' defaults fill it)."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is not None and isinstance(field.default, Section) and isinstance(value, dict):
+                out[name] = _overlay(field.default, value)
+        return out
 
     @classmethod
     def runtime_fields(cls) -> set[str]:
@@ -85,6 +107,17 @@ class Section(BaseModel):
                 else (v.model_dump() if isinstance(v, BaseModel) else v))
         return out
 
+    def runtime_dump(self) -> dict[str, Any]:
+        """The runtime fields only (recursively; groups without any left out): the section's ``runtime:`` part."""
+        out: dict[str, Any] = {}
+        for n in type(self).model_fields:
+            v = getattr(self, n)
+            if n in type(self).runtime_fields():
+                out[n] = v
+            elif isinstance(v, Section) and type(v).runtime_paths():
+                out[n] = v.runtime_dump()
+        return out
+
     def updated(self, changes: dict[str, Any]) -> Any:
         """A validated copy with ``changes`` applied: keys are dotted paths below this model (``"optim.lr"``,
         ``"steps"``); a mapping value is merged into the group it names. Unlike ``model_copy(update=...)``, the
@@ -109,6 +142,15 @@ class Section(BaseModel):
             raise TypeError(f"{cls.__name__} is not a top-level section")
         raw = read_params_file(path)
         return validate_section(cls, raw, str(path))
+
+
+def _overlay(default: Section, over: dict[str, Any]) -> dict[str, Any]:
+    """``default``'s values (a mapping) with ``over`` written over them; groups merged key by key."""
+    merged = default.model_dump()
+    for k, v in over.items():
+        cur = getattr(default, k) if k in type(default).model_fields else None
+        merged[k] = _overlay(cur, v) if isinstance(cur, Section) and isinstance(v, dict) else v
+    return merged
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +222,11 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+# YAML 1.2's floats that YAML 1.1 (PyYAML) reads as text: an exponent without a dot or a sign (``1e-05``, ``1e5``),
+# as DVC (ruamel, YAML 1.2) reads and writes them (``dvc exp run -S grpo.optim.lr=1e-5`` writes ``lr: 1e-05``).
+_FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_NoAliasLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+
 MAX_YAML_BYTES = 16 << 20
 
 
@@ -228,7 +275,7 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 ALLOW_REDUCED_ISOLATION = "allow_reduced_isolation"
-"""``runtime.allow_reduced_isolation`` (true / false; the one runtime key of no single stage): run model-written programs
+"""``runtime.allow_reduced_isolation`` (true / false, default false; the one runtime key of no single stage): run model-written programs
 (PoT / TIR evaluation and rollouts) even where the code sandbox cannot keep them from the caller's files (no file-system
 allow-list: a kernel without unprivileged user namespaces, macOS, ...). false: such a run refuses to start with one
 line naming what is missing and the fix (``stages.core.sandbox.require_isolation``); true: it runs, and its metrics
@@ -271,7 +318,7 @@ def format_error(source: str, err: ValidationError, prefix: str = "") -> str:
     for e in err.errors():
         key = (prefix + ".".join(str(x) for x in e["loc"])).rstrip(".") or "(top level)"
         if e["type"] == "missing":
-            parts.append(f"{key}: missing; add it (the committed params.yaml lists every key)")
+            parts.append(f"{key}: missing; add it (no default: dvc.yaml reads it, or it describes your data)")
         elif e["type"] == "extra_forbidden":
             parts.append(f"{key}: unknown key; remove it or check its spelling")
         else:
@@ -286,7 +333,8 @@ def merge_runtime(cls: type[Section], tracked: Any, runtime: Any, where: str, so
     """``tracked`` (a section's mapping) with the runtime values of ``runtime`` merged in, checked both ways.
 
     ``where`` is the section's dotted key (``grpo``, ``pretrain.train``). Raises a one-line PipelineError when a
-    runtime field sits in the tracked section, a tracked field under runtime, or a runtime field is missing."""
+    runtime field sits in the tracked section or a tracked field under runtime (a runtime value not given keeps its
+    default)."""
     if not isinstance(tracked, dict):
         return tracked  # pydantic reports the wrong type
     runtime = {} if runtime is None else runtime
@@ -303,16 +351,12 @@ def merge_runtime(cls: type[Section], tracked: Any, runtime: Any, where: str, so
         if name in own:
             merged[name] = value
         elif sub is not None and sub.runtime_paths():
-            if name in tracked:
-                merged[name] = merge_runtime(sub, tracked[name], value, f"{where}.{name}", source)
+            merged[name] = merge_runtime(sub, tracked.get(name, {}), value, f"{where}.{name}", source)
         elif field is not None:
             raise PipelineError(f"{source}: runtime.{where}.{name}: not a runtime value (it changes results); "
                                 f"move it to {where}.{name}")
         else:
             raise PipelineError(f"{source}: runtime.{where}.{name}: unknown key; remove it or check its spelling")
-    for name in sorted(own - set(runtime)):
-        raise PipelineError(f"{source}: runtime.{where}.{name}: missing; add it (the committed params.yaml lists "
-                            "every key)")
     for name, field in cls.model_fields.items():
         sub = _section_type(field.annotation)
         if sub is not None and sub.runtime_paths() and name not in runtime and name in tracked:
@@ -325,7 +369,8 @@ def validate_section(cls: type[Section], raw: dict[str, Any], source: str) -> An
     name = cls.SECTION
     assert name is not None
     if name not in raw:
-        raise PipelineError(f"{source}: section {name}: missing; add it (the committed params.yaml has every section)")
+        raise PipelineError(f"{source}: section {name}: missing; add it ({name}: {{}} for the paper's values; dvc.yaml "
+                            "tracks the section)")
     runtime = raw.get("runtime") or {}
     if not isinstance(runtime, dict):
         raise PipelineError(f"{source}: runtime: expected a mapping of sections, got {type(runtime).__name__}")

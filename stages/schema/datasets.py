@@ -28,11 +28,11 @@ class HubSource(Section):
 
     id: str
     """Hub dataset id (``openai/gsm8k``), or a local dataset directory (what load_dataset accepts)."""
-    config: str | None
+    config: str | None = None
     """Configuration name (``main`` for GSM8K); null: the default."""
-    split: str
+    split: str = "train"
     """Split to read (``train``, ``test``)."""
-    revision: str | None
+    revision: str | None = None
     """Commit sha or tag the data set is pinned to; null: unpinned (the latest; warned about, once per fetch)."""
 
 
@@ -42,16 +42,16 @@ class DatasetSpec(Section):
     path: str
     """The local copy: a JSONL / Parquet file, a directory of them, or a datasets save_to_disk directory (a dvc
     dependency of this data set's stage). With ``hub`` set: the snapshot ``python -m stages.ingest fetch`` writes."""
-    hub: HubSource | None
+    hub: HubSource | None = None
     """null: a local data set; else its hub source (fetched to ``path`` first, pinned by ``revision``)."""
     adapter: Adapter
     """pipeline (the pipeline's own rows), gsm8k, math, instruct (MathInstruct: instruction, output, source), pal
     (input, code, target), generic (any columns, mapped by ``fields``)."""
-    fields: dict[str, str]
+    fields: dict[str, str] = {}
     """Column renames, adapter name -> source column (generic: pipeline field -> source column); {} = as named."""
-    match: dict[str, str]
+    match: dict[str, str] = {}
     """Keep only rows whose column (key) matches the regular expression (value, searched); {} = every row."""
-    limit: PosInt | None
+    limit: PosInt | None = None
     """Read at most this many rows (the first ones, before any skip); null: all."""
 
     @field_validator("match")

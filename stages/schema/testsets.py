@@ -15,12 +15,12 @@ class TestsetCommonParams(Section):
 
     __test__: ClassVar[bool] = False  # not a pytest test class (the name starts with "Test")
 
-    exec_timeout_s: TimeoutS
+    exec_timeout_s: TimeoutS = 10.0
     """CPU-time limit of one program run in the sandbox: the same outcome at any load (a wall-clock cap of 3x it:
     stages.core.sandbox.cpu_limit; PAL / PoT rows are kept only when their program returns the gold)."""
-    exec_workers: Annotated[Workers, RUNTIME]
+    exec_workers: Annotated[Workers, RUNTIME] = 2
     """Sandbox worker processes for the program checks."""
-    samples: NonNegInt
+    samples: NonNegInt = 20
     """Skipped rows quoted per reason in the report (data/testsets/reports/<name>.json)."""
 
 

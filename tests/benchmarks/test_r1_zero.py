@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from stages.params import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -17,7 +18,7 @@ from stages.params import load_params  # noqa: E402
 
 
 def test_set_key_edits_nested_values_and_refuses_unknown_keys() -> None:
-    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc = resolve(ROOT / "params.yaml")
     r1_zero.set_key(doc, "data.crawl.r1_share", "0.25")
     r1_zero.set_key(doc, "pretrain.train.steps", "1200")
     assert doc["data"]["crawl"]["r1_share"] == 0.25 and doc["pretrain"]["train"]["steps"] == 1200

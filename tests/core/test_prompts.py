@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from stages.core.errors import PipelineError
 from stages.core.generation import tokenize_prompts
@@ -22,6 +21,7 @@ from stages.core.prompts import (
     recorded_style,
     user_message,
 )
+from stages.params import resolve
 from tests.tiny_models import chat_tokenizer, tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ def _stage_prompt_ids(model_dir: Path, tmp_path: Path) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
 
     # SFT: build_examples (the prompt is the part of the example without labels)
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = resolve(ROOT / "params.yaml")
     p = validate_section(SftParams, raw, "params.yaml").model_copy(update={
         "formats": SftParams.model_fields["formats"].annotation(cot=1.0, pot=0.0, tir=0.0),
         "verify_programs": False, "val_problems": 1})

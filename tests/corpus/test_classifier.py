@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from stages.core.errors import PipelineError
 from stages.corpus.classifier import MathClassifier, f1_report, train_classifier
-from stages.params import ClassifierParams
+from stages.params import ClassifierParams, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 MATH = ["Let $x^2 + {a}x = {b}$. Then the derivative is $2x + {a}$ and the proof follows.",
@@ -28,7 +27,7 @@ def _texts(pool: list[str], n: int, rng: random.Random) -> list[str]:
 
 
 def _default_kwargs() -> dict:
-    c = ClassifierParams(**yaml.safe_load((ROOT / "params.yaml").read_text())["corpus"]["classifier"])
+    c = ClassifierParams(**resolve(ROOT / "params.yaml")["corpus"]["classifier"])
     return dict(dim=c.dim, lr=c.lr, word_ngrams=c.word_ngrams, min_count=c.min_count, epochs=c.epochs,
                 bucket=c.bucket, thread=c.thread)
 

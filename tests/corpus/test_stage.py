@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from stages import corpus
 from stages.core import paths
 from stages.core.errors import PipelineError
 from stages.core.io import write_jsonl
 from stages.data import crawl, problems
-from stages.params import CorpusParams, CrawlParams
+from stages.params import CorpusParams, CrawlParams, resolve
 from stages.schema.base import merge_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +23,7 @@ SMALL_CRAWL = dict(n_pages=3000, n_seed_pages=300, n_math_domains=9, n_general_d
 
 
 def _params(**over: Any) -> CorpusParams:
-    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc = resolve(ROOT / "params.yaml")
     # the section with its runtime values merged in (stages/schema/base.py)
     raw = merge_runtime(CorpusParams, doc["corpus"], doc["runtime"]["corpus"], "corpus", "params.yaml")
     for key, value in over.items():

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from stages.params import resolve
+
 ROOT = Path(__file__).resolve().parents[2]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
 
@@ -68,7 +70,7 @@ def make_project(dst: Path, *, tiny: bool = True) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     copy_sources(dst)
     if tiny:
-        raw = shrink(yaml.safe_load((dst / "params.yaml").read_text()))
+        raw = shrink(resolve(dst / "params.yaml"))
         (dst / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
     subprocess.run(["git", "add", "-A"], cwd=dst, check=True)

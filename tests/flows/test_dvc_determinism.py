@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from stages.core.io import output_hashes
+from stages.params import resolve
 from tests.flows._project import GIT, ROOT, env, kill_group, make_project, run, shrink, start
 
 
@@ -64,7 +65,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> dict
     projects = []
     for name in ("a", "b"):
         proj = make_project(base / name)
-        raw = shrink_graph(yaml.safe_load((proj / "params.yaml").read_text()))
+        raw = shrink_graph(resolve(proj / "params.yaml"))
         (proj / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         run(GIT + ["commit", "-qam", "shrunk graph"], proj)
         projects.append(proj)

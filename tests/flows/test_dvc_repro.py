@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stages.params import resolve
 from tests.flows._project import copy_sources
 
 pytestmark = pytest.mark.slow  # real dvc repro graphs: ~95 s on 2 cores; .ci/slow dvc-graphs
@@ -56,7 +57,7 @@ def project(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Path:
     """A copy of the working tree (tracked + untracked, not ignored) as a fresh git repo."""
     dst = tmp_path_factory.mktemp("proj")
     copy_sources(dst)
-    raw = _shrink(yaml.safe_load((dst / "params.yaml").read_text()))
+    raw = _shrink(resolve(dst / "params.yaml"))
     (dst / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
@@ -76,7 +77,7 @@ def test_repro_then_noop_then_partial_rerun(project: Path) -> None:
     assert "Running stage" not in out
     assert wall < 5.0, f"no-op dvc repro took {wall:.1f} s"
 
-    params = yaml.safe_load((project / "params.yaml").read_text())
+    params = resolve(project / "params.yaml")
     params["base_model"]["hidden_size"] = 96
     params["base_model"]["intermediate_size"] = 192
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -94,13 +95,36 @@ def test_runtime_values_and_other_schemas_rerun_nothing(project: Path) -> None:
     """Values under runtime: (checkpoint / logging intervals, workers) and another section's schema module are not
     deps of these stages: editing them leaves data and base_model up to date."""
     _run(["dvc", "repro", *TARGETS], project)
-    params = yaml.safe_load((project / "params.yaml").read_text())
+    params = resolve(project / "params.yaml")
     params["runtime"]["corpus"]["workers"] += 1
     params["runtime"]["grpo"]["checkpoint_every"] += 1
     params["runtime"]["pretrain"]["train"]["log_every"] += 1
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     schema = project / "stages" / "schema" / "grpo.py"
     schema.write_text(schema.read_text().replace('"""Seed for question order', '"""(edited) Seed for question order'))
+    _, status = _run(["dvc", "status", *TARGETS], project)
+    assert "changed" not in status and "modified" not in status, status
+
+
+def test_a_default_edit_reruns_the_stages_that_read_it(project: Path) -> None:
+    """A value the params file does not name comes from its schema module, a code dep of the stages that read it:
+    editing the default re-runs base_model (which records the value in data/params/base_model.yaml) and not data."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["base_model"].pop("rope_theta", None)  # the paper's value, the schema's default
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _run(["dvc", "repro", *TARGETS], project)
+    record = yaml.safe_load((project / "data" / "params" / "base_model.yaml").read_text())
+    assert record["base_model"]["rope_theta"] == 10000.0 and "data" in yaml.safe_load(
+        (project / "data" / "params" / "data.yaml").read_text())
+    schema = project / "stages" / "schema" / "base_model.py"
+    text = schema.read_text()
+    assert text.count("rope_theta: PosFloat = 10000.0") == 1
+    schema.write_text(text.replace("rope_theta: PosFloat = 10000.0", "rope_theta: PosFloat = 500000.0"))
+    try:
+        _, status = _run(["dvc", "status", *TARGETS], project)
+        assert status.startswith("base_model:") and "stages/schema/base_model.py" in status and "data:" not in status
+    finally:
+        schema.write_text(text)
     _, status = _run(["dvc", "status", *TARGETS], project)
     assert "changed" not in status and "modified" not in status, status
 
@@ -113,7 +137,7 @@ def test_pipeline_flow_reports_ran_and_skipped(project: Path) -> None:
         return {r[0]: r[1] for r in rows if len(r) == 3 and r[0] in TARGETS}
 
     _run(["dvc", "repro", *TARGETS], project)  # order-independent start: everything up to date
-    params = yaml.safe_load((project / "params.yaml").read_text())
+    params = resolve(project / "params.yaml")
     params["base_model"]["seed"] += 1
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _, out = _run([sys.executable, "-m", "flows.pipeline", *TARGETS], project)

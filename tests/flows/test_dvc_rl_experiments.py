@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stages.params import resolve
 from tests.flows._project import GIT, env, make_project, run
 from tests.rl.conftest import make_tiny_model_dir, write_prompts
 
@@ -36,7 +37,7 @@ def _tiny_grpo(raw: dict) -> dict:
 @pytest.mark.slow
 def test_exp_show_and_plots_diff_compare_two_rl_runs(tmp_path: Path, prefect_api: str) -> None:
     proj = make_project(tmp_path / "proj")
-    raw = _tiny_grpo(yaml.safe_load((proj / "params.yaml").read_text()))
+    raw = _tiny_grpo(resolve(proj / "params.yaml"))
     (proj / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     # the project's grpo stage as dvc.yaml declares it, alone (its inputs are files here, not upstream outputs)
     stages = yaml.safe_load((proj / "dvc.yaml").read_text())

@@ -1,16 +1,21 @@
-"""dvc.yaml is exact: each stage's code deps are precisely the project modules its flow imports,
-its params name schema sections, and its cmd runs the flow module of the same name."""
+"""dvc.yaml is exact: each stage's code deps are precisely the project modules its flow imports (written by
+``python tests/flows/test_dvc_yaml.py --write``, checked current here), its params name schema sections, the schema
+module holding a default is a code dep of every stage that reads it, and its cmd runs the flow module of the same
+name."""
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from stages.params import Params
+from stages.schema.base import Section
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flows", "stages")
@@ -106,12 +111,89 @@ def as_declared(files: set[str]) -> set[str]:
         str(Path(f).parent) == d for f in files)}
 
 
-def test_code_deps_equal_the_flow_import_closure() -> None:
+def code_deps(stage: str) -> list[str]:
+    """The code deps dvc.yaml lists for ``stage``: its flow's import closure (:func:`as_declared`), sorted."""
+    return sorted(as_declared(import_closure(f"flows.{stage}")))
+
+
+def with_generated_deps(text: str) -> str:
+    """dvc.yaml's text with each stage's code deps (its ``deps:`` items under flows/ or stages/) replaced by
+    :func:`code_deps`, at the head of the list; every other line (data deps, comments) kept as it is."""
+    lines, out, stage, i = text.splitlines(keepends=True), [], None, 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        if m := re.match(r"^  (\w+):\s*$", line):
+            stage = m.group(1)
+        elif (m := re.match(r"^(\s+)deps:\s*$", line)) and stage is not None:
+            item = m.group(1) + "  - "
+            while i < len(lines) and lines[i].startswith(item) and lines[i][len(item):].startswith(PACKAGES):
+                i += 1
+            out.extend(f"{item}{f}\n" for f in code_deps(stage))
+    return "".join(out)
+
+
+def test_code_deps_are_generated_from_the_flow_import_closure() -> None:
+    text = (ROOT / "dvc.yaml").read_text()
+    assert with_generated_deps(text) == text, "dvc.yaml's code deps are stale: python tests/flows/test_dvc_yaml.py --write"
     for name, st in _stages().items():
         declared = {d if isinstance(d, str) else next(iter(d)) for d in st.get("deps", [])}
         code = {d for d in declared if d.endswith(".py") or d.split("/")[0] in PACKAGES}
-        expected = as_declared(import_closure(f"flows.{name}"))
-        assert code == expected, f"{name}: missing {sorted(expected - code)}, extra {sorted(code - expected)}"
+        assert code == set(code_deps(name)), name
+
+
+def _schema_modules(t: Any, into: set[str]) -> set[str]:
+    """Modules declaring a field of the schema class ``t`` or of any class below it (bases included)."""
+    if isinstance(t, type) and issubclass(t, Section):
+        for c in t.__mro__:
+            if isinstance(c, type) and issubclass(c, Section) and c.__dict__.get("__annotations__"):
+                into.add(c.__module__.replace(".", "/") + ".py")
+        for f in t.model_fields.values():
+            _schema_modules(f.annotation, into)
+    for a in typing.get_args(t):
+        _schema_modules(a, into)
+    return into
+
+
+# Stages that import a schema module for its types (a function's annotation, a helper they call) without reading
+# its defaults: editing that module re-runs them too (a superset: never a stage missed).
+IMPORTS_WITHOUT_READING = {"stages/schema/corpus.py": {"ingest"}, "stages/schema/testsets.py": {"ingest"},
+                           "stages/schema/evaluate.py": {"grpo"}}
+
+
+def test_a_default_reruns_the_stages_that_read_it() -> None:
+    """A default lives in its schema module (stages/schema/base.py's rules); that module is a code dep of every stage
+    whose section reads it, and of no other (but :data:`IMPORTS_WITHOUT_READING`): editing a default re-runs exactly
+    its readers. tests/flows/test_dvc_repro.py checks it with DVC itself."""
+    readers: dict[str, set[str]] = {}
+    for name in _stages():
+        for mod in _schema_modules(Params.model_fields[name].annotation, set()):
+            readers.setdefault(mod, set()).add(name)
+    for mod in sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "stages" / "schema").glob("*.py")):
+        deps = {name for name in _stages() if mod in code_deps(name)}
+        if mod == "stages/schema/__init__.py":
+            continue
+        assert readers.get(mod, set()) <= deps, f"{mod}: read by {readers[mod] - deps} without being a code dep"
+        assert deps - readers.get(mod, set()) == IMPORTS_WITHOUT_READING.get(mod, set()), (mod, deps, readers.get(mod))
+
+
+def dvc_reads() -> dict[str, str]:
+    """The params keys dvc.yaml reads: ``value`` for what it interpolates (``${corpus.crawl_path}``, a foreach's
+    collection), ``group`` for what a ``params:`` entry tracks; a params file names every one of them."""
+    out: dict[str, str] = {}
+    doc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    for st in doc["stages"].values():
+        body = st.get("do", st)
+        texts = [st.get("foreach", "")] + [d if isinstance(d, str) else next(iter(d)) for d in body.get("deps", [])]
+        for ref in re.findall(r"\$\{\s*([\w.]+)\s*\}", " ".join(texts)):
+            if ref.split(".")[0] not in ("item", "key"):
+                out[ref] = "value"
+        for p in body.get("params", []):
+            key = p if isinstance(p, str) else next(iter(p))
+            if "${" not in key:
+                out.setdefault(key, "group")
+    return dict(sorted(out.items()))
 
 
 def test_params_name_schema_sections() -> None:
@@ -132,10 +214,15 @@ def test_stage_order_follows_the_data_flow() -> None:
 
 
 if __name__ == "__main__":
-    # Print the code deps dvc.yaml should list for a stage: python tests/flows/test_dvc_yaml.py sft
-    import sys
-
-    for stage in sys.argv[1:]:
+    # python tests/flows/test_dvc_yaml.py --write: write every stage's code deps into dvc.yaml
+    # python tests/flows/test_dvc_yaml.py STAGE...: print the code deps of these stages
+    if sys.argv[1:] == ["--write"]:
+        path = ROOT / "dvc.yaml"
+        text = path.read_text()
+        new = with_generated_deps(text)
+        path.write_text(new)
+        print("dvc.yaml: code deps " + ("rewritten" if new != text else "already current"))
+    for stage in (a for a in sys.argv[1:] if a != "--write"):
         print(f"{stage}:")
-        for f in sorted(as_declared(import_closure(f"flows.{stage}"))):
+        for f in code_deps(stage):
             print(f"      - {f}")

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stages.params import resolve
 from tests.flows._project import (
     env,
     make_project,
@@ -48,7 +49,7 @@ def project(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Path:
 
 
 def _slow_params(project: Path, path: Path) -> None:
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = resolve(project / "params.yaml")
     set_key(raw, "corpus.recall.rounds", 20)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 

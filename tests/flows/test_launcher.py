@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stages.params import resolve
 from tests.flows._project import GIT, env, make_project, run
 
 pytestmark = pytest.mark.slow
 
 
 def _set(project: Path, *, ranks: int, micro: int) -> None:
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = resolve(project / "params.yaml")
     raw["pretrain"]["train"].update(precision="fp32", num_threads=1, micro_batch_size=micro)
     raw["pretrain"]["launcher"]["nproc_per_node"] = ranks
     raw["runtime"]["pretrain"]["launcher"]["kind"] = "torchrun" if ranks > 1 else "none"

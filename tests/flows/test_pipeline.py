@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from stages.core.errors import PipelineError
+from stages.params import resolve
 from tests.flows._project import GIT, env, make_project, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +113,7 @@ def test_params_file_runs_with_its_values_and_leaves_params_yaml_as_it_was(proje
     """``--params FILE``: DVC records FILE's values (dvc.lock), params.yaml keeps its bytes, uncommitted edits
     included, and the closing hint says how to record the run."""
     other = tmp_path / "other.yaml"
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = resolve(project / "params.yaml")
     raw["data"]["seed"] = 11
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
     mine = (project / "params.yaml").read_bytes() + b"# an uncommitted edit\n"

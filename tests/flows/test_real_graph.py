@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stages.params import resolve
 from tests.flows._project import copy_sources
 from tests.tiny_models import tiny_qwen2
 
@@ -64,7 +65,7 @@ def _ds(path: Path, adapter: str, role: str | None = None) -> dict[str, Any]:
 
 
 def _params(real: Path, model: Path) -> dict[str, Any]:
-    raw = yaml.safe_load((ROOT / "params" / "qwen2.5-0.5b-gsm8k.yaml").read_text())
+    raw = resolve(ROOT / "params" / "qwen2.5-0.5b-gsm8k.yaml")
     raw["data"]["problems"].update(n_sft=60, n_rl=30, n_test=20)
     raw["data"]["crawl"].update(n_pages=400, n_seed_pages=80, n_math_domains=4, n_general_domains=12, n_contaminated=4)
     raw["corpus"].update(n_shards=1)

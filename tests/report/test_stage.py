@@ -14,7 +14,7 @@ import yaml
 
 from stages import report
 from stages.core.errors import PipelineError
-from stages.params import load_params, parse_params
+from stages.params import load_params, parse_params, resolve
 from stages.report.inputs import input_files
 from stages.schema.report import ReportParams
 from tests.report.fake_run import write_fake_run
@@ -157,12 +157,12 @@ def test_dvc_yaml_deps_are_exactly_what_it_reads(params: ReportParams) -> None:
     stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["report"]
     data_deps = [d for d in stage["deps"] if not d.endswith(".py")]
     assert data_deps == [str(p) for p in input_files(params)]
-    assert stage["outs"] == ["data/report", "data/details/report.json"] and stage["params"] == ["report"]
+    assert stage["outs"] == ["data/report", "data/details/report.json", "data/params/report.yaml"] and stage["params"] == ["report"]
     assert list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])[-1] == "report"  # the last stage
 
 
 def test_report_models_must_be_evaluated_models() -> None:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = resolve(ROOT / "params.yaml")
     raw["report"]["models"] = ["sft", "grpo", "ppo"]
     with pytest.raises(PipelineError, match=r"^params: report\.models: \['ppo'\] not in evaluate\.models"):
         parse_params(raw)

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from stages.core.dist import free_port
+from stages.params import resolve
 
 pytest.importorskip("vllm", reason="vllm not installed in this environment (.venv-vllm has it; docs/generation.md)")
 pytest.importorskip("deepspeed", reason="deepspeed not installed in this environment")
@@ -56,7 +57,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def smoke_params(shared: Path) -> dict[str, Any]:
     """params/deepseekmath-7b.yaml with the runs scaled down (values that make it real mode are kept: vLLM
     rollouts, DeepSpeed, the paper's GRPO loss settings)."""
-    raw = yaml.safe_load((ROOT / "params" / "deepseekmath-7b.yaml").read_text())
+    raw = resolve(ROOT / "params" / "deepseekmath-7b.yaml")
     gsm_test = str(shared / "gsm8k" / "test.jsonl")
     return _merge(raw, {
         "sft": {"problems": "data/sft.jsonl", "formats": {"cot": 1.0, "pot": 0.0, "tir": 0.0}, "verify_programs": False,

@@ -16,13 +16,13 @@ import pytest
 import yaml
 
 from stages.core.errors import PipelineError
-from stages.params import parse_params
+from stages.params import parse_params, resolve
 from stages.schema.base import MAX_COUNT, MAX_TIMEOUT_S, load_yaml, read_params_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-_RAW = yaml.safe_load((ROOT / "params.yaml").read_text())
+_RAW = resolve(ROOT / "params.yaml")
 
 
 def _raw() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import yaml
 
 from stages.base_model import train_tokenizer
 from stages.core.errors import PipelineError
-from stages.params import parse_params
+from stages.params import parse_params, resolve
 from stages.pretrain import pretrain
 from stages.sft import sft
 from stages.train import checkpoint as ck
@@ -45,7 +45,7 @@ def test_tokenizer_model_mismatch(tiny_world, tmp_path) -> None:
 
 
 def test_mixture_ratios_must_sum_to_one() -> None:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = resolve(ROOT / "params.yaml")
     raw["pretrain"]["mixture"][0]["ratio"] = 0.5
     with pytest.raises(PipelineError, match=r"pretrain\.mixture: .*sum to 1, they sum to 0\.7") as e:
         parse_params(raw, "params.yaml")
@@ -56,7 +56,7 @@ def test_mixture_ratios_must_sum_to_one() -> None:
 
 
 def test_sft_format_shares_must_sum_to_one() -> None:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = resolve(ROOT / "params.yaml")
     raw["sft"]["formats"]["tir"] = 0.5
     with pytest.raises(PipelineError, match=r"sft\.formats: .*sum to 1"):
         parse_params(raw, "params.yaml")
@@ -101,7 +101,7 @@ def test_missing_sft_problems(tiny_world, tmp_path) -> None:
 
 def test_cli_prints_one_line_and_exits_2(tiny_world, tmp_path) -> None:
     """``python -m stages.pretrain`` (the deepspeed/torchrun entry) in a project whose base model is missing."""
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = resolve(ROOT / "params.yaml")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     out = subprocess.run([sys.executable, "-m", "stages.pretrain", "--params", "params.yaml"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})

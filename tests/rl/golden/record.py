@@ -13,8 +13,8 @@ the last step, a checksum of the policy's weights. tests/rl/golden/test_golden.p
 
 The entry points used are the stage's: the RL loop (``stages.rl.loop.setup``, ``stages.rl.iterative.run_iterations``
 around ``stages.rl.loop.train``; ``stages.rl.baseline.train_sft`` for sft); the rewards are read by wrapping the loop's
-``run_step``. The committed records were made with the code of their day (before issue 17's refactor, with the flat
-grpo params that stages.schema.grpo.from_flat reads); this script records today's code.
+``run_step``. The committed records were made with the code of their day (before issue 17's refactor; their params,
+recorded in the flat layout of that day, were rewritten once into today's groups); this script records today's code.
 """
 
 from __future__ import annotations
@@ -60,20 +60,11 @@ def fingerprint(path: Path) -> str:
 
 
 def grpo_section(steps: int, params_file: Path = ROOT / "params.yaml") -> dict[str, Any]:
-    """params.yaml's grpo section for the record: ``steps`` steps, one thread, no side outputs."""
-    import yaml
+    """params.yaml's grpo section, resolved (runtime values included), for the record: ``steps`` steps, one thread, no
+    side outputs."""
+    from stages.schema.grpo import GrpoParams
 
-    data = yaml.safe_load(params_file.read_text())
-
-    def merge(into: dict[str, Any], over: dict[str, Any]) -> None:  # the runtime section's values (the loader's way)
-        for k, v in over.items():
-            if isinstance(v, dict) and isinstance(into.get(k), dict):
-                merge(into[k], v)
-            else:
-                into[k] = v
-
-    raw = data["grpo"]
-    merge(raw, (data.get("runtime") or {}).get("grpo") or {})
+    raw = GrpoParams.from_file(params_file).model_dump()
     raw.update(steps=steps, checkpoint_every=0, log_completions_every=0)
     raw["compute"]["num_threads"] = 1
     raw["baseline"]["enabled"] = False

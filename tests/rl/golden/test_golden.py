@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from stages.schema.grpo import from_flat
 from tests.rl.golden.record import ROOT, build_tiny_inputs, fingerprint, grpo_section, merge, record
 
 HERE = Path(__file__).parent
@@ -43,10 +42,10 @@ def _close_nested(got: Any, want: Any, rel: float, abs_: float) -> bool:
 
 
 def merged_params(recorded: dict[str, Any], steps: int) -> dict[str, Any]:
-    """Today's grpo section for the record (``grpo_section``) with the recorded values written over it; the record
-    holds the flat layout of its day, read into today's groups with stages.schema.grpo.from_flat. The record's answer
-    checker was the reference's rules (issue 27 added ``reward.checker``, strict in params.yaml): deepseekmath here."""
-    return merge(merge(grpo_section(steps), {"reward": {"checker": "deepseekmath"}}), from_flat(recorded))
+    """Today's grpo section for the record (``grpo_section``) with the recorded values written over it. The record's
+    answer checker was the reference's rules (issue 27 added ``reward.checker``, strict in params.yaml): deepseekmath
+    here."""
+    return merge(merge(grpo_section(steps), {"reward": {"checker": "deepseekmath"}}), recorded)
 
 
 def compare(want: dict[str, Any], got: dict[str, Any], rel: float = 1e-5, abs_: float = 1e-6) -> list[str]:
