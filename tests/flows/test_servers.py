@@ -1,13 +1,17 @@
 """The project's Prefect API server (flows/_servers.py) under a plain ``dvc repro``: one for every stage of the run,
 started on demand, gone shortly after the run; no stage server (the fork server is the pipeline's alone); a stale
 record (its server killed with kill -9) is replaced; another local user can neither use the server nor pass his
-listener off as it (issue 46)."""
+listener off as it (issue 46); the server stops only when no lease holds it, and a record naming a pid that
+another process got since is not trusted (issue 50)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +125,73 @@ def test_a_port_taken_by_another_user_is_not_used_as_the_api(other_user, tmp_pat
         _servers.stop_servers()
         _servers.release_lease()
     assert racer.communicate(input="", timeout=90)[0].strip() == "0"  # not a byte reached him
+
+
+def test_the_api_server_stops_only_when_no_lease_holds_it(tmp_path: Path, monkeypatch) -> None:
+    """Issue 50: a run that ends (the pipeline's release: its lease given up, the server stopped unless leased) leaves
+    the server to a process that still holds a lease (a stage run by hand, another run sharing PREFECT_HOME); the
+    server stops by itself once that process is gone."""
+    from flows import _process, _servers
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / ".prefect"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv(_servers.AUTH_VAR, raising=False)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        url = _servers.api_url()
+        pid = json.loads((tmp_path / ".prefect" / "servers" / "api.json").read_text())["pid"]
+        _servers.take_lease(client=other.pid, owner=None)  # the other process's lease
+        _servers.release_lease()
+        _servers.stop_servers_of(os.getpid())  # what the pipeline does at its end
+        assert _process.alive(pid) and _servers._healthy(url)
+        assert _servers.api_gone() is None
+        other.kill()
+        other.wait()
+        t0 = time.monotonic()
+        while _process.alive(pid) and time.monotonic() - t0 < 10:
+            time.sleep(0.1)
+        assert not _process.alive(pid), "the server outlived its last lease"
+        assert time.monotonic() - t0 < 3.0  # GRACE_S after the last lease's process
+    finally:
+        other.kill()
+        _servers.stop_servers()
+        _servers.release_lease()
+
+
+def test_a_stale_record_naming_a_reused_pid_is_not_trusted(other_user, tmp_path: Path, monkeypatch) -> None:
+    """Issue 50: the record of a server killed with kill -9 names a pid that another process got since: another
+    user's listener (with the server's command line, on the recorded port), or a process of this user's. Neither is
+    sent a request, waited for or killed; a new server is started."""
+    from flows import _process, _servers
+
+    home = tmp_path / ".prefect"
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv(_servers.AUTH_VAR, raising=False)
+    squat = ("import socket, sys, select\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\n"
+             "print(s.getsockname()[1], flush=True)\ngot = 0\nwhile True:\n"
+             "    r, _, _ = select.select([s, sys.stdin], [], [], 120)\n    if sys.stdin in r or not r:\n        break\n"
+             "    c = s.accept()[0]\n    c.settimeout(2)\n    try:\n        got += len(c.recv(65536))\n"
+             "    except OSError:\n        pass\nprint(got, flush=True)\n")
+    his = other_user.popen([other_user.python, "-c", squat, "-m", "flows._servers", "api"], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE)
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "flows._servers", "api"])
+    try:
+        port = int(his.stdout.readline())
+        (home / "servers").mkdir(parents=True)
+        for pid in (his.pid, mine.pid):  # the very start time of the process holding the pid: owner decides, or start
+            start = _process.start_time(pid) - (1 if pid == mine.pid else 0)
+            (home / "servers" / "api.json").write_text(json.dumps({
+                "pid": pid, "start": start, "url": f"http://127.0.0.1:{port}/api", "started": time.time(),
+                "auth": "dsm:x"}))
+            (home / "servers" / "api.json").chmod(0o600)
+            url = _servers.api_url()
+            assert f":{port}/" not in url and _servers._healthy(url)
+            assert his.poll() is None and mine.poll() is None  # neither was killed
+            _servers.stop_servers()
+        assert his.communicate(input="", timeout=60)[0].strip() == "0"  # not a byte reached him
+    finally:
+        his.kill()
+        mine.kill()
+        _servers.stop_servers()
+        _servers.release_lease()
