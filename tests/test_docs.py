@@ -292,3 +292,26 @@ def test_the_checks_catch_stale_names() -> None:
     """What a stale recipe would say (a renamed symbol, a moved file, an old flat params key) is reported."""
     problems, counts = check_spans("Call `stages.rl.losses.no_such_loss` in `stages/rl/no_such.py`; set `grpo.lr`.\n")
     assert counts == {"path": 1, "symbol": 1, "params": 1} and len(problems) == 3, problems
+
+
+def test_every_variable_of_the_environment_table_is_read_where_it_says() -> None:
+    """docs/pipeline.md's table of environment variables: a variable whose 'read by' cell names project files is read
+    (``"NAME"`` as a string literal) in one of them (bare names are siblings of the cell's previous file; a directory
+    means any file under it). Caught: ``ANSWERS_MAX_WORKERS`` read as the literal ``"ANSWERS_max_workers()"``."""
+    text = (ROOT / "docs" / "pipeline.md").read_text()
+    table = text[text.index("## Environment variables"):].split("\n## ")[0]
+    rows = [r.split("|")[1:3] for r in table.splitlines() if r.startswith("| `")]
+    assert len(rows) >= 15, "the table of environment variables was not found"
+    checked = 0
+    for names, readers in rows:
+        files: list[Path] = []
+        for ref in re.findall(r"[\w./]+\.py|\b(?:flows|stages)/(?=[,\s]|$)", readers):
+            path = ROOT / ref if "/" in ref or not files else files[-1].parent / ref
+            files.append(path)
+        sources = [f for p in files for f in ([p] if p.suffix else sorted(p.rglob("*.py"))) if f.is_file()]
+        for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", names):
+            if files:
+                assert any(re.search(rf"[\"']{name}[\"']", f.read_text()) for f in sources), \
+                    f"docs/pipeline.md: {name} is not read in {readers.strip()}"
+                checked += 1
+    assert checked >= 10

@@ -32,8 +32,8 @@ def startup_timeout_s() -> float:
 
 
 def max_workers() -> int:
-    """Checking workers at most (``ANSWERS_max_workers()``, default the CPU count within [2, 8]; read when used)."""
-    return int(os.environ.get("ANSWERS_max_workers()", str(max(2, min(8, os.cpu_count() or 2)))))
+    """Checking workers at most (``ANSWERS_MAX_WORKERS``, default the CPU count within [2, 8]; read when used)."""
+    return int(os.environ.get("ANSWERS_MAX_WORKERS", str(max(2, min(8, os.cpu_count() or 2)))))
 
 
 WALL_CAP = 20.0
