@@ -295,7 +295,9 @@ def test_the_checks_catch_stale_names() -> None:
 
 
 def test_every_variable_of_the_environment_table_is_read_where_it_says() -> None:
-    """docs/pipeline.md's table of environment variables: a variable whose 'read by' cell names project files is read
+    """docs/pipeline.md's table of environment variables lists every variable the code in stages/ and flows/ reads
+    (``os.environ[...]`` / ``.get`` / ``getenv`` of a literal, or a module constant ``*ENV`` / ``*VAR``), and a
+    variable whose 'read by' cell names project files is read
     (``"NAME"`` as a string literal) in one of them (bare names are siblings of the cell's previous file; a directory
     means any file under it). Caught: ``ANSWERS_MAX_WORKERS`` read as the literal ``"ANSWERS_max_workers()"``."""
     text = (ROOT / "docs" / "pipeline.md").read_text()
@@ -315,3 +317,10 @@ def test_every_variable_of_the_environment_table_is_read_where_it_says() -> None
                     f"docs/pipeline.md: {name} is not read in {readers.strip()}"
                 checked += 1
     assert checked >= 10
+    table_names = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", "".join(n for n, _ in rows)))
+    read = set()
+    for f in [*ROOT.glob("stages/**/*.py"), *ROOT.glob("flows/*.py")]:
+        src = f.read_text()
+        read |= set(re.findall(r"(?:environ(?:\.get|\.pop|\.setdefault)?[(\[]|getenv\()\s*[\"']([A-Z][A-Z0-9_]+)[\"']", src))
+        read |= set(re.findall(r"^[A-Z_]*(?:ENV|VAR)\s*=\s*[\"']([A-Z][A-Z0-9_]+)[\"']", src, re.M))
+    assert len(read) >= 20 and read <= table_names, f"read by the code, not in docs/pipeline.md's table: {read - table_names}"

@@ -370,3 +370,24 @@ def test_the_time_limit_is_cpu_time_not_wall_time() -> None:
         assert 0.95 <= w.cpu_s() - c0 <= 1.5 and time.monotonic() - t0 < 30
     finally:
         w.kill()
+
+
+@pytest.mark.parametrize("cap", [1, 3])
+def test_answers_max_workers_caps_the_checking_pool(cap: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ANSWERS_MAX_WORKERS`` (docs/pipeline.md's table) bounds the workers the pool starts, read when used: warming
+    the pool for 8 checks starts ``cap`` workers (counted by a stand-in for the worker process)."""
+    started: list[object] = []
+
+    class Fake:
+        def __init__(self) -> None:
+            started.append(self)
+
+        alive = ready_now = lambda self: True  # noqa: E731
+        ensure_ready = kill = lambda self: None  # noqa: E731
+
+    monkeypatch.setattr(_answers_pool, "Worker", Fake)
+    monkeypatch.setenv("ANSWERS_MAX_WORKERS", str(cap))
+    pool = _answers_pool.Pool()
+    pool.warm(8)
+    assert len(started) == cap == len(pool._idle)
+    pool.close()
