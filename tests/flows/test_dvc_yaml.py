@@ -158,8 +158,7 @@ def _schema_modules(t: Any, into: set[str]) -> set[str]:
 
 # Stages that import a schema module for its types (a function's annotation, a helper they call) without reading
 # its defaults: editing that module re-runs them too (a superset: never a stage missed).
-IMPORTS_WITHOUT_READING = {"stages/schema/corpus.py": {"ingest"}, "stages/schema/testsets.py": {"ingest"},
-                           "stages/schema/evaluate.py": {"grpo"}}
+IMPORTS_WITHOUT_READING = {"stages/schema/corpus.py": {"ingest"}, "stages/schema/testsets.py": {"ingest"}}
 
 
 def test_a_default_reruns_the_stages_that_read_it() -> None:
