@@ -218,6 +218,21 @@ def parser(stage: str, flow_fn: Any, add_args: Callable[[argparse.ArgumentParser
     return ap
 
 
+def _on_interrupt(where: str) -> None:
+    """What an interrupt of stage command ``where`` does: it is reported with the restore hint; under DVC the stage
+    also stops when its parent goes (not when forked by the stage server), and under a plain ``dvc repro`` it ends
+    the run's servers."""
+    from flows import _process, _servers
+
+    _process.install_interrupt_handler(f"stage {under_dvc() or where}", hint=lambda: restore_hint(where))
+    forked = bool(os.environ.get("DSM_CLIENT_PID"))  # run by the stage server for its client process
+    if under_dvc() and not forked:
+        _process.watch_parent()
+    if under_dvc() and not os.environ.get("PREFECT_API_URL"):  # plain dvc repro: an interrupt ends the run
+        _process.after_stop(lambda: _servers.stop_servers_of(
+            _servers.owner_of(int(os.environ.get("DSM_CLIENT_PID", os.getpid())))))
+
+
 def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None, *,
          add_args: Callable[[argparse.ArgumentParser], None] | None = None,
          address: Callable[[argparse.Namespace], str] | None = None) -> int:
@@ -239,13 +254,7 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
 
     extra = {k: v for k, v in vars(args).items() if k != "params"}
     where = address(args) if address is not None else stage
-    _process.install_interrupt_handler(f"stage {under_dvc() or where}", hint=lambda: restore_hint(where))
-    forked = bool(os.environ.get("DSM_CLIENT_PID"))  # run by the stage server for its client process
-    if under_dvc() and not forked:
-        _process.watch_parent()
-    if under_dvc() and not os.environ.get("PREFECT_API_URL"):  # plain dvc repro: an interrupt ends the run
-        _process.after_stop(lambda: _servers.stop_servers_of(
-            _servers.owner_of(int(os.environ.get("DSM_CLIENT_PID", os.getpid())))))
+    _on_interrupt(where)
     unwatch: Callable[[], None] = lambda: None  # noqa: E731
     held = None
     try:
