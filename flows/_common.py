@@ -220,8 +220,8 @@ def parser(stage: str, flow_fn: Any, add_args: Callable[[argparse.ArgumentParser
 
 def _on_interrupt(where: str) -> None:
     """What an interrupt of stage command ``where`` does: it is reported with the restore hint; under DVC the stage
-    also stops when its parent goes (not when forked by the stage server), and under a plain ``dvc repro`` it ends
-    the run's servers."""
+    also stops when its parent goes (not when forked by the stage server); under a plain ``dvc repro`` it ends the
+    run's servers, and run by hand the API server it uses unless another process holds a lease on it."""
     from flows import _process, _servers
 
     _process.install_interrupt_handler(f"stage {under_dvc() or where}", hint=lambda: restore_hint(where))
@@ -231,6 +231,8 @@ def _on_interrupt(where: str) -> None:
     if under_dvc() and not os.environ.get("PREFECT_API_URL"):  # plain dvc repro: an interrupt ends the run
         _process.after_stop(lambda: _servers.stop_servers_of(
             _servers.owner_of(int(os.environ.get("DSM_CLIENT_PID", os.getpid())))))
+    elif not os.environ.get("PREFECT_API_URL"):  # by hand: its lease goes, and the server unless another holds it
+        _process.after_stop(lambda: (_servers.release_lease(), _servers.stop_servers_of(os.getpid())))
 
 
 def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None, *,
