@@ -33,7 +33,7 @@ if __name__ == "__main__":
 
         grpo.run(P.grpo)
     elif stage == "evaluate":
-        from stages import evaluate
+        from stages.evaluate import stage as evaluate
 
         evaluate.run(P.evaluate, sys.argv[3])
     else:
