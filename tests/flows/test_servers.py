@@ -55,6 +55,16 @@ def test_a_stale_server_record_is_replaced(project: Path) -> None:
     assert wait_gone(project, 10.0) == [], processes_in(project)
 
 
+LISTENER = ("import select, socket, sys\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\n"
+            "print(s.getsockname()[1], flush=True)\ngot = b''\nconns = []\nwhile True:\n"
+            "    r, _, _ = select.select([s, sys.stdin, *conns], [], [], 120)\n    if sys.stdin in r or not r:\n"
+            "        break\n    for c in r:\n        if c is s:\n            conns.append(s.accept()[0])\n"
+            "        else:\n            data = c.recv(65536)\n            got += data\n"
+            "            if not data:\n                conns.remove(c)\nprint(len(got), flush=True)\n")
+"""Another user's listener on a free port (printed first): it counts the bytes any connection sends it and prints
+the count when its stdin closes (a squatter hoping to be taken for the project's API server)."""
+
+
 PROBE_API = r'''
 import json, sys, urllib.request, urllib.error
 url, home = sys.argv[1], sys.argv[2]
@@ -107,13 +117,7 @@ def test_a_port_taken_by_another_user_is_not_used_as_the_api(other_user, tmp_pat
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / ".prefect"))
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.delenv(_servers.AUTH_VAR, raising=False)
-    code = ("import select, socket, sys\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\n"
-            "print(s.getsockname()[1], flush=True)\ngot = b''\nconns = []\nwhile True:\n"
-            "    r, _, _ = select.select([s, sys.stdin, *conns], [], [], 120)\n    if sys.stdin in r or not r:\n"
-            "        break\n    for c in r:\n        if c is s:\n            conns.append(s.accept()[0])\n"
-            "        else:\n            data = c.recv(65536)\n            got += data\n"
-            "            if not data:\n                conns.remove(c)\nprint(len(got), flush=True)\n")
-    racer = other_user.popen([other_user.python, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    racer = other_user.popen([other_user.python, "-c", LISTENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         port = int(racer.stdout.readline())
         monkeypatch.setattr(_servers, "free_port", lambda: port)
@@ -168,12 +172,7 @@ def test_a_stale_record_naming_a_reused_pid_is_not_trusted(other_user, tmp_path:
     monkeypatch.setenv("PREFECT_HOME", str(home))
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.delenv(_servers.AUTH_VAR, raising=False)
-    squat = ("import socket, sys, select\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\n"
-             "print(s.getsockname()[1], flush=True)\ngot = 0\nwhile True:\n"
-             "    r, _, _ = select.select([s, sys.stdin], [], [], 120)\n    if sys.stdin in r or not r:\n        break\n"
-             "    c = s.accept()[0]\n    c.settimeout(2)\n    try:\n        got += len(c.recv(65536))\n"
-             "    except OSError:\n        pass\nprint(got, flush=True)\n")
-    his = other_user.popen([other_user.python, "-c", squat, "-m", "flows._servers", "api"], stdin=subprocess.PIPE,
+    his = other_user.popen([other_user.python, "-c", LISTENER, "-m", "flows._servers", "api"], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE)
     mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "flows._servers", "api"])
     try:
