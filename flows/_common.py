@@ -38,6 +38,13 @@ UI_URL = "http://127.0.0.1:4200"
 """Where ``prefect server start`` serves its UI (README: seeing past runs)."""
 
 
+def project_home(root: Path = PROJECT_ROOT) -> Path:
+    """The checkout whose ``.prefect`` holds the runs: ``root``, or, for a DVC experiment run in a temporary copy
+    (``<project>/.dvc/tmp/exps/<tmp>``: ``dvc exp run --temp``, ``dvc queue start``), the project it copies, so
+    that its runs are in the project's Prefect history and its logged links open there."""
+    return root.parents[3] if root.parent.name == "exps" and root.parents[1].match(".dvc/tmp") else root
+
+
 def prefect_environment(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[str, str]:
     """The Prefect settings of the project's commands, each unless already set: the state in ``.prefect/`` inside
     the project (never ``~/.prefect``), no telemetry, no UI build in the API servers the commands start, a patient
@@ -45,7 +52,7 @@ def prefect_environment(environ: dict[str, str] | os._Environ[str] | None = None
     ``prefect server start`` run with the same ``PREFECT_HOME`` (README), where they open once it runs.
     Returns the variables to set (:func:`begin` sets them)."""
     env = os.environ if environ is None else environ
-    want = {"PREFECT_HOME": str(PROJECT_ROOT / ".prefect"), "DO_NOT_TRACK": "1",
+    want = {"PREFECT_HOME": str(project_home() / ".prefect"), "DO_NOT_TRACK": "1",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
     if not env.get("PREFECT_API_URL"):
@@ -179,6 +186,14 @@ def under_dvc() -> str | None:
     return os.environ.get("DVC_STAGE") or None
 
 
+def run_tags(where: str) -> list[str]:
+    """The Prefect tags of a stage's flow run, to find it in the UI (``prefect flow-run ls --tag``): its DVC stage
+    address (``dvc:evaluate@sft``; the command's own when not run by DVC) and, in a DVC experiment, its name
+    (``exp:<name>``, from DVC_EXP_NAME)."""
+    exp = os.environ.get("DVC_EXP_NAME")
+    return [f"dvc:{under_dvc() or where}", *([f"exp:{exp}"] if exp else [])]
+
+
 def restore_hint(stage: str) -> str:
     """What to do about the outputs after a stage command failed or was interrupted."""
     from flows import _dvc
@@ -275,7 +290,9 @@ def main(flow_fn: Callable[..., Any], stage: str, argv: list[str] | None = None,
         from prefect.settings import temporary_settings
 
         os.environ["PREFECT_API_URL"] = url  # for the processes this stage starts (ranks)
-        with temporary_settings(updates=_servers.settings_updates(url)):
+        from prefect import tags
+
+        with temporary_settings(updates=_servers.settings_updates(url)), tags(*run_tags(where)):
             flow_fn(params_path=args.params, **extra)
         write_record(params, where)
     except Exception as e:

@@ -8,8 +8,10 @@ Named stages run with the stages they depend on, as ``dvc repro <stage>`` would 
 
 Before anything starts, the stage names are checked against dvc.yaml, the params file is validated and every
 stage's checks that need no computation run (stages/preflight.py), each stage's inputs that an earlier stage of
-the run writes excepted, so bad input fails in one line before any output is removed. Then one Prefect API
-server (flows/_servers.py) serves every stage's flow process, and one stage server (flows/_stage_server.py)
+the run writes excepted (of the stages not up to date: ``dvc status`` and what is downstream), so bad input fails in one
+line before any output is removed. Stages that DVC would skip or
+restore from its run-cache are done first, in order, without Prefect (:func:`without_servers`); from the first stage
+whose command runs, one Prefect API server (flows/_servers.py) serves every stage's flow process, and one stage server (flows/_stage_server.py)
 imports the stage flows once and forks a process for every stage command DVC runs (``--no-stage-server``: every
 stage imports them itself). A Ctrl-C (or SIGTERM) stops the run within seconds, the running stage and both
 servers included (flows/_process.py), and says how to resume.
@@ -127,15 +129,20 @@ def _stage_failure(name: str, e: BaseException, oom_before: int | None) -> Excep
 
 @task(name="stage", task_run_name="{name}")
 def repro_stage(name: str, force: bool = False) -> dict[str, Any]:
+    """:func:`repro` as a task of the pipeline flow."""
+    from prefect.runtime import task_run
+
+    _process.record_run("task_runs", task_run.id)
+    return repro(name, force, get_run_logger())
+
+
+def repro(name: str, force: bool, logger: logging.Logger | logging.LoggerAdapter) -> dict[str, Any]:
     """Run one dvc.yaml stage through DVC (``dvc repro -s <name>``, in this process); return its status
     and wall time. DVC runs the stage's cmd as a subprocess whose output goes to this console. DVC works in a
     thread of its own, so this (main) thread stays free to handle Ctrl-C / SIGTERM at once."""
     from dvc.exceptions import DvcException
-    from prefect.runtime import task_run
 
-    _process.record_run("task_runs", task_run.id)
     _run["current"] = name
-    logger = get_run_logger()
     dvc_logger = logging.getLogger("dvc")
     handler, level, propagate = _Collect(), dvc_logger.level, dvc_logger.propagate
     dvc_logger.addHandler(handler)
@@ -272,12 +279,50 @@ def _resume_hint() -> str:
             "resumes (finished stages are skipped; training resumes from its last checkpoint)")
 
 
-def up_to_date(names: list[str]) -> bool:
-    """Whether DVC has nothing to do for any of ``names`` (``dvc status``: deps, params and outputs unchanged)."""
+def stale(selected: list[str]) -> set[str]:
+    """The stages of ``selected`` that DVC would not skip as things stand: each whose deps, params or outputs changed
+    (``dvc status``) and every stage downstream of one."""
+    import networkx as nx
     from dvc.repo import Repo
 
-    with Repo() as repo:
-        return not repo.status(targets=names, with_deps=False)
+    with Repo() as repo, repo.lock:
+        graph = repo.index.graph  # edges point from a stage to the stages it depends on
+        changed = [s for s in repo.index.stages if s.addressing in selected and s.changed()]
+        return set(selected) & {s.addressing for c in changed for s in (c, *nx.ancestors(graph, c))}
+
+
+def dvc_would(name: str) -> str:
+    """What ``dvc repro -s <name>`` would do now: ``skipped`` (deps, params and outputs unchanged), ``restored`` (its
+    run-cache holds a run with these deps and params) or ``ran`` (its command runs)."""
+    from dvc.repo import Repo
+    from dvc.stage.cache import RunCacheNotFoundError
+
+    with Repo() as repo, repo.lock:
+        stage = next(s for s in repo.index.stages if s.addressing == name)
+        if not stage.changed():
+            return "skipped"
+        try:
+            stage.save_deps()  # in memory: the run-cache key is the hashes of the deps and params
+            repo.stage_cache.restore(stage, dry=True)
+        except (RunCacheNotFoundError, FileNotFoundError):
+            return "ran"
+        return "restored"
+
+
+def without_servers(selected: list[str], todo: set[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Do, in order, what needs no stage command (skips, and run-cache restores of the stages in ``todo``, those not
+    up to date) up to the first stage whose command runs; return their rows and the stages left (from that one on),
+    for the flow and its servers."""
+    rows: list[dict[str, Any]] = []
+    for i, name in enumerate(selected):
+        what = dvc_would(name) if name in todo else "skipped"
+        if what == "ran":
+            return rows, selected[i:]
+        rows.append(repro(name, False, logging.getLogger(__name__)) if what == "restored"
+                    else {"stage": name, "status": "skipped", "wall_s": 0.0})
+        if what == "restored":
+            _say(f"{name}: restored from the run-cache in {rows[-1]['wall_s']:.1f} s")
+    return rows, []
 
 
 @contextlib.contextmanager
@@ -371,16 +416,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"removed {len(left)} temporary path(s) left by a killed earlier run", file=sys.stderr)
             params = load_params(params_file or "params.yaml")  # a bad value fails here, before DVC deletes any output
             selected = plan(names, only=args.only)
+            todo = set(selected) if args.force else stale(selected)
             produced: set[str] = set()
             for name in selected:  # every check that needs no computation, before any stage runs
-                preflight.check(params, [name], produced)
+                if name in todo:
+                    preflight.check(params, [name], produced)
                 produced |= _dvc.produced_paths([name], known)
-            _say(f"{len(selected)} stage(s) to run through DVC (what is up to date is skipped): {', '.join(selected)}")
-            if not args.force and up_to_date(selected):
-                _say("every stage is up to date (dvc status); nothing to run")
-                rows = [{"stage": n, "status": "skipped", "wall_s": 0.0} for n in selected]
+            _say(f"{len(todo)} of {len(selected)} stage(s) not up to date (dvc status): "
+                 f"{', '.join(n for n in selected if n in todo) or 'none'}")
+            rows, rest = ([], selected) if args.force else without_servers(selected, todo)
+            if rest:
+                rows += _run_flow(args, rest)
             else:
-                rows = _run_flow(args, selected)
+                _say("every stage is up to date or restored from the run-cache (dvc status); nothing to run")
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         print(_resume_hint(), file=sys.stderr)

@@ -91,6 +91,12 @@ def test_named_stages_run_with_their_upstream_stages(project: Path, monkeypatch:
 def test_run_then_the_closing_git_hint_works(project: Path, prefect_api: str) -> None:
     out = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(prefect_api), timeout=900)
     assert re.search(r"^data\s+ran\s", out.stdout, re.M), out.stdout[-2000:]
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    with get_client(sync_client=True) as client:  # the stage's flow run, found by its DVC stage address
+        tagged = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["dvc:data"])))
+    assert [r.flow_id for r in tagged] and all(r.tags == ["dvc:data"] for r in tagged), tagged
     hint = [x for x in out.stdout.splitlines() if x.startswith("to record this run in git: ")]
     assert len(hint) == 1, out.stdout[-2000:]
     cmd = hint[0].removeprefix("to record this run in git: ").split(" (`dvc push`")[0]
@@ -103,8 +109,21 @@ def test_run_then_the_closing_git_hint_works(project: Path, prefect_api: str) ->
     again = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(), timeout=900)  # no API given
     assert re.search(r"^data\s+skipped\s", again.stdout, re.M) and "to record this run" not in again.stdout
     # nothing to do: said at once, and no server started (a no-op costs DVC's status check, not a Prefect start-up)
-    assert "pipeline: every stage is up to date (dvc status); nothing to run" in again.stdout, again.stdout[-2000:]
+    assert "pipeline: every stage is up to date or restored from the run-cache (dvc status); nothing to run" in again.stdout, again.stdout[-2000:]
     assert not (project / ".prefect" / "servers" / "api.log").exists()
+    # a params edit runs the stage; put back, its earlier outputs come from the run-cache, again with no server
+    params = project / "params.yaml"
+    original = params.read_text()
+    raw = yaml.safe_load(original)
+    raw["data"]["problems"]["n_test"] += 1
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    edited = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(prefect_api), timeout=900)
+    assert re.search(r"^data\s+ran\s", edited.stdout, re.M), edited.stdout[-2000:]
+    params.write_text(original)
+    back = run([sys.executable, "-m", "flows.pipeline", "data"], project, env(), timeout=900)
+    assert re.search(r"^data\s+restored\s", back.stdout, re.M), back.stdout[-2000:]
+    assert "nothing to run" in back.stdout and not (project / ".prefect" / "servers" / "api.log").exists()
+    assert run(["git", "status", "--porcelain"], project).stdout == ""  # the same bytes as the recorded run
 
 
 @pytest.mark.slow  # ~15 s: .ci/slow heavy-suite (the README suite stays under 10 min)
