@@ -40,9 +40,9 @@ UI_URL = "http://127.0.0.1:4200"
 
 def project_home(root: Path = PROJECT_ROOT) -> Path:
     """The checkout whose ``.prefect`` holds the runs: ``root``, or, for a DVC experiment run in a temporary copy
-    (``<project>/.dvc/tmp/exps/<tmp>``: ``dvc exp run --temp``, ``dvc queue start``), the project it copies, so
+    (under ``<project>/.dvc/tmp/exps/``: ``dvc exp run --temp``, ``dvc queue start``), the project it copies, so
     that its runs are in the project's Prefect history and its logged links open there."""
-    return root.parents[3] if root.parent.name == "exps" and root.parents[1].match(".dvc/tmp") else root
+    return next((up.parents[2] for up in root.parents if up.name == "exps" and up.parent.match(".dvc/tmp")), root)
 
 
 def prefect_environment(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[str, str]:

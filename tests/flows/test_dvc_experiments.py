@@ -113,7 +113,7 @@ def test_exp_run_records_headline_metrics_and_exp_show_is_readable(project: Path
     for name, seed in (("seed3", 3), ("seed4", 4)):
         out = run(["dvc", "exp", "run", "-n", name, "-S", f"data.seed={seed}", "data"], project, env(prefect_api))
         assert f"Ran experiment(s): {name}" in out.stdout, out.stdout[-2000:]
-        assert [r.tags for r in _tagged(f"exp:{name}")] == [["dvc:data", f"exp:{name}"]]
+        assert [sorted(r.tags) for r in _tagged(f"exp:{name}")] == [["dvc:data", f"exp:{name}"]]
     shown = json.loads(run(["dvc", "exp", "show", "--json"], project).stdout)
     for name in ("seed3", "seed4"):
         exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == name]
@@ -147,15 +147,15 @@ def test_dry_run_prints_the_commands_and_changes_nothing(project: Path, prefect_
 @pytest.mark.slow
 def test_queued_experiment_records_its_metrics(project: Path, prefect_api: str) -> None:
     (project / ".prefect" / "params" / "data.yaml").unlink(missing_ok=True)
-    run(["dvc", "exp", "run", "--queue", "-n", "queued4", "-S", "data.seed=4", "data"], project, env(prefect_api))
+    run(["dvc", "exp", "run", "--queue", "-n", "queued11", "-S", "data.seed=11", "data"], project, env(prefect_api))
     run(["dvc", "exp", "run", "--run-all"], project, env(prefect_api), timeout=1200)
     shown = json.loads(run(["dvc", "exp", "show", "--json"], project).stdout)
-    exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == "queued4"]
+    exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == "queued11"]
     metrics = exps[0]["revs"][0]["data"]["metrics"]["data/metrics/data.json"]["data"]
     assert metrics["problems"]["sft"] == 120
     # it ran in DVC's temporary copy (.dvc/tmp/exps/...), its Prefect state in the project's: the params it logged
-    assert yaml.safe_load((project / ".prefect" / "params" / "data.yaml").read_text())["data"]["seed"] == 4
-    assert _tagged("dvc:data", "exp:queued4")  # its flow run, found by the stage and the experiment's name
+    assert yaml.safe_load((project / ".prefect" / "params" / "data.yaml").read_text())["data"]["seed"] == 11
+    assert _tagged("dvc:data", "exp:queued11")  # its flow run, found by the stage and the experiment's name
 
 
 def _tagged(*tags: str) -> list:
