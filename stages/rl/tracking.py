@@ -1,7 +1,7 @@
 """Every RL step's metrics logged with dvclive (``grpo.tracking``), the DVC way of tracking experiments: dvclive writes
-``data/dvclive/grpo/metrics.json`` (the latest step's values: DVC's live metrics while the stage runs, ``dvc exp
-show``'s columns after) and ``data/dvclive/grpo/plots/metrics/<metric>.tsv`` (one row per step: ``dvc plots show`` /
-``dvc plots diff``), which the grpo stage of dvc.yaml declares as metrics and plots (``cache: false``: git records
+``data/dvclive/grpo/metrics.json`` (the latest step's values under ``grpo``: DVC's live metrics while the stage runs,
+``dvc exp show``'s columns ``grpo.<metric>`` after) and ``data/dvclive/grpo/plots/metrics/grpo/<metric>.tsv`` (one row
+per step: ``dvc plots show`` / ``dvc plots diff``), which the grpo stage of dvc.yaml declares as metrics and plots (``cache: false``: git records
 them with each experiment, and DVC's run-cache stays on).
 
 Only results are logged: the timings (``t_*``, ``cpu_*``, ``*_s``: :func:`stages.core.io.is_timing_key`) go to
@@ -17,6 +17,8 @@ from typing import Any
 
 from stages.core.io import is_timing_key
 
+PREFIX = "grpo"
+"""The metrics' namespace: ``grpo.kl`` in metrics.json and ``dvc exp show``, plots/metrics/grpo/kl.tsv."""
 SKIP = ("step", "iteration")
 """Row keys that are coordinates, not metrics."""
 
@@ -65,7 +67,7 @@ class StepLog:
         for r in self.rows[self._logged :]:
             live.step = int(r["step"]) + 1
             for k, v in loggable(r).items():
-                live.log_metric(k, v)
+                live.log_metric(f"{PREFIX}/{k}", v)
             live.make_summary()
         self._logged = len(self.rows)
 

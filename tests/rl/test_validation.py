@@ -81,13 +81,15 @@ def test_grpo_with_validation_trains_on_the_rest_and_logs_the_curve(project) -> 
     # dvclive: the latest step's results and one curve row per step, no timings
     live = paths.DVCLIVE / "grpo"
     summary = json.loads((live / "metrics.json").read_text())
-    assert summary["step"] == 3 and "reward_mean" in summary and "validation_accuracy" in summary
-    assert not any(k.startswith(("t_", "cpu_")) or k.endswith("_s") for k in summary)
-    curve = (live / "plots" / "metrics" / "reward_mean.tsv").read_text().splitlines()
+    assert summary["step"] == 3 and set(summary) == {"step", "grpo"}  # grpo.<metric> in dvc exp show
+    assert "reward_mean" in summary["grpo"] and "validation_accuracy" in summary["grpo"]
+    assert not any(k.startswith(("t_", "cpu_")) or k.endswith("_s") for k in summary["grpo"])
+    curves = live / "plots" / "metrics" / "grpo"
+    curve = (curves / "reward_mean.tsv").read_text().splitlines()
     assert curve[0].split("\t") == ["step", "reward_mean"] and [c.split("\t")[0] for c in curve[1:]] == ["1", "2", "3"]
-    vcurve = (live / "plots" / "metrics" / "validation_accuracy.tsv").read_text().splitlines()
+    vcurve = (curves / "validation_accuracy.tsv").read_text().splitlines()
     assert [c.split("\t")[0] for c in vcurve[1:]] == ["2", "3"]
-    assert not (live / "plots" / "metrics" / "t_generation.tsv").exists()
+    assert not (curves / "t_generation.tsv").exists()
 
 
 def test_select_best_saves_the_best_validated_checkpoint_lora(project, monkeypatch) -> None:
@@ -172,5 +174,5 @@ def test_step_log_replays_a_resumed_runs_rows(tmp_path) -> None:
     at_end.close(rows)
     a, b, c = files(tmp_path / "one"), files(tmp_path / "two"), files(tmp_path / "three")
     assert a == b == c and "metrics.json" in a
-    assert sorted(a) == ["metrics.json", "plots/metrics/kl.tsv", "plots/metrics/reward_mean.tsv"]
-    assert json.loads(a["metrics.json"]) == {"reward_mean": 0.2, "kl": 0.02, "step": 3}
+    assert sorted(a) == ["metrics.json", "plots/metrics/grpo/kl.tsv", "plots/metrics/grpo/reward_mean.tsv"]
+    assert json.loads(a["metrics.json"]) == {"grpo": {"reward_mean": 0.2, "kl": 0.02}, "step": 3}
