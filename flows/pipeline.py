@@ -256,8 +256,8 @@ def git_hint(known: list[_dvc.StageInfo]) -> str | None:
     shown += sorted(c for c in changed if c.endswith(".gitignore") and not any(under(c, p) for p in recorded))
     if not shown:
         return None
-    return (f"to record this run in git: git add {' '.join(shown)} && git commit -m 'pipeline run' (`dvc push "
-            "--run-cache` shares the outputs: docs/pipeline.md, Sharing results through a DVC remote)")
+    return (f"to record this run in git: git add {' '.join(shown)} && git commit -m 'pipeline run' (`dvc push` shares "
+            "the outputs, with --run-cache the run-cache: docs/pipeline.md#sharing-results-through-a-dvc-remote)")
 
 
 def _resume_hint() -> str:

@@ -51,7 +51,7 @@ def test_a_clone_pulls_the_run_and_has_nothing_to_do(tmp_path: Path, prefect_api
     assert recorded == ["dvc.lock", "data/dvclive", "data/metrics", "data/plots"], recorded
     hint = git_hint(known)
     assert hint is not None
-    cmd = hint.removeprefix("to record this run in git: ").split(" (`dvc push")[0]
+    cmd = hint.removeprefix("to record this run in git: ").split(" (`dvc push`")[0]
     assert cmd.startswith(f"git add {' '.join(recorded)} && git commit"), cmd  # the whole graph ran: every folder
     done = subprocess.run(cmd.replace("git commit", " ".join(GIT) + " commit", 1), shell=True, cwd=producer,
                           capture_output=True, text=True)
