@@ -3,8 +3,8 @@ producer and a teammate: the producer runs the shrunk graph (``dvc repro``), add
 remote, ``dvc push --run-cache`` and commits what the pipeline's closing hint lists (``flows._dvc.git_recorded``:
 dvc.lock and the ``cache: false`` metrics, plots and dvclive folders); a ``git clone`` of it runs ``dvc pull`` and
 nothing else, then ``dvc status`` is clean, ``dvc repro`` and ``python -m flows.pipeline`` run nothing, and every
-output is the same bytes. Each folder of the list is needed: without it ``dvc pull`` cannot bring it back (DVC
-neither caches nor pushes it) and its stage shows as changed."""
+output is the same bytes. Each folder of the list is needed: without it ``dvc pull --run-cache`` cannot bring it
+back (DVC neither caches nor pushes it, the run-cache included) and its stage shows as changed."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from flows.pipeline import git_hint
 from stages.core.io import output_hashes
 from stages.params import resolve
 from tests.flows._project import GIT, env, make_project, run
-from tests.flows.test_dvc_determinism import shrink_graph
+from tests.flows.test_dvc_determinism import shrink_graph, stage_walls
 
 pytestmark = pytest.mark.slow  # the shrunk graph once, then a clone: minutes (.ci/slow dvc-graphs)
 
@@ -83,12 +83,12 @@ def test_a_clone_pulls_the_run_and_has_nothing_to_do(tmp_path: Path, prefect_api
     assert run(["git", "status", "--porcelain"], clone).stdout == ""
     print(f"\nshare: producer dvc repro {repro_s:.1f} s; clone: dvc pull {pull_s:.1f} s, no-op dvc repro "
           f"{repro_noop_s:.1f} s, no-op python -m flows.pipeline {pipeline_noop_s:.1f} s; {len(mine)} files the same "
-          f"bytes; load {open('/proc/loadavg').read().split()[:3]}")
+          f"bytes; load {open('/proc/loadavg').read().split()[:3]}; stages {stage_walls(producer)}")
 
     # each folder of the list is needed: the remote does not hold it, and its stage is stale without it
     for folder in recorded[1:]:
         shutil.rmtree(clone / folder)
-        run(["dvc", "pull"], clone, check=False)  # DVC may say it cannot check out the uncached outputs
+        run(["dvc", "pull", "--run-cache"], clone, check=False)  # DVC may say it cannot check out uncached outputs
         assert not (clone / folder).exists(), folder
         status = run(["dvc", "status"], clone).stdout
         assert status.strip() != UP_TO_DATE and "changed outs" in status, f"{folder}: {status}"
