@@ -22,14 +22,22 @@ from flows import _dvc
 from flows.pipeline import git_hint
 from stages.core.io import output_hashes
 from stages.params import resolve
-from tests.flows._project import GIT, env, make_project, run
+from tests.flows._project import GIT, ROOT, env, make_project, run
 from tests.flows.test_dvc_determinism import shrink_graph, stage_walls
-
-pytestmark = pytest.mark.slow  # the shrunk graph once, then a clone: minutes (.ci/slow dvc-graphs)
 
 UP_TO_DATE = "Data and pipelines are up to date."
 
 
+def test_the_docs_commit_the_list() -> None:
+    """docs/pipeline.md's commit lines (the sharing section's and the experiments') add what ``git_recorded`` lists."""
+    recorded = " ".join(_dvc.git_recorded(_dvc.stages(ROOT)))
+    docs = (ROOT / "docs" / "pipeline.md").read_text()
+    share = docs.split("## Sharing results through a DVC remote")[1].split("\n## ")[0]
+    assert f"git add {recorded} && git commit" in share, recorded
+    assert docs.count(f"git add {recorded} && git commit") == 2, recorded
+
+
+@pytest.mark.slow  # the shrunk graph once, then a clone: minutes (.ci/slow dvc-graphs)
 def test_a_clone_pulls_the_run_and_has_nothing_to_do(tmp_path: Path, prefect_api: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     producer = make_project(tmp_path / "producer")
