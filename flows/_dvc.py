@@ -147,6 +147,16 @@ def git_outputs(name: str, root: str | Path = ".") -> list[str]:
     return [o for s in known if s.name == name for o in s.uncached]
 
 
+def git_recorded(known: list[StageInfo]) -> list[str]:
+    """What git must record for a clone to get a run with ``dvc pull``: dvc.lock and the folders of the ``cache: false``
+    outputs (``data/dvclive``, ``data/metrics``, ``data/plots``), which DVC neither caches nor pushes, the run-cache
+    included. The pipeline's closing hint and docs/pipeline.md#sharing-results-through-a-dvc-remote name this list."""
+    def area(o: str) -> str:  # data/plots/corpus/rounds.tsv -> data/plots
+        parts = Path(o).parts
+        return "/".join(parts[:2]) if len(parts) > 2 else o
+    return ["dvc.lock", *sorted({area(o) for s in known for o in s.uncached})]
+
+
 def produced_paths(names: list[str], known: list[StageInfo]) -> set[str]:
     """The outputs of the named stages (normalised relative paths)."""
     chosen = set(names)

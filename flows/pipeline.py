@@ -245,28 +245,26 @@ def build_parser(known: list[_dvc.StageInfo]) -> argparse.ArgumentParser:
 
 
 def git_hint(known: list[_dvc.StageInfo]) -> str | None:
-    """``git add ... && git commit`` for the files a run changed that git should record (dvc.lock, the metrics and
-    plots DVC does not cache, .gitignore files DVC edited), or None when git has nothing new."""
-    tracked = sorted({o for s in known for o in s.uncached})
-    candidates = ["dvc.lock", *tracked, ":(glob)**/.gitignore"]
+    """``git add ... && git commit`` for what a run changed among the paths git must record (:func:`_dvc.git_recorded`:
+    dvc.lock, the metrics and plots DVC does not cache) and .gitignore files DVC edited, or None when git has nothing
+    new."""
+    recorded = _dvc.git_recorded(known)
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *candidates],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *recorded,
+                              ":(glob)**/.gitignore"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
         return None
-    changed = sorted({line[3:].strip().strip('"') for line in out.stdout.splitlines() if line.strip()})
-    if not changed:
+    changed = {line[3:].strip().strip('"') for line in out.stdout.splitlines() if line.strip()}
+    def under(c: str, p: str) -> bool:
+        return c == p or c.startswith(p + "/")
+    shown = [p for p in recorded if any(under(c, p) for c in changed)]
+    shown += sorted(c for c in changed if c.endswith(".gitignore") and not any(under(c, p) for p in recorded))
+    if not shown:
         return None
-    def area(c: str) -> str:  # data/plots/corpus/rounds.tsv -> data/plots
-        parts = Path(c).parts
-        if c == "dvc.lock" or c.endswith(".gitignore"):
-            return c
-        return "/".join(parts[:2]) if parts[0] == "data" and len(parts) > 2 else str(Path(c).parent)
-
-    shown = sorted({area(c) for c in changed}, key=lambda c: (c != "dvc.lock", c))
-    return f"to record this run in git: git add {' '.join(shown)} && git commit -m 'pipeline run' (`dvc push` shares the outputs)"
+    return (f"to record this run in git: git add {' '.join(shown)} && git commit -m 'pipeline run' (`dvc push` shares "
+            "the outputs, with --run-cache the run-cache: docs/pipeline.md#sharing-results-through-a-dvc-remote)")
 
 
 def _resume_hint() -> str:
