@@ -7,7 +7,6 @@ there (resumed from which step, labels read back) is in data/timings/<stage>.jso
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import sys
@@ -56,8 +55,8 @@ def test_kill_9_then_resume_gives_the_clean_bytes(clean: tuple[Path, dict[str, s
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert any(ckpts.rglob("step-*/manifest.json")), f"no checkpoint under {ckpts}"
     run(["dvc", "repro", "-f", "-s", stage], proj, env(prefect_api))
-    timings = json.loads((proj / "data" / "timings" / f"{stage}.json").read_text())
-    assert timings["resumed_from_step"] == 1, timings  # it resumed (a measurement: no DVC output)
+    timings = (proj / "data" / "timings" / f"{stage}.json").read_text()
+    assert '"resumed_from_step": 1' in timings, timings  # it resumed (grpo: per iteration; no DVC output)
     after = output_hashes(proj)
     assert {k: v for k, v in after.items() if before.get(k) != v} == {}
     assert after.keys() == before.keys()
