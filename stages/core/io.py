@@ -215,10 +215,11 @@ def headline(metrics: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-MEASURED_KEYS = frozenset({"memory", "resumed_from_step", "resumed_from_iteration", "resumed_problems",
-                           "tool_wait_share_of_step", "tool_wait_frac", "threads"})
+MEASURED_KEYS = frozenset({"memory", "resumed", "resumed_from_step", "resumed_from_iteration", "resumed_problems",
+                           "steps_run", "tokens_this_run", "tool_wait_share_of_step", "tool_wait_frac", "threads"})
 """Keys that :func:`is_timing_key` counts as measurements of the run besides the time-named ones: peak memory,
-whether (and where) a run resumed, a share of time, the torch thread counts the load chose (stages/core/threads.py)."""
+whether (and where) a run resumed and what it did since, a share of time, the torch thread counts the load chose
+(stages/core/threads.py). A resumed run's results are a clean run's bytes (tests/flows/test_resumed_outputs.py)."""
 
 
 SETTING_KEYS = frozenset({"timeout_s", "exec_timeout_s"})

@@ -117,6 +117,7 @@ def loop_metrics(res: TrainResult) -> dict[str, Any]:
         "skipped_steps": res.skipped_steps,
         "precision": res.precision,
         "world_size": res.world_size,
+        "tokens": res.total_tokens,
         "tokens_this_run": res.tokens,
         "tokens_per_s": round(res.tokens_per_s, 1),
         "train_wall_s": round(res.train_wall_s, 2),

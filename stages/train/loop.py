@@ -123,6 +123,7 @@ class TrainResult:
     steps_run: int
     skipped_steps: int
     tokens: int
+    """Input tokens of this call's steps (a resumed run's part: a measurement)."""
     target_tokens: int
     train_wall_s: float
     precision: str
@@ -133,6 +134,8 @@ class TrainResult:
     run_dir: str = ""
     world_size: int = 1
     zero_stage: int = 0
+    total_tokens: int = 0
+    """Input tokens of all ``total_steps`` steps, those before a resume included (a result)."""
 
     eval_wall_s: float = 0.0
     checkpoint_wall_s: float = 0.0
@@ -228,7 +231,7 @@ def train(model: torch.nn.Module, data: BatchSource, p: TrainLoopParams, run_dir
         eval_wall_s=side.timers["eval"], checkpoint_wall_s=side.timers["checkpoint"],
         precision="bf16" if bf16 else "fp32", history=list(state["history"]), evals=list(state["evals"]),
         best_eval_loss=state["best_eval_loss"], best_step=state["best_step"], run_dir=str(run_dir), world_size=world,
-        zero_stage=zero_stage,
+        zero_stage=zero_stage, total_tokens=int(state["tokens"]),
     )
 
 
@@ -249,27 +252,30 @@ class _StepLog:
     last); :meth:`paused` leaves time spent evaluating and checkpointing out of tokens per second."""
 
     def __init__(self, p: TrainLoopParams, start: int, desc: str, is_main: bool) -> None:
-        self.p, self.window, self.tok_w, self.tw = p, [], 0, time.perf_counter()
+        self.p, self.tok_w, self.tw = p, 0, time.perf_counter()
         self.bar = tqdm(total=p.steps, initial=start, desc=desc, disable=not is_main, mininterval=2.0,
                         dynamic_ncols=True)
         self.live = Throughput()  # cores used and load beside tokens/s: why a step is slow
 
     def step(self, done: int, loss: float | None, grad_norm: float, lr: float, n_tok: int,
              state: dict[str, Any]) -> None:
-        """After step ``done`` (``loss`` None: skipped)."""
+        """After step ``done`` (``loss`` None: skipped). The losses since the last row are in ``state`` (so in the
+        checkpoint): a resumed run logs the mean an uninterrupted one would."""
         self.tok_w += n_tok
+        window = state.setdefault("loss_window", [])
         if loss is not None:
-            self.window.append(loss)
+            window.append(loss)
         if done % self.p.log_every == 0 or done == self.p.steps:
             now = time.perf_counter()
-            rec = {"step": done, "loss": float(np.mean(self.window)) if self.window else float("nan"), "lr": lr,
+            rec = {"step": done, "loss": float(np.mean(window)) if window else float("nan"), "lr": lr,
                    "grad_norm": grad_norm, "tokens_per_s": self.tok_w / max(now - self.tw, 1e-9),
                    "skipped": state["skipped"]}
             state["history"].append(rec)
             rate = self.live.tick()
             self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}",
                                  cores=f"{rate['cores']:.1f}", load=f"{rate['load']:.1f}")
-            self.window, self.tw, self.tok_w = [], now, 0
+            window.clear()
+            self.tw, self.tok_w = now, 0
         self.bar.update(1)
 
     @contextlib.contextmanager

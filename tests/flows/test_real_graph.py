@@ -131,7 +131,7 @@ def test_repro_runs_ingestion_sft_grpo_evaluate_on_real_rows(graph: dict[str, An
     sft_rows = [json.loads(x) for f in sorted((proj / "data/ingest/sft").glob("*.jsonl")) for x in f.open()]
     assert len(sft_rows) >= 2 * N_TRAIN - 10 and {r["benchmark"] for r in sft_rows} == {"gsm8k", "math"}
     sft = json.loads((proj / "data/details/sft.json").read_text())
-    assert sft["prompt_format"] == "chat_template" and sft["steps_run"] == 2
+    assert sft["prompt_format"] == "chat_template" and sft["steps"] == 2
     tok_cfg = json.loads((proj / "data/models/sft/tokenizer_config.json").read_text())
     assert tok_cfg["pipeline_prompt_format"] == "chat_template"  # recorded with the model, travels with it
     g = json.loads((proj / "data/details/grpo.json").read_text())

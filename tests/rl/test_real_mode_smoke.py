@@ -156,7 +156,7 @@ def test_real_mode_smoke_qwen2(shared_data: Path, tmp_path: Path) -> None:
     total = time.perf_counter() - t_all
 
     sft = json.loads((proj / "data/details/sft.json").read_text())
-    assert sft["world_size"] == 1 and sft["steps_run"] == 3 and sft["precision"] == "fp32"
+    assert sft["world_size"] == 1 and sft["steps"] == 3 and sft["precision"] == "fp32"
     g = json.loads((proj / "data/details/grpo.json").read_text())
     assert g["generation_backend"] == "vllm" and g["deepspeed_zero_stage"] == 2 and g["grpo"]["steps"] == 2
     assert list(g["heldout"]["accuracy_at_step"]) == ["0", "1", "2"] and g["heldout"]["n"] == N_TEST

@@ -83,7 +83,7 @@ class _Crash(Exception):
 
 
 def test_resume_runs_only_the_remaining_steps_and_matches(tiny_world, tmp_path) -> None:
-    p = loop_params(steps=6, checkpoint_every=2)
+    p = loop_params(steps=6, checkpoint_every=2, log_every=3)  # the resume falls inside a logged row's loss window
     model, data = _setup(tiny_world)
     full = train(model, data, p, tmp_path / "a")
     ref = _weights(model)
@@ -100,6 +100,7 @@ def test_resume_runs_only_the_remaining_steps_and_matches(tiny_world, tmp_path) 
     res = train(model, data, p, tmp_path / "b")
     assert (res.start_step, res.steps_run) == (2, 4)
     assert _max_diff(ref, _weights(model)) < 1e-5
+    assert [h["step"] for h in res.history] == [3, 6]
     assert [h["loss"] for h in res.history] == pytest.approx([h["loss"] for h in full.history], abs=1e-5)
     again = train(*_setup(tiny_world), p, tmp_path / "b")  # finished: nothing left to run
     assert again.steps_run == 0
