@@ -1,4 +1,4 @@
-"""The grpo section's groups about trusting the sampler (issue 31): ``correction`` (importance-sampling correction
+"""The grpo section's groups about trusting the sampler: ``correction`` (importance-sampling correction
 between the sampler's and the trainer's policies), ``sync`` (the checked weight sync) and ``ledger`` (the rollout
 ledger). Torch-free, as the rest of the schema; :func:`check_sampler` is the cross-field check GrpoParams runs.
 """
