@@ -1,12 +1,13 @@
 """The machine's part in a run: what ``precision: auto`` resolves to here, and why.
 
 ``auto`` values are resolved by the hardware: bf16 where bf16 matmuls are fast (CUDA GPUs with bf16; CPUs with AMX
-tiles or the AVX512_BF16 instructions, whose oneDNN kernels run bf16 matmuls several times faster than fp32), else fp32; the ``vllm`` generation
-backend where a CUDA GPU and vllm are present (stages/core/generation.py ``resolve_backend``). So the same params give
-different runs on different machines (other run times and held-out accuracies; docs/pipeline.md). Every stage that trains records :func:`record` in its metrics
-(``hardware``: git-tracked, hashed in dvc.lock, shown by ``dvc metrics show`` and ``dvc exp show``) and in its model
-directory (``pipeline.json``, a DVC output), and the stages that generate record the resolved backend and dtype, so
-runs made on different hardware are told apart.
+tiles or the AVX512_BF16 instructions, whose oneDNN kernels run bf16 matmuls several times faster than fp32), else
+fp32; the ``vllm`` generation backend where a CUDA GPU and vllm are present (stages/core/generation.py
+``resolve_backend``). So the same params give different runs on different machines (other run times and held-out
+accuracies; docs/pipeline.md). Every stage that trains records :func:`record` in its metrics (``hardware``:
+git-tracked, hashed in dvc.lock, shown by ``dvc metrics show`` and ``dvc exp show``) and in its model directory
+(``pipeline.json``, a DVC output), and the stages that generate record the resolved backend and dtype, so runs made on
+different hardware are told apart.
 """
 
 from __future__ import annotations

@@ -271,13 +271,13 @@ def invariant_attention(input_ids: Any, heads: int = 1) -> contextlib.AbstractCo
 
     Why (``benchmarks/decode_attention.py``, benchmarks/results/decode_attention.json): at decode shapes every kernel
     gives the same bits at any thread count while rows x heads >= the thread count; with fewer pairs than threads the
-    flash kernel also splits one query's keys across threads, which rounds by thread count, and the math backend
-    holds out to longer key lengths. So the small steps take the math backend, which makes sampled tokens and log-probs independent of
-    the count :class:`ThreadPolicy` chooses from the load for every shape the tests check (the tiny default: 4 heads,
-    2 cores, always the flash kernel). The math backend is not the default for all steps because in bf16 on the CPU
-    it is several times slower than the flash kernel at decode shapes (docs/pipeline.md). Several query positions
-    keep the default kernel (thread-count invariant in the forward; a cached pass over a single position also rounds
-    its gradients by thread count, so the log-prob passes do not share a prompt for 2-token completions:
+    flash kernel also splits one query's keys across threads, which rounds by thread count, and the math backend holds
+    out to longer key lengths. So the small steps take the math backend, which makes sampled tokens and log-probs
+    independent of the count :class:`ThreadPolicy` chooses from the load for every shape the tests check (the tiny
+    default: 4 heads, 2 cores, always the flash kernel). The math backend is not the default for all steps because in
+    bf16 on the CPU it is several times slower than the flash kernel at decode shapes (docs/pipeline.md). Several query
+    positions keep the default kernel (thread-count invariant in the forward; a cached pass over a single position also
+    rounds its gradients by thread count, so the log-prob passes do not share a prompt for 2-token completions:
     stages/rl/rollout.py)."""
     if getattr(input_ids, "device", None) is None or input_ids.device.type != "cpu" or input_ids.shape[-1] != 1:
         return contextlib.nullcontext()
