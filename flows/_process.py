@@ -40,7 +40,7 @@ from typing import Any
 from stages.core import io
 
 STOP_TIMEOUT_S = 4.0
-"""Upper bound of the whole stop (the issue's budget is 5 s from the signal to the exit)."""
+"""Upper bound of the whole stop (the stop fits a 5 s budget from the signal to the exit)."""
 _TERM_GRACE_S = 2.0
 """How long terminated children get to exit (and clean up after themselves) before they are killed."""
 
