@@ -33,22 +33,18 @@ SAMPLE_S = 0.2
 TRAINING = ("float32 training steps follow the load under MKL's strict reproducibility mode (strict_blas), "
             "bf16-autocast steps of one fixed shape too; the others hold the limit")
 """Which training steps adapt (:func:`training_adapts`: the loops' ``step(adapt=...)``, :func:`held` around GRPO's
-update). Measured on a CPU with AMX (torch 2.13, tests/core/test_threads.py):
+update). Why (measured on a CPU with AMX: docs/pipeline.md; tests/core/test_threads.py checks the bits):
 
-- **float32**: a training step comes out in other bits at 1 and 2 threads in MKL's default mode (its sgemm splits a
-  weight gradient's reduction over the tokens by thread count), and in the same bits under MKL's *strict* conditional
-  numerical reproducibility mode (:data:`MKL_CBWR`, :func:`strict_blas`), at every shape tried, at no measured cost.
-  A whole default GRPO stage (40 steps
-  and its continued-SFT baseline, float32) at 1 thread gave the 2-thread run's policy and baseline bytes. So float32
-  steps follow the load where strict mode is on (every project command: flows/_common.py ``begin``), and hold the
-  limit where it is not (a torch without MKL, or MKL used before it could be switched on).
+- **float32**: in MKL's default mode a training step's bits depend on the thread count (its sgemm splits a weight
+  gradient's reduction over the tokens by thread count); under MKL's *strict* conditional numerical reproducibility
+  mode (:data:`MKL_CBWR`, :func:`strict_blas`) they do not, at no cost that shows. So float32 steps follow the load
+  where strict mode is on (every project command: flows/_common.py ``begin``), and hold the limit where it is not (a
+  torch without MKL, or MKL used before it could be switched on).
 - **bf16 autocast** (oneDNN's kernels, which strict MKL does not govern): the same bits at 1 and 2 threads at
   pretraining's (16, 256) and SFT's (8, 512) batches once the chunked LM head's backward products run on one thread
-  (:func:`single`), other bits at many other shapes (8 x 477..509, SFT's batches when they were padded to their
-  longest row). Pretraining's stream and SFT's packed rows are one shape (``BatchSource.fixed_shape``), so their steps
-  follow the load; a default pretraining that ran 299 of its 300 steps at 1 thread, and a default SFT with 246 of 250
-  steps at 1 thread, beside a busy process, gave the idle runs' bytes. bf16 steps of varying shape hold the limit.
-- **DeepSpeed** (ZeRO's partitioned reductions, its bf16 mode): not measured, hold the limit."""
+  (:func:`single`), other bits at many other shapes. Pretraining's stream and SFT's packed rows are one shape
+  (``BatchSource.fixed_shape``), so their steps follow the load; bf16 steps of varying shape hold the limit.
+- **DeepSpeed** (ZeRO's partitioned reductions, its bf16 mode): not checked, so it holds the limit."""
 BUSY = 0.75
 """Other runnable tasks, averaged over a step, that count as one busy process: a process that computes all the time
 reads ~1.0; the pipeline's own servers and short-lived helpers, seen runnable in one sample of a few, read 0.25-0.5
