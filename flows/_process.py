@@ -40,7 +40,7 @@ from typing import Any
 from stages.core import io
 
 STOP_TIMEOUT_S = 4.0
-"""Upper bound of the whole stop (the issue's budget is 5 s from the signal to the exit)."""
+"""Upper bound of the whole stop (the stop fits a 5 s budget from the signal to the exit)."""
 _TERM_GRACE_S = 2.0
 """How long terminated children get to exit (and clean up after themselves) before they are killed."""
 
@@ -362,7 +362,7 @@ def _descends_from(pid: int, ancestor: int) -> bool:
 
 
 def hold_run_lock(what: str, *, wait: bool = True, lock: str = RUN_LOCK) -> Any:
-    """Hold the project for one run (issue 50): the pipeline for its whole run, a stage command for its own (by hand,
+    """Hold the project for one run: the pipeline for its whole run, a stage command for its own (by hand,
     or under a plain ``dvc repro``); a stage command of the pipeline runs inside the pipeline's hold (``DSM_RUN``
     names an ancestor). While another process holds it: ``wait`` says once who (one line) and waits, else a one-line
     :class:`PipelineError` refuses. Returns the lock (``close()`` releases it, as the process's end does), or None

@@ -2,8 +2,8 @@
 ``python -m flows.pipeline`` and for a plain ``dvc repro`` alike.
 
 Why: a Prefect flow needs an API. Without ``PREFECT_API_URL``, Prefect starts a temporary server inside every flow
-process (measured: a few seconds each, ~15 s on a fresh ``.prefect/`` while the database is created), so a plain
-``dvc repro`` of the default pipeline's twelve stage commands paid it twelve times.
+process (seconds each, more on a fresh ``.prefect/`` while the database is created), so a plain ``dvc repro`` of
+the default pipeline's twelve stage commands would pay it twelve times.
 
 How: the first stage process that needs the API (:func:`api_url`) starts ``python -m flows._servers api PORT`` in a
 session of its own and records it in ``.prefect/servers/api.json``; later stage processes find it there and use it.
@@ -15,14 +15,14 @@ A server that does not answer its health check is replaced (and terminated when 
 ``PREFECT_API_URL`` set by the user (a ``prefect server start`` of their own, a Prefect Cloud workspace) is used as
 is and nothing is started. (The stage server, flows/_stage_server.py, is the pipeline's own: it starts and stops it.)
 
-Only its owner (issue 46): a loopback port is open to every user of the machine. The server requires a random
+Only its owner: a loopback port is open to every user of the machine. The server requires a random
 ``user:password`` on every request but the health check (Prefect's ``PREFECT_SERVER_API_AUTH_STRING``; its clients send
 ``PREFECT_API_AUTH_STRING``), which lives in the record, in a directory only its owner can read (PREFECT_HOME and its
 ``servers/`` are made 0700, the record 0600); a record is trusted only when this uid wrote it, and a server only when
 the process it names holds the socket listening on its port (/proc/net/tcp), checked before anything is sent to it, so
 a listener another user put on the port first is never taken for it.
 
-Records name processes by pid *and* start time (issue 50): the server's record and every lease hold the start time of
+Records name processes by pid *and* start time: the server's record and every lease hold the start time of
 the processes they name (flows/_process.py :func:`~flows._process.same_process`), so a record whose process died is
 stale even when another process, of this user or another, got its pid since; nothing is sent to, waited for or
 killed on the word of such a record. A server stops only when no lease holds it: the pipeline releases its own at its

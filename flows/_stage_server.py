@@ -1,8 +1,8 @@
 """A fork server for the stage processes of one pipeline run: the stages' imports are paid once per run.
 
-Why: every dvc.yaml stage runs ``python -m flows.<stage>`` in a new process, and each one imported prefect,
-torch and transformers (about 5 s on 2 cores; transformers' model code pulls torch.distributed, torch._dynamo
-and scipy). Over the default pipeline's twelve stage processes that was about half of the orchestration time.
+Why: every dvc.yaml stage runs ``python -m flows.<stage>`` in a new process, and each one would import prefect,
+torch and transformers (seconds on 2 cores; transformers' model code pulls torch.distributed, torch._dynamo and
+scipy), twelve times over the default pipeline's twelve stage processes (benchmarks/results/orchestration.json).
 
 How: ``python -m flows.pipeline`` starts this server (:class:`StageServer`; ``--no-stage-server`` does not): a
 process that imports the stage flows and their stage modules once and then waits on a unix socket, with no
@@ -22,7 +22,7 @@ settings. Without the pipeline (a plain ``dvc repro``, a stage command run by ha
 The server exits when the pipeline stops it or when its parent process is gone; its socket is in Linux's abstract
 namespace (no file; elsewhere a file in a private temporary directory), so nothing is left behind.
 
-Only its owner (issue 46). An abstract socket has no file permissions and its name is listed in /proc/net/unix, so
+Only its owner. An abstract socket has no file permissions and its name is listed in /proc/net/unix, so
 each side checks the other's credentials (``SO_PEERCRED``) before it trusts anything: the server serves a connection
 only from a process of its own uid that descends from the pipeline (its parent), and closes any other at once, with a
 log line, without reading from it or telling it anything (a refusal names no reason on the wire, only in the log); a
@@ -364,7 +364,7 @@ def serve(sock_path: str, modules: Sequence[str], log_path: str | None = None) -
 
 def _native_threads() -> int:
     """Threads of this process, native ones included (logged; torch's import starts one, which a fork does not need:
-    the child's torch runs its own intra-op threads, measured: 2 threads, CPU time > wall time)."""
+    the child's torch runs its own intra-op threads)."""
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:

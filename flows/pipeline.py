@@ -205,7 +205,7 @@ def pipeline_flow(stages: list[str] | None = None, force: bool = False) -> list[
 
 def _drain_prefect_workers(timeout_s: float = 15.0) -> None:
     """Send Prefect's queued logs and events while the API server is still up. Without this the
-    interpreter's exit hooks retry them against the stopped server (measured: a 73 s hang at exit)."""
+    interpreter's exit hooks retry them against the stopped server, and the process hangs at exit."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 

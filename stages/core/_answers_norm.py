@@ -262,8 +262,8 @@ def numbers_close(pred: str, gold: str, *, percent_variants: bool = True, abs_to
 
     The reference's ``math_equal``: ``isclose(pred, ref, abs_tol=1e-3)`` with a written ``%`` read as /100 on
     either side; ``percent_variants=True`` (``include_percentage``) also tries gold/100 and gold*100, only when both
-    sides are plain decimals as in the reference (``is_digit``): a ``\\frac`` gold has no percent forms (before
-    issue 27 they were tried, and ``0`` matched ``\\frac{1}{16}``, ``50`` matched ``\\frac12``). ``False``
+    sides are plain decimals as in the reference (``is_digit``): a ``\\frac`` gold has no percent forms (tried on
+    it, they would let ``0`` match ``\\frac{1}{16}`` and ``50`` match ``\\frac12``). ``False``
     (``include_percentage=False``): the gold only (``18\\%`` is 0.18, which matches 0.18 and not 18: the earlier
     "a written % may be dropped" rule let ``18\\%`` match both, a free hedge).
     """

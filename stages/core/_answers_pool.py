@@ -5,8 +5,8 @@ parent writes one request line and waits for the answer with ``poll``; past the 
 work stops at once, whatever C code it was in) and a replacement starts right away, so the next check does not wait
 for the imports (sympy, math-verify: about a second). The pool prefers workers that are already ready.
 
-The deadline is ``timeout_s`` seconds of the worker's own CPU time (Linux /proc; issue 29: a verdict must not depend
-on what else loads the machine), and at most ``WALL_CAP`` x ``timeout_s`` of wall time (a worker that gets no CPU);
+The deadline is ``timeout_s`` seconds of the worker's own CPU time (Linux /proc: a verdict must not depend on what
+else loads the machine), and at most ``WALL_CAP`` x ``timeout_s`` of wall time (a worker that gets no CPU);
 without /proc, ``timeout_s`` of wall time. On an idle machine the two are the same.
 """
 

@@ -494,8 +494,8 @@ def cg_limit(mech: str, max_procs: int, memory_mb: int, disk_mb: int, cpus: floa
 
 CG_FILES = {"cgroup_pids": "pids.max", "cgroup_memory": "memory.limit_in_bytes", "cpu_limit": "cpu.cfs_quota_us"}
 # memory.limit_in_bytes caps RAM only: on a host with swap (a laptop's swap file, zram) a program tree would page out
-# past it (measured on this project's VM with a 2 GiB zram swap: 4 children of 200 MB each all completed under a
-# 380 MB cap). memory.memsw.limit_in_bytes caps RAM + swap; it exists where the kernel accounts swap (swapaccount).
+# past it (docs/sandbox.md). memory.memsw.limit_in_bytes caps RAM + swap; it exists where the kernel accounts swap
+# (swapaccount).
 MEMSW_FILE = "memory.memsw.limit_in_bytes"
 
 

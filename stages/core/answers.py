@@ -23,8 +23,8 @@ Public API (other stages code against these names):
 
 Checker modes (:data:`MODES`, chosen per use in params.yaml: ``grpo.reward.checker``,
 ``evaluate.common.checker``): ``deepseekmath`` is the reference evaluator's rules (to compare with the paper's
-tables), with the bugs of issue 27 fixed; ``strict`` (:mod:`stages.core._answers_strict`) is the default for RL
-rewards and the evaluation headline. docs/evaluation.md has the table of cases in both modes.
+tables), with the bugs that docs/evaluation.md lists fixed; ``strict`` (:mod:`stages.core._answers_strict`) is
+the default for RL rewards and the evaluation headline. docs/evaluation.md has the table of cases in both modes.
 
 Bounded checking: a prediction longer than :data:`MAX_ANSWER_CHARS` is refused before it is normalised; what the
 calling process does itself is bounded (linear-time regexes on at most that many characters, at most

@@ -230,12 +230,10 @@ class HFGenerator:
             another dtype, in which case a converted copy is kept and :meth:`sync_weights` refreshes it.
         tokenizer: its tokenizer.
         batch_size: most sequences decoded together in one forward pass; None: as many as keep the KV cache
-            of a batch within ``kv_cache_gib`` (at most 128; measured on the tiny model, 128 rows ran 10-20%
-            faster than 64 and as fast as 256).
+            of a batch within ``kv_cache_gib`` (at most 128: on the tiny model more rows ran no faster).
         kv_cache_gib: KV-cache budget of one batch when ``batch_size`` is None.
-        dtype: None (the model's own), "float32", "bfloat16" or a torch dtype. bfloat16 was 0.9-2.7x the float32
-            speed in benchmarks/generation.py on this shared CPU, and its log-probs differ from float32 ones
-            (up to 0.008 on the tiny base model, 0.19 on the wide-initialised test model).
+        dtype: None (the model's own), "float32", "bfloat16" or a torch dtype. bfloat16's speed against float32
+            depends on the CPU (benchmarks/results/generation.json), and its log-probs differ from float32 ones.
         compact_at: drop finished rows from the batch once this fraction of its rows has finished.
     """
 

@@ -1,14 +1,13 @@
 """The machine's part in a run: what ``precision: auto`` resolves to here, and why.
 
 ``auto`` values are resolved by the hardware: bf16 where bf16 matmuls are fast (CUDA GPUs with bf16; CPUs with AMX
-tiles or the AVX512_BF16 instructions, whose oneDNN kernels run bf16 matmuls several times faster than fp32: 3.2x at
-the tiny model's shapes on an AVX512_BF16 CPU without AMX, 2026-12-02), else fp32; the ``vllm`` generation
-backend where a CUDA GPU and vllm are present (stages/core/generation.py ``resolve_backend``). So the same params give
-different runs on different machines: issue 35 measured pretraining at 557 s in fp32 on an AVX2 CPU against 153 s in
-bf16 on an AMX one, and different held-out accuracies. Every stage that trains records :func:`record` in its metrics
-(``hardware``: git-tracked, hashed in dvc.lock, shown by ``dvc metrics show`` and ``dvc exp show``) and in its model
-directory (``pipeline.json``, a DVC output), and the stages that generate record the resolved backend and dtype, so
-runs made on different hardware are told apart.
+tiles or the AVX512_BF16 instructions, whose oneDNN kernels run bf16 matmuls several times faster than fp32), else
+fp32; the ``vllm`` generation backend where a CUDA GPU and vllm are present (stages/core/generation.py
+``resolve_backend``). So the same params give different runs on different machines (other run times and held-out
+accuracies; docs/pipeline.md). Every stage that trains records :func:`record` in its metrics (``hardware``:
+git-tracked, hashed in dvc.lock, shown by ``dvc metrics show`` and ``dvc exp show``) and in its model directory
+(``pipeline.json``, a DVC output), and the stages that generate record the resolved backend and dtype, so runs made on
+different hardware are told apart.
 """
 
 from __future__ import annotations
@@ -49,8 +48,8 @@ def has_amx() -> bool:
 
 @functools.cache
 def has_avx512_bf16() -> bool:
-    """Whether the CPU has the AVX512_BF16 instructions (bf16 dot products: oneDNN's bf16 matmuls run ~3x faster than
-    fp32 on them; Linux's /proc/cpuinfo flags, False where it cannot be read or oneDNN may not use them)."""
+    """Whether the CPU has the AVX512_BF16 instructions (bf16 dot products: oneDNN's bf16 matmuls run faster than fp32
+    on them; Linux's /proc/cpuinfo flags, False where it cannot be read or oneDNN may not use them)."""
     if not _isa_allows("AVX512_CORE_BF16"):
         return False
     try:
@@ -78,8 +77,8 @@ def fast_bf16(device: torch.device | str) -> tuple[bool, str]:
 
 def fast_bf16_generation(device: torch.device | str) -> tuple[bool, str]:
     """(whether bf16 generation is faster than fp32 on ``device``, why): CUDA with bf16; a CPU with AMX only. On an
-    AVX512_BF16 CPU without AMX the evaluation was slower in bf16 (evaluate 308 s against 263 s in fp32 for the
-    default's five models, 2026-12-02): its small decode matmuls gain less than the conversions cost."""
+    AVX512_BF16 CPU without AMX, generation is slower in bf16 than in fp32: its small decode matmuls gain less than
+    the conversions cost."""
     device = torch.device(device)
     if device.type == "cuda" or has_amx():
         return fast_bf16(device)

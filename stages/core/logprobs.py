@@ -256,9 +256,8 @@ def select_cache_rows(cache: Any, index: Tensor) -> None:
     share them), differentiably and deterministically: every layer's keys and values go through ``index_select``,
     whose backward (``index_add_``) sums the gradients of repeated rows in index order at any thread count.
     transformers' ``batch_select_indices`` uses advanced indexing, whose CPU backward (``index_put_`` with
-    ``accumulate``) sums them in an order that depends on thread timing: 8 copies of one prompt's row, 2 threads
-    beside a busy process, torch 2.13: 20 different gradients in 30 runs (the same at 1 thread). That was the
-    run-to-run difference of GRPO's update whenever a micro-batch held a single prompt's group (issue 29)."""
+    ``accumulate``) sums them in an order that depends on thread timing, so GRPO's update would differ from run to
+    run whenever a micro-batch held a single prompt's group (docs/pipeline.md)."""
     layers = getattr(cache, "layers", None)
     if layers is None:  # an older cache class: its own method (advanced indexing)
         cache.batch_select_indices(index)

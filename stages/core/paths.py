@@ -67,7 +67,7 @@ REPORT_SUMMARY = REPORT / "summary.md"
 # committed results of the benchmark scripts that the report shows when present (benchmarks/SUMMARY.md)
 BENCH_RESULTS = Path("benchmarks") / "results"
 PARADIGM_RESULT = BENCH_RESULTS / "paradigm.json"  # benchmarks/paradigm.py: Figure 5 (unified paradigm)
-PARADIGM_RM_RESULT = BENCH_RESULTS / "paradigm_rm.json"  # benchmarks/paradigm.py with the learned RMs (issue 19)
+PARADIGM_RM_RESULT = BENCH_RESULTS / "paradigm_rm.json"  # benchmarks/paradigm.py with the learned RMs
 ITERATIVE_RESULT = BENCH_RESULTS / "iterative_rl.json"  # benchmarks/iterative_rl.py: Figure 6 (iterative RL)
 
 

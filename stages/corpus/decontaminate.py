@@ -10,13 +10,13 @@ Departure (``min_overlap`` > 0; real-mode value 0.7): a page is removed when it 
 counts on its own); short questions are still matched whole. Why: on real math text a single shared 10-gram is
 mostly not a copied problem but a run of LaTeX markup and digits (``begin pmatrix 0 0 0 end pmatrix``,
 ``1 1 1 1 1 1 1 1 1 1``, ``left frac 1 2 frac 1 2 frac 1 2``) or stock phrasing ("express your answer in
-simplest radical form", asy drawing code, the unit-circle figure of MATH's trigonometry solutions). Measured
-(benchmarks/decontam.py; docs/corpus.md): against GSM8K test + MATH test, the paper's rule removes 8-9% of
-clean real math Q&A pages and 36% of MATH train (question + solution), 0.7 containment removes none of those
-pages and 2.2% of MATH train (most of it near-duplicates of a test problem), while still removing >= 99.8% of
-benchmark problems planted into real pages. A copy of a benchmark text holds all its n-grams, so containment
-loses nothing on copies; it misses a page quoting less than ``min_overlap`` of a problem. The threshold follows
-PaLM's contamination criterion (at least 70% of a test example's 8-grams; Chowdhery et al. 2022).
+simplest radical form", asy drawing code, the unit-circle figure of MATH's trigonometry solutions), so the paper's rule
+removes clean real math pages and much of MATH train, where 0.7 containment removes none of those pages and little of
+MATH train (mostly near-duplicates of a test problem), yet nearly every benchmark problem planted into real pages
+(benchmarks/decontam.py; the figures in docs/corpus.md and benchmarks/results/decontam.json). A copy of a benchmark
+text holds all its n-grams, so containment loses nothing on copies; it misses a page quoting less than ``min_overlap``
+of a problem. The threshold follows PaLM's contamination criterion (at least 70% of a test example's 8-grams; Chowdhery
+et al. 2022).
 
 A gram is a ``\\w+`` token after NFKC normalisation and lower-casing, one gram per CJK character
 (:func:`stages.core.text.grams`); GSM8K ``<<48/2=24>>`` calculator annotations are stripped first. Whole pages

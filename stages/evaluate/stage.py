@@ -200,8 +200,8 @@ def _mean_dicts(ds: list[dict[str, float]]) -> dict[str, float]:
 
 def resolve_dtype(dtype: str) -> str:
     """``auto`` -> ``bfloat16`` where bf16 generation is faster (CUDA with bf16, CPUs with AMX tiles:
-    :func:`stages.core.hardware.fast_bf16_generation`), else ``float32``; other values unchanged. (bf16 generation was
-    ~2.7x faster than fp32 on an AMX CPU, benchmarks/results/generation.json; slower on CPUs without AMX.)"""
+    :func:`stages.core.hardware.fast_bf16_generation`), else ``float32``; other values unchanged. (bf16 generation is
+    faster than fp32 on an AMX CPU, slower on CPUs without AMX: benchmarks/results/generation.json.)"""
     if dtype != "auto":
         return dtype
     return "bfloat16" if fast_bf16_generation("cuda" if torch.cuda.is_available() else "cpu")[0] else "float32"

@@ -922,9 +922,9 @@ def html_page(title: str, inputs: Inputs, benchmark_results: bool, generated_at:
     """The whole page: headline (with standard errors), the model comparisons with their paired-bootstrap intervals,
     the verifier-sensitivity table, the paper beside ours, the stages overview, one section per stage.
 
-    No clock reading: the same inputs give the same bytes (issue 29; the page is a DVC output, and a build time on it
-    made two runs of the same inputs differ whenever they ended in different minutes). ``generated_at``, given by a
-    caller, is printed."""
+    No clock reading: the same inputs give the same bytes (the page is a DVC output; a build time on it
+    would make two runs of the same inputs differ whenever they ended in different minutes). ``generated_at``, given
+    by a caller, is printed."""
     when = f" {generated_at.astimezone(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}" if generated_at else ""
     if comps is None:
         comps = comparisons(inputs.evaluate, bootstrap_resamples, bootstrap_seed)

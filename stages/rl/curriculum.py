@@ -1,5 +1,5 @@
 """A pass-rate curriculum: prompts scored by their recent group accuracy, sampled away from the always- and
-never-solved ones (issue 32 item 4). Pure, seeded, deterministic functions, and :class:`PassRateCurriculum`, the table
+never-solved ones. Pure, seeded, deterministic functions, and :class:`PassRateCurriculum`, the table
 of rates a run keeps (``grpo.curriculum``; the step draws from it in stages/rl/recipes.py, the driver saves it in the
 resumable checkpoint).
 

@@ -1,5 +1,5 @@
-"""DAPO's dynamic sampling: keep only groups with reward spread, generate more until the batch is full (issue 32
-item 1). The bookkeeping as a pure function; the driver generates and scores.
+"""DAPO's dynamic sampling: keep only groups with reward spread, generate more until the batch is full.
+The bookkeeping as a pure function; the driver generates and scores.
 
 A group whose rewards are all equal has zero group-relative advantage and gives no gradient (DeepSeekMath's GRPO
 trains on it anyway, for nothing). DAPO (Yu et al. 2025, arXiv:2503.14476, section 3.2, "Dynamic Sampling", the

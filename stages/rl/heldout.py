@@ -1,5 +1,5 @@
 """GRPO's held-out curve (``grpo.heldout``): greedy CoT accuracy of the policy on fixed problems before the first
-step, every ``every`` steps and after the last, scored by the evaluation stage's own code (issue 27 item 6).
+step, every ``every`` steps and after the last, scored by the evaluation stage's own code.
 
 A held-out evaluation is one greedy zero-shot CoT run of stages/evaluate/loop.py (``evaluate_batch``: the prompt,
 the stop strings, answer extraction and the equivalence check of ``evaluate@<model>``) summarised by

@@ -1,4 +1,4 @@
-"""The rollout ledger: every RL step's rollouts as a Parquet file, an output of the grpo stage (issue 31 item 5).
+"""The rollout ledger: every RL step's rollouts as a Parquet file, an output of the grpo stage.
 
 ``data/ledger/grpo/step-000012.parquet`` (``step-000012-rank1.parquet`` for rank 1 of a multi-rank launch) holds one
 row per output of the step, with every input of the step's update and what it logged::

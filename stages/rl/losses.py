@@ -11,7 +11,7 @@ when it has settings, one settings class: the params block ``grpo.loss.<name>`` 
 (stages/schema/grpo.py). torch is bound at its first use (stages.rl.registry.torch), so that the params check reads
 these declarations without loading it.
 
-Not in the paper (issue 32): :func:`gspo_loss` (sequence-level ratio, GSPO; registered ``gspo``),
+Not in the paper: :func:`gspo_loss` (sequence-level ratio, GSPO; registered ``gspo``),
 :func:`cispo_loss` (clipped stop-gradient IS weights, CISPO; registered ``cispo``), each with the same aggregations,
 and :func:`entropy_bonus`, which the step adds to any policy loss when ``grpo.loss.entropy_coef`` > 0. Every policy-gradient loss takes ``is_weights``, the sampler / trainer correction of
 :mod:`stages.rl.corrections` (TIS / MIS), on its policy term.
@@ -203,7 +203,7 @@ def _value_clipped(values: Tensor, old_values: Tensor, returns: Tensor, clip: fl
     """(B, T) bool: where the clipped value term is the larger, decided from the clip condition itself, in float64:
     the clamp acted (``|V_t - V_old,t| > c``) and ``(V_old,t + clip(V_t - V_old,t) - R_t)^2 > (V_t - R_t)^2``. Inside
     the band ``V_old + (V - V_old)`` is V only up to rounding (bf16 values especially), and comparing the two squared
-    errors there counted rounding noise as clipping (issue 27: 0.0242 where the true fraction is 0.0226)."""
+    errors there would count rounding noise as clipping."""
     with torch.no_grad():
         v, old, ret = values.detach().double(), old_values.detach().double(), returns.detach().double()
         delta = v - old
@@ -255,7 +255,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# sequence-level and clipped-weight policy losses, and the entropy bonus (not in the paper; issue 32)
+# sequence-level and clipped-weight policy losses, and the entropy bonus (not in the paper)
 
 
 def _prepare(

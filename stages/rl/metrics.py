@@ -28,7 +28,7 @@ PLOT_METRICS = (
     "value_loss", "vf_clip_frac", "value_mean", "value_grad_norm", "return_mean", "adv_abs_mean",
     "tool_programs", "tool_programs_per_s", "tool_wait_s", "tool_exec_s", "tool_wait_frac", "tir_rounds_mean",
     "accuracy_cot", "accuracy_pot", "accuracy_tir",
-    # the recipes of issue 32 (stages/rl/recipes.py, the gspo / cispo losses, the entropy bonus), when on
+    # the recipes not in the paper (stages/rl/recipes.py, the gspo / cispo losses, the entropy bonus), when on
     "ds_rounds", "ds_generated_groups", "ds_kept_groups", "ds_shortfall", "ds_accuracy_generated",
     "overlong_penalty_mean", "overlong_frac", "entropy_bonus", "seq_ratio_mean", "clip_frac_high_pos",
     "curriculum_sampled_hard", "curriculum_sampled_easy", "curriculum_sampled_unseen", "curriculum_sampled_pass_rate_mean",

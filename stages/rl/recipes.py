@@ -1,5 +1,5 @@
 """The recipes that change phases 1-3 of the RL step (stages/rl/loop.py ``run_step``), as the loop's named hooks
-(issue 32; none is in the DeepSeekMath paper, each is off in params.yaml, and then the step is the paper's):
+(none is in the DeepSeekMath paper, each is off in params.yaml, and then the step is the paper's):
 
 - :func:`draw_questions`: the pass-rate curriculum (``grpo.curriculum``; stages/rl/curriculum.py) draws the step's
   questions by their recent group accuracy instead of the shuffled order of stages.rl.data.step_questions;

@@ -1,5 +1,5 @@
 """Replay RL steps from the rollout ledger: recompute a step's loss and gradient norm from the ledger and the saved
-checkpoint, and compare them with the logged values (issue 31 item 5).
+checkpoint, and compare them with the logged values.
 
 ::
 

@@ -101,9 +101,8 @@ class Rollout:
 def written_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
     """1 per token, 0 for tokens that overlap a ```output ... ``` block in the decoded text.
 
-    Before issue 21 every rollout's loss mask came from this text rule (then named ``tool_output_mask``), although
-    no rollout ran a program: it left out the output blocks the policy wrote itself, the ```output header
-    included. Injected tool output is now masked by provenance (``Sample.policy_mask``); this rule remains for the
+    It leaves out the output blocks the policy wrote itself, the ```output header included (no program ran: the
+    output is invented). Injected tool output is masked by provenance (``Sample.policy_mask``); this rule is for the
     outputs of the modes that run no loop between the policy's tokens (cot, pot) when
     ``grpo.loss.mask_written_outputs`` asks for it. Cheap when there is no such block (one decode).
     """
@@ -124,7 +123,7 @@ def written_output_mask(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
 
 
 tool_output_mask = written_output_mask
-"""The name of :func:`written_output_mask` before issue 21."""
+"""The former name of :func:`written_output_mask`."""
 
 
 def rollout_prompt(question: str, mode: str, template: str = "deepseekmath", tokenizer: Any = None) -> str:

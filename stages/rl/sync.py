@@ -1,5 +1,5 @@
 """The checked weight sync: after every sync of the policy's weights into the rollout generator, the sampler and the
-trainer must agree on a probe, or the run stops (issue 31 item 2; ``grpo.sync``).
+trainer must agree on a probe, or the run stops (``grpo.sync``).
 
 Why: a sync that silently fails leaves the sampler on other weights than the trainer's, and training goes on with
 off-policy samples it believes on-policy (TRL #5312: vLLM sleep mode reloaded the base weights and the log-prob gap

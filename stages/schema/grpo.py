@@ -254,10 +254,9 @@ class GrpoLossParams(Section):
     """Exclude outputs cut at rollout.max_new_tokens (no EOS) from the loss."""
     mask_written_outputs: bool = True
     """Also leave the ```output blocks that cot / pot outputs write themselves (no program ran: invented output, the
-    header included) out of the loss, by their text (stages.rl.rollout.written_output_mask; what the stage did to
-    every output before issue 21, when no rollout ran a program; the tiny default keeps it). false: only the tool
-    loop's injected tokens are masked, by provenance, and every token the policy wrote trains (an unbiased policy
-    gradient). TIR outputs are masked by provenance either way."""
+    header included) out of the loss, by their text (stages.rl.rollout.written_output_mask; the tiny default keeps
+    it). false: only the tool loop's injected tokens are masked, by provenance, and every token the policy wrote
+    trains (an unbiased policy gradient). TIR outputs are masked by provenance either way."""
     cispo: CispoSettings = CispoSettings()
     """The weight bounds of ``policy: cispo`` (unused by the other losses)."""
     entropy_coef: NonNegFloat = 0.0

