@@ -46,6 +46,8 @@ class Rendered:
     title: str = ""
     height_px: int = 0
     screenshot: Path | None = None
+    ready: object = None
+    """The last value of ``render``'s ``ready`` expression (None without one)."""
 
     def problems(self) -> list[str]:
         """One line per problem (empty: the page rendered cleanly)."""
@@ -56,9 +58,10 @@ class Rendered:
 
 
 def render(html: str | os.PathLike[str], screenshot: str | os.PathLike[str] | None = None, width: int = 1200,
-           full_page: bool = True, timeout_s: float = 30.0) -> Rendered:
-    """Open ``html`` (a file) in headless Chromium, wait for it to load, check it and optionally write a PNG
-    screenshot (the whole page when ``full_page``, else one ``width`` x 900 viewport)."""
+           full_page: bool = True, timeout_s: float = 30.0, ready: str = "true") -> Rendered:
+    """Open ``html`` (a file) in headless Chromium, wait for it to load (and for the JavaScript expression ``ready``
+    to be truthy: a page that draws after loading), check it and optionally write a PNG screenshot (the whole page
+    when ``full_page``, else one ``width`` x 900 viewport)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -80,8 +83,8 @@ def render(html: str | os.PathLike[str], screenshot: str | os.PathLike[str] | No
             driver.set_page_load_timeout(timeout_s)
             driver.get(Path(html).resolve().as_uri())
             deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and not driver.execute_script(
-                    "return document.readyState === 'complete' && Array.from(document.images).every(i => i.complete)"):
+            loaded = "document.readyState === 'complete' && Array.from(document.images).every(i => i.complete)"
+            while time.monotonic() < deadline and not driver.execute_script(f"return {loaded} && ({ready})"):
                 time.sleep(0.1)
             images = driver.execute_script(
                 "return Array.from(document.images).map(i => [i.alt || i.src.slice(0, 60), i.naturalWidth])")
@@ -89,7 +92,7 @@ def render(html: str | os.PathLike[str], screenshot: str | os.PathLike[str] | No
             height = int(driver.execute_script("return document.documentElement.scrollHeight"))
             out = Rendered(images=len(images), broken_images=[alt for alt, w in images if not w],
                            fetched=[u for u in fetched if not u.startswith("data:")], title=driver.title,
-                           height_px=height)
+                           height_px=height, ready=driver.execute_script(f"return {ready}"))
             if screenshot is not None:
                 if full_page:  # a viewport as tall as the page (DevTools protocol), then one screenshot
                     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
