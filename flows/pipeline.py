@@ -290,21 +290,29 @@ def stale(selected: list[str]) -> set[str]:
 
 
 def dvc_would(name: str) -> str:
-    """What ``dvc repro -s <name>`` would do now: ``skipped`` (deps, params and outputs unchanged), ``restored`` (its
-    run-cache holds a run with these deps and params) or ``ran`` (its command runs)."""
+    """What ``dvc repro -s <name>`` would do now: ``skipped`` (deps, params and outputs unchanged), ``restored`` (an
+    entry of its run-cache holds outputs for these deps and params) or ``ran`` (its command runs). The decision is
+    DVC's ``StageCache.restore`` (dvc/stage/cache.py) without its checkout: the stage's own dvc.lock record when only
+    its outputs changed, else the run-cache's entry for the current hashes of its deps and params."""
     from dvc.repo import Repo
-    from dvc.stage.cache import RunCacheNotFoundError
+    from dvc.stage.cache import RunCacheNotFoundError, _can_hash
 
     with Repo() as repo, repo.lock:
         stage = next(s for s in repo.index.stages if s.addressing == name)
         if not stage.changed():
             return "skipped"
-        try:
-            stage.save_deps()  # in memory: the run-cache key is the hashes of the deps and params
-            repo.stage_cache.restore(stage, dry=True)
-        except (RunCacheNotFoundError, FileNotFoundError):
+        cache = repo.stage_cache
+        if not stage.changed_stage() and stage.deps_cached() and all(o.hash_info for o in stage.outs):
+            try:
+                cache.restore(stage, dry=True)
+            except RunCacheNotFoundError:
+                return "ran"
+            return "restored"
+        if not _can_hash(stage):
             return "ran"
-        return "restored"
+        stage.save_deps()  # in memory: the run-cache key is the hashes of the deps and params now
+        entry = cache._load(stage)
+        return "restored" if entry and cache._create_stage(entry, wdir=stage.wdir).outs_cached() else "ran"
 
 
 def without_servers(selected: list[str], todo: set[str]) -> tuple[list[dict[str, Any]], list[str]]:

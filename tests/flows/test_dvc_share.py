@@ -86,7 +86,7 @@ def test_a_clone_pulls_the_run_and_has_nothing_to_do(tmp_path: Path, prefect_api
     t0 = time.perf_counter()
     pipe = run([sys.executable, "-m", "flows.pipeline"], clone, env()).stdout  # no API: a no-op starts no server
     pipeline_noop_s = time.perf_counter() - t0
-    assert "pipeline: every stage is up to date (dvc status); nothing to run" in pipe, pipe[-3000:]
+    assert "pipeline: every stage is up to date or restored from the run-cache (dvc status); nothing to run" in pipe, pipe[-3000:]
     assert not re.search(r"^\S+\s+ran\s", pipe, re.M), pipe[-3000:]
     mine, theirs = output_hashes(producer), output_hashes(clone)
     assert set(mine) == set(theirs), sorted(set(mine) ^ set(theirs))
