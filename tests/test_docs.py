@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-PAGES = [README, *DOCS]
+RESULTS = sorted((ROOT / "docs" / "results").glob("*.md"))  # results pages: their links are checked too
+PAGES = [README, *DOCS, *RESULTS]
 
 QUICK_START = (
     "bash .ci/setup && .venv/bin/python -m flows.pipeline",
