@@ -126,7 +126,7 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | N
 
 def machine() -> dict[str, Any]:
     """Where and under what load a timing was taken: the CPU's model and the instructions that decide which kernels
-    torch runs (results differ in bits between AMX and other CPUs: docs/pipeline.md), its cores, torch, the load."""
+    torch runs (results differ in bits between AMX and other CPUs: docs/robustness.md), its cores, torch, the load."""
     import torch
 
     from stages.core.hardware import has_amx, has_avx512_bf16

@@ -50,7 +50,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                   "heldout.max_new_tokens": 128},
 }
 """``--train`` variants: grpo.template values only (the corpus-format prompts of :data:`PROBE_TEMPLATES` are probes of
-``--diagnose``: docs/rl.md#what-the-r1-zero-start-needs-at-toy-scale-issue-32-item-6 says why none was trained)."""
+``--diagnose``: docs/results/rl.md#what-the-r1-zero-start-needs says why none was trained)."""
 
 
 PROBE_TEMPLATES = {

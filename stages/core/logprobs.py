@@ -257,7 +257,7 @@ def select_cache_rows(cache: Any, index: Tensor) -> None:
     whose backward (``index_add_``) sums the gradients of repeated rows in index order at any thread count.
     transformers' ``batch_select_indices`` uses advanced indexing, whose CPU backward (``index_put_`` with
     ``accumulate``) sums them in an order that depends on thread timing, so GRPO's update would differ from run to
-    run whenever a micro-batch held a single prompt's group (docs/pipeline.md)."""
+    run whenever a micro-batch held a single prompt's group (docs/robustness.md)."""
     layers = getattr(cache, "layers", None)
     if layers is None:  # an older cache class: its own method (advanced indexing)
         cache.batch_select_indices(index)

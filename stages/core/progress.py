@@ -1,7 +1,7 @@
 """Live throughput of the long loops (training steps, GRPO steps, evaluation batches), so a user sees as it runs
 why a step is slow: items per second of wall time, the CPU cores this process used meanwhile and the machine's load
 average. ``2.0 cores, load 2.1`` on a 2-core machine is a stage running alone at full speed; ``0.7 cores, load
-4.3`` is one that competes with other work for the cores (docs/pipeline.md#speed-under-load).
+4.3`` is one that competes with other work for the cores (docs/results/speed.md).
 
 Nothing here changes what a stage computes: the figures go to the console (and to data/timings/, never to a
 DVC output)."""

@@ -33,7 +33,7 @@ SAMPLE_S = 0.2
 TRAINING = ("float32 training steps follow the load under MKL's strict reproducibility mode (strict_blas), "
             "bf16-autocast steps of one fixed shape too; the others hold the limit")
 """Which training steps adapt (:func:`training_adapts`: the loops' ``step(adapt=...)``, :func:`held` around GRPO's
-update). Why (measured on a CPU with AMX: docs/pipeline.md; tests/core/test_threads.py checks the bits):
+update). Why (measured on a CPU with AMX: docs/results/speed.md; tests/core/test_threads.py checks the bits):
 
 - **float32**: in MKL's default mode a training step's bits depend on the thread count (its sgemm splits a weight
   gradient's reduction over the tokens by thread count); under MKL's *strict* conditional numerical reproducibility
@@ -271,7 +271,7 @@ def invariant_attention(input_ids: Any, heads: int = 1) -> contextlib.AbstractCo
     out to longer key lengths. So the small steps take the math backend, which makes sampled tokens and log-probs
     independent of the count :class:`ThreadPolicy` chooses from the load for every shape the tests check (the tiny
     default: 4 heads, 2 cores, always the flash kernel). The math backend is not the default for all steps because in
-    bf16 on the CPU it is several times slower than the flash kernel at decode shapes (docs/pipeline.md). Several query
+    bf16 on the CPU it is several times slower than the flash kernel at decode shapes (docs/results/speed.md). Several query
     positions keep the default kernel (thread-count invariant in the forward; a cached pass over a single position also
     rounds its gradients by thread count, so the log-prob passes do not share a prompt for 2-token completions:
     stages/rl/rollout.py)."""
@@ -290,7 +290,7 @@ def single(enabled: bool = True) -> Any:
     tensors on an accelerator). For a product whose reduction oneDNN would otherwise split across threads at some
     shapes, so that its bits depend on the thread count: the chunked LM
     head's backward products (stages/core/logprobs.py; in bf16 on an AMX CPU their bits differ between 1 and 2
-    threads at some row counts). Its small cost (docs/pipeline.md) is the price of letting pretraining's steps
+    threads at some row counts). Its small cost (docs/results/speed.md) is the price of letting pretraining's steps
     follow the load (:data:`TRAINING`)."""
     import torch
 

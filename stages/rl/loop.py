@@ -22,7 +22,7 @@ stages/rl/types.py (:class:`RunSpec` fixed for the run, :class:`Models` computed
 The thread policy for a shared machine acts here only: the step's thread count from the load, held at the limit for
 an update whose kernels round by thread count (stages/core/threads.py).
 
-Departures from the paper (docs/rl.md has the measurements; each recipe below is off in params.yaml):
+Departures from the paper (docs/results/rl.md has the measurements; each recipe below is off in params.yaml):
 
 - advantages: eps = 1e-4 added to the group std, the unbiased std; an output whose reward is NaN (a reward function
   failed) is left out of its group and of the loss (stages/rl/advantages.py);

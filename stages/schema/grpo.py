@@ -308,7 +308,7 @@ class GrpoOptimParams(Section):
 
     lr: NonNegFloat = 1.0e-6
     """Policy learning rate, AdamW, constant (paper 4.2: 1e-6). 0 freezes the policy: a diagnostic run whose
-    sampler-trainer mismatch must stay flat (docs/rl.md, the lr = 0 table)."""
+    sampler-trainer mismatch must stay flat (docs/results/rl.md, the lr = 0 table)."""
     weight_decay: NonNegFloat = 0.0
     """AdamW weight decay (not in the paper: 0)."""
     max_grad_norm: PosFloat = 1.0

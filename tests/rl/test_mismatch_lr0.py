@@ -2,7 +2,7 @@
 mismatch stays flat and below 1e-3 on CPU for every allowed sampling setting (top-k / top-p handled exactly: both
 sides use the truncated, renormalised distribution the sampler drew from), while the untruncated trainer log-probs
 the loss used before would be off by log p(kept set) per token (vLLM RFC #42259's log(S) bias). The vllm backend's
-table: benchmarks/sampler_mismatch.py --lr0 (docs/rl.md)."""
+table: benchmarks/sampler_mismatch.py --lr0 (docs/results/rl.md)."""
 
 from __future__ import annotations
 

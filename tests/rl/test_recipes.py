@@ -107,7 +107,7 @@ def test_policy_loss_selected_in_params_is_called_and_logs_its_metrics(project, 
 @pytest.mark.parametrize("name", ["gspo", "cispo"])
 def test_gspo_and_cispo_apply_grpos_gradient_on_policy(project, name):
     """mu = 1 with one minibatch: every ratio is 1, so GSPO's sequence ratio and CISPO's clipped weight are 1 and the
-    step applies exactly GRPO's gradient (the reason the comparison in docs/rl.md runs them off-policy)."""
+    step applies exactly GRPO's gradient (the reason the comparison in docs/results/rl.md runs them off-policy)."""
     tok, rows = load_tokenizer(paths.SFT_MODEL), load_prompts(paths.RL_PROMPTS)
     over = dict(steps=1, optim__max_grad_norm=1e9, reward__custom=[], reward__custom_weights=[])
     ref, _, _ = _sgd_step(tiny_params(**over), Scripted(tok, rows, _mixed))
