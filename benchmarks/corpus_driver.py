@@ -10,7 +10,7 @@ and workers started as processes of their own, printing this process's RSS after
 per task shows as growth between the two. Needs ``dvc repro data testsets`` in this checkout (the problem splits
 and the benchmarks). Set ``PREFECT_API_URL`` to a running ``prefect server start`` to keep the API server out of
 the process (without it Prefect's temporary server runs inside it: 253 MB instead of 184 MB at 10k / 2 shards).
-Prints a JSON line at the end; docs/corpus.md (Scale) has the figures.
+Prints a JSON line at the end; docs/results/corpus.md (Scale) has the figures.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ mostly not a copied problem but a run of LaTeX markup and digits (``begin pmatri
 simplest radical form", asy drawing code, the unit-circle figure of MATH's trigonometry solutions), so the paper's rule
 removes clean real math pages and much of MATH train, where 0.7 containment removes none of those pages and little of
 MATH train (mostly near-duplicates of a test problem), yet nearly every benchmark problem planted into real pages
-(benchmarks/decontam.py; the figures in docs/corpus.md and benchmarks/results/decontam.json). A copy of a benchmark
+(benchmarks/decontam.py; the figures in docs/results/corpus.md and benchmarks/results/decontam.json). A copy of a benchmark
 text holds all its n-grams, so containment loses nothing on copies; it misses a page quoting less than ``min_overlap``
 of a problem. The threshold follows PaLM's contamination criterion (at least 70% of a test example's 8-grams; Chowdhery
 et al. 2022).

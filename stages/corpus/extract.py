@@ -12,7 +12,7 @@ then keeps like any other text:
   kept twice.
 
 Then the main-content extractor removes navigation, headers, footers and other boilerplate:
-``trafilatura`` (the default; chosen by the measurement in docs/corpus.md, ``tests/corpus/test_extract.py``)
+``trafilatura`` (the default; chosen by the measurement in docs/results/corpus.md, ``tests/corpus/test_extract.py``)
 or ``resiliparse`` (``pip install -e .[extract]``). ``html_to_text(html, "none")`` is the math pass plus all
 visible text, for comparison.
 """

@@ -100,7 +100,7 @@ class DecontamParams(Section):
     """Benchmark questions with at least this many (and fewer than ngram) grams are matched whole (paper 2.1: 3)."""
     min_overlap: Fraction = 0.7
     """A page is removed when it holds this share of the distinct n-grams of one benchmark question or solution;
-    0 = one shared n-gram (the paper 2.1's literal rule). Real math: 0.7 (measured, docs/corpus.md), the default."""
+    0 = one shared n-gram (the paper 2.1's literal rule). Real math: 0.7 (measured, docs/results/corpus.md), the default."""
     testsets: DataPath
     """The benchmarks: the testsets stage's directory (data/testsets: every test set), or one of its files; the
     word problems' test split (problems_dir/test.jsonl) is always one too."""

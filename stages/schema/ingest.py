@@ -21,7 +21,7 @@ class IngestDecontamParams(Section):
     """Test questions with at least this many (and fewer than ngram) grams are matched whole (paper 2.1: 3)."""
     min_overlap: Fraction = 0.7
     """A row is removed when it holds this share of one test question's or solution's distinct n-grams
-    (0: one shared n-gram, the paper's literal rule; 0.7 measured on real math: docs/corpus.md)."""
+    (0: one shared n-gram, the paper's literal rule; 0.7 measured on real math: docs/results/corpus.md)."""
 
 
 class IngestCommonParams(Section):
