@@ -1,5 +1,6 @@
 """Issue 28's params, tool-output and file findings, probed through whichever checkout is on PYTHONPATH, with only
-the interfaces both main before issue 28 and today's code have: what docs/sandbox.md's before / after table shows.
+the interfaces both main before issue 28 and today's code have: what docs/results/sandbox.md's before / after table
+shows.
 
     PYTHONPATH=<checkout> python benchmarks/hardening_probe.py [--only CASE ...]
 

@@ -1,4 +1,4 @@
-"""The red-team table of docs/sandbox.md: issue 28's attacks on the code sandbox and fourteen more, each through
+"""The red-team table of docs/results/sandbox.md: issue 28's attacks on the code sandbox and fourteen more, each through
 several sandboxes side by side.
 
     python benchmarks/sandbox_attacks.py [--baseline <checkout of main>] [--bwrap] [--only KEY ...] [--out FILE]
@@ -961,7 +961,7 @@ def markdown(result: dict) -> str:
             cell = ev if ok is None else ("contained: " if ok else "**NOT contained**: ") + ev
             cells.append(cell.replace("|", "/"))
         r = by_run[0]
-        tag = " (issue 28)" if r["finding"] else ""
+        tag = " (finding)" if r["finding"] else ""
         out.append(f"| `{r['key']}`{tag}: {r['technique']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -971,7 +971,8 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="root of a checkout whose sandbox to attack as well (main)")
     ap.add_argument("--bwrap", action="store_true", help="attack bubblewrap as well")
     ap.add_argument("--only", nargs="*", help="attack keys to run")
-    ap.add_argument("--table", action="store_true", help="print results/sandbox_attacks.json as docs/sandbox.md's "
+    ap.add_argument("--table", action="store_true", help="print results/sandbox_attacks.json as "
+                    "docs/results/sandbox.md's "
                     "markdown table and exit")
     ap.add_argument("--out", type=Path, help="write the results here (default: benchmarks/results/sandbox_attacks.json)")
     ap.add_argument("--merge", nargs="+", type=Path, metavar="RUN", help="write these runs' results (e.g. root's and "

@@ -62,7 +62,7 @@ architecture, or with cgroup v2) the corresponding mechanisms are missing and re
 without user namespaces a program gets rlimits, no_new_privs, seccomp, an empty environment, a fresh host working
 directory, CPU pinning and a process-group kill, and sees the host's files as the caller does, so the stages refuse
 to run model-written programs there unless the params opt in (:func:`require_isolation`). docs/sandbox.md has the
-threat model and the red-team table.
+threat model, docs/results/sandbox.md the red-team table.
 
 Fast path: the zygote pre-forks sandboxes (namespaces and mounts ready, program not yet known), so a
 program costs a few forks, not an interpreter start-up. State cannot leak between programs: each runs in

@@ -1,6 +1,6 @@
 """Issue 28's attacks on the code sandbox and fourteen more (benchmarks/sandbox_attacks.py, which also runs them
-through main's sandbox and bubblewrap for docs/sandbox.md's table), each through this sandbox with the pipeline's
-limits: every one must be contained, and leave the caller and the zygote working.
+through main's sandbox and bubblewrap for docs/results/sandbox.md's table), each through this sandbox with the
+pipeline's limits: every one must be contained, and leave the caller and the zygote working.
 """
 
 from __future__ import annotations
