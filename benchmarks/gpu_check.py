@@ -16,8 +16,8 @@ against the GPU's dense bf16 peak (``--peak-tflops``, else looked up from the de
 (``torch.cuda.max_memory_allocated``) of each phase next to the memory planner's estimate (stages/plan.py).
 
 It imports only torch, transformers, tokenizers, safetensors, numpy, pydantic, pyyaml, tqdm and what they need,
-plus math-verify for the answer check: docs/real-mode.md lists the wheels to install with ``pip install --no-deps
---target`` next to the GPU machine's own torch, and the command. Without a CUDA GPU it refuses in one line (exit 2)
+plus math-verify for the answer check: benchmarks/gpu_wheels.txt lists the wheels to install with ``pip install
+--no-deps --target`` next to the GPU machine's own torch, docs/real-mode.md the command. Without a CUDA GPU it refuses in one line (exit 2)
 unless ``--allow-cpu``.
 """
 

@@ -28,7 +28,7 @@ copy of the states on CUDA, where torch's AdamW is multi-tensor); DeepSpeed's gr
 ``reduce_bucket_size`` elements; on CPU only the pages written are resident) and ZeRO-0's flattened all-reduce
 copy. The peak is the largest of the phases of a training step (initialisation, forward, backward, optimizer step).
 :func:`train_memory` is what tests/test_plan.py checks against the peak resident memory of fresh CPU processes
-(benchmarks/memory.py); docs/real-mode.md has the 7B plan.
+(benchmarks/memory.py); docs/results/real-mode.md has the 7B plan.
 
 Model shapes: a local model directory's config.json, the architecture of a known hub id (:data:`KNOWN`), or the tiny
 model built from the base_model section.

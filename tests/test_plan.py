@@ -340,7 +340,7 @@ def test_lora_states_are_deepspeeds_estimate_of_the_adapter_plus_the_frozen_weig
 def test_the_7b_grpo_plan_with_lora_on_one_80gb_gpu(tmp_path, capsys) -> None:
     """params/deepseekmath-7b.yaml with grpo.lora.enabled on one 80 GiB GPU: full-parameter GRPO does not fit, LoRA
     does (no reference copy, the adapter's states only; the weight sync's merged maps counted), through the command
-    line as docs/real-mode.md shows it."""
+    line as docs/results/real-mode.md shows it."""
     raw = yaml.safe_load(PARAMS_7B.read_text())
     raw["grpo"]["lora"] = {"enabled": True}
     f = tmp_path / "params.yaml"
