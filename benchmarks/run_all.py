@@ -39,7 +39,7 @@ RESULTS = BENCH / "results"
 
 # Run order: cheap and independent first, the long comparisons last. Scripts not listed run after these.
 ORDER = ("answers", "sandbox", "generation", "training", "corpus", "grpo_step", "grpo_vs_trl", "scaling",
-         "orchestration", "sft_accuracy", "iterative_rl")
+         "orchestration", "sft_accuracy")
 
 # Small settings for --quick; a flag is passed only if the script's source mentions it (scripts evolve).
 QUICK_ARGS: dict[str, list[str]] = {
@@ -54,16 +54,14 @@ QUICK_ARGS: dict[str, list[str]] = {
     "sft_accuracy": ["--limit", "50"],
     "corpus": ["--quick"],
     "decontam": ["--quick"],
-    "iterative_rl": ["--steps", "2", "--seeds", "0", "--test", "50", "--iterations", "1"],
     "memory": ["--n", "4"],  # the materialised logits of 8 x 512 tokens at 152k peak near 10 GB
     "tir_rl": ["--steps", "2", "--seeds", "0", "--eval-limit", "50"],
 }
 
 
 # Not part of the CPU suite: gpu_check needs a GPU; paradigm queues hours of `dvc exp` runs;
-# sandbox_syscalls is an audit under strace (the evidence for the sandbox's seccomp allow-list), not a timing;
-# sandbox_ab compares two checkouts (it needs a second one).
-NOT_IN_SUITE = {"run_all", "gpu_check", "paradigm", "sandbox_syscalls", "sandbox_ab"}
+# sandbox_syscalls is an audit under strace (the evidence for the sandbox's seccomp allow-list), not a timing.
+NOT_IN_SUITE = {"run_all", "gpu_check", "paradigm", "sandbox_syscalls"}
 
 
 def discover() -> list[str]:
@@ -269,7 +267,8 @@ def headlines_and_goals() -> tuple[list[Headline], list[Goal]]:
             h.append(("generation", "model.generate tokens/s", plain.get("tokens_per_s"), ""))
     r = _load("grpo_step")
     if r:
-        h.append(("grpo_step", "step seconds (median)", _get(r, "seconds", "step_s", "median"),
+        step = _get(r, "grpo", "seconds", "step_s", "median") or _get(r, "seconds", "step_s", "median")  # new, old
+        h.append(("grpo_step", "step seconds (median)", step,
                   f"{_get(r, 'questions_per_step')}x{_get(r, 'group_size')}x{_get(r, 'max_new_tokens')} tokens"))
     r = _load("sandbox")
     if r:

@@ -1,28 +1,26 @@
 """The red-team table of docs/results/sandbox.md: issue 28's attacks on the code sandbox and fourteen more, each through
 several sandboxes side by side.
 
-    python benchmarks/sandbox_attacks.py [--baseline <checkout of main>] [--bwrap] [--only KEY ...] [--out FILE]
+    python benchmarks/sandbox_attacks.py [--bwrap] [--only KEY ...] [--out FILE]
     python benchmarks/sandbox_attacks.py --merge ROOT.json USER.json   # side by side: root and an ordinary user
 
 As root and as an ordinary user (issue 46): run it once as root with ``--out root.json`` and once as another user from
 a copy of the checkout that user owns (the attacks plant their host-side objects in it), with an interpreter it can
 run, ``--out user.json``; ``--merge`` writes the two side by side into benchmarks/results/sandbox_attacks.json.
 
-Sandboxes: ``this`` (this checkout's stages/core/sandbox.py), ``baseline`` (another checkout's, e.g. main before
-issue 28: ``git archive main | tar -x -C /tmp/sandbox-main``) and ``bwrap`` (Debian's bubblewrap as a field
-engineer would set it up, :class:`BwrapRunner`). Every attack is a plain Python program (it runs unchanged in
-all of them) plus what the host does meanwhile (a FIFO reader, a socket listener, a planted secret) and a judge
-that says, from the program's report and the host's observations, whether the attack was contained. The
-pipeline's own limits apply (``run_python`` / ``run_pot``: 10 s, 512 MB, 64 MB disk, 32 processes) unless an
-attack says otherwise. tests/core/test_sandbox_attacks.py runs every attack through ``this`` and asserts
-containment; this script prints the table and writes benchmarks/results/sandbox_attacks.json.
+Sandboxes: ``this`` (this checkout's stages/core/sandbox.py) and ``bwrap`` (Debian's bubblewrap as a field engineer
+would set it up, :class:`BwrapRunner`). Every attack is a plain Python program (it runs unchanged in all of them) plus
+what the host does meanwhile (a FIFO reader, a socket listener, a planted secret) and a judge that says, from the
+program's report and the host's observations, whether the attack was contained. The pipeline's own limits apply
+(``run_python`` / ``run_pot``: 10 s, 512 MB, 64 MB disk, 32 processes) unless an attack says otherwise.
+tests/core/test_sandbox_attacks.py runs every attack through ``this`` and asserts containment; this script prints the
+table and writes benchmarks/results/sandbox_attacks.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import inspect
 import json
 import os
@@ -38,7 +36,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,16 +160,6 @@ class BwrapRunner:
 
     def close(self) -> None:
         pass
-
-
-def load_sandbox(checkout: Path, name: str) -> ModuleType:
-    """stages/core/sandbox.py of ``checkout`` as module ``name`` (its zygote script is the file beside it)."""
-    spec = importlib.util.spec_from_file_location(name, checkout / "stages" / "core" / "sandbox.py")
-    assert spec and spec.loader, checkout
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -934,21 +921,11 @@ def pth_trial(make_executor: Callable[[str], Any], secret: str) -> tuple[bool, s
     return True, "not shown (" + (r.stderr.strip().splitlines() or ["?"])[-1][:60] + ")"
 
 
-def _patched_python(mod: ModuleType, py: str) -> ModuleType:
-    """A baseline sandbox module that starts its zygote with ``py`` (versions without the ``python`` option)."""
-    class _Sys:
-        def __getattr__(self, k: str) -> Any:
-            return py if k == "executable" else getattr(sys, k)
-
-    mod.sys = _Sys()  # type: ignore[attr-defined]
-    return mod
-
-
 def markdown(result: dict) -> str:
     """The red-team table: one row per attack, a cell per sandbox and user (contained or not, and the evidence)."""
-    names = {"baseline": "main before issue 28", "this": "this sandbox", "bwrap": "bubblewrap"}
+    names = {"this": "this sandbox", "bwrap": "bubblewrap"}
     runs = result.get("runs", [result])
-    cols = [(c, i) for c in ("baseline", "this", "bwrap") for i, run in enumerate(runs)
+    cols = [(c, i) for c in names for i, run in enumerate(runs)
             if c in run["sandboxes"] or any(c in r for r in run["rows"])]
     heads = [names[c] + (f" ({runs[i].get('user', '?')})" if len(runs) > 1 else "") for c, i in cols]
     out = ["| attack (technique) | " + " | ".join(heads) + " |", "|---|" + "---|" * len(cols)]
@@ -968,7 +945,6 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", type=Path, help="root of a checkout whose sandbox to attack as well (main)")
     ap.add_argument("--bwrap", action="store_true", help="attack bubblewrap as well")
     ap.add_argument("--only", nargs="*", help="attack keys to run")
     ap.add_argument("--table", action="store_true", help="print results/sandbox_attacks.json as "
@@ -989,9 +965,6 @@ def main() -> None:
     load0 = os.getloadavg()
     with host_setup() as host:
         runners: dict[str, Any] = {}
-        if args.baseline:
-            base_mod = load_sandbox(args.baseline.resolve(), "sandbox_baseline")
-            runners["baseline"] = ExecutorRunner("baseline", base_mod.SandboxExecutor())
         from stages.core import sandbox
 
         runners["this"] = ExecutorRunner("this", sandbox.SandboxExecutor())
@@ -1016,10 +989,6 @@ def main() -> None:
         if not args.only or "pth" in args.only:
             row = {"key": "pth", "technique": "a .pth file that names a directory (editable / compat installs)",
                    "finding": True}
-            if args.baseline:
-                row["baseline"] = pth_trial(lambda py: _patched_python(
-                    load_sandbox(args.baseline.resolve(), "sandbox_baseline_pth"), py).SandboxExecutor(
-                        preload=["math"], prefork=1), host.secret)
             row["this"] = pth_trial(lambda py: sandbox.SandboxExecutor(python=py, preload=["math"], prefork=1),
                                     host.secret)
             if args.bwrap:
@@ -1035,7 +1004,7 @@ def main() -> None:
            "inactive": {m: report["reasons"].get(m) for m in report["inactive"]}, "kernel": platform.release(),
            "python": sys.executable, "load_average_start": [round(x, 2) for x in load0],
            "load_average_end": [round(x, 2) for x in os.getloadavg()],
-           "sandboxes": list(runners), "baseline": str(args.baseline) if args.baseline else None,
+           "sandboxes": list(runners),
            "bwrap": subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
            if args.bwrap else None, "limits": PIPELINE_LIMITS, "rows": rows}
     if args.out or not args.only:

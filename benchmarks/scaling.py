@@ -1,9 +1,9 @@
 """How cost grows: GRPO step time versus G, completion length and batch size; corpus scoring versus pages.
 
 GRPO: one axis at a time around a base point (questions_per_step Q, group_size G, max_new_tokens T), each
-point timed with the RL driver's step (stages.rl.loop.setup + stages.rl.loop.run_step) on the tiny default model (params.yaml ``base_model`` sizes, random
-weights, so completions run to T and the work per point is Q*G*T generated tokens), hf backend, 2 torch
-threads, the grpo section's loss settings with zero-std groups kept (every step does a full update).
+point timed by grpo_step.py's :func:`time_steps` (the RL driver's step, a fresh copy of the model per point) on
+the tiny default model (params.yaml ``base_model`` sizes, random weights, so completions run to T and the work per
+point is Q*G*T generated tokens), hf backend, 2 torch threads, the grpo section's loss settings with zero-std groups kept (every step does a full update).
 Each point: one untimed warm-up step at the smallest point of the whole run, then the median of
 ``--repeats`` steps. The exponent k of time ~ x^k (least squares on log-log) says how the cost grows.
 
@@ -44,31 +44,21 @@ def grpo_grid(base: dict[str, int], axes: dict[str, list[int]], repeats: int, th
     """Median step time (and its parts) at every grid point; log-log slope per axis."""
     import torch
 
-    from stages.core.generation import make_generator
-    from stages.core.modeling import load_model, load_tokenizer
+    from benchmarks.grpo_step import start, time_steps
+    from stages.core.modeling import load_model
     from stages.params import load_params
-    from stages.rl.loop import begin_iteration, run_step, setup
 
     torch.set_num_threads(threads)
     params = load_params(ROOT / "params.yaml")
     rows = problem_rows(512)
     tmp = tempfile.mkdtemp(prefix="scaling-model-")
     build_tiny_model(tmp)
-    model, tok = load_model(tmp), load_tokenizer(tmp)
 
     def point(q: int, g: int, t: int, n: int, step0: int) -> dict[str, Any]:
         p = params.grpo.updated({"questions_per_step": q, "rollout.group_size": g, "rollout.max_new_tokens": t,
                                  "advantage.skip_zero_std_groups": False, "optim.micro_batch_size": q * g,
                                  "rollout.backend": "hf"})
-        parts = setup(p, model, tok, rows=rows, generator=make_generator("hf", model, tok, batch_size=q * g))
-        begin_iteration(*parts, 1, None)  # pi_ref (beta > 0): a copy of the model as it is at this point
-        ms = []
-        for i in range(n):
-            t0 = time.perf_counter()
-            m, ro, _ = run_step(*parts, step0 + i)
-            m["wall_s"] = time.perf_counter() - t0
-            m["tokens"] = int(ro.completion_mask.sum())
-            ms.append(m)
+        ms = time_steps({"grpo": start("grpo", p, tmp, rows, batch_size=q * g)}, n, step0)["grpo"]
         keys = ("wall_s", "t_generation", "t_scoring", "t_logprobs", "t_update", "cpu_step_s")
         out: dict[str, Any] = {"Q": q, "G": g, "T": t}
         out.update({k: round(statistics.median(m[k] for m in ms), 3) for k in keys})
@@ -76,8 +66,8 @@ def grpo_grid(base: dict[str, int], axes: dict[str, list[int]], repeats: int, th
         return out
 
     point(min(axes["questions_per_step"]), min(axes["group_size"]), min(axes["max_new_tokens"]), 1, 10_000)  # warm-up
-    result: dict[str, Any] = {"base": base, "repeats": repeats, "threads": threads,
-                              "model": "random init, base_model size", "n_params": sum(x.numel() for x in model.parameters())}
+    result: dict[str, Any] = {"base": base, "repeats": repeats, "threads": threads, "model": "random init, base_model size",
+                              "n_params": sum(x.numel() for x in load_model(tmp).parameters())}
     step = 0
     for axis, values in axes.items():
         pts = []
