@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
-        new, changed = regenerate(text)
+        new, changed = regenerate(text, RESULTS)
         stale += [f"{page.relative_to(ROOT)}: {c}" for c in changed]
         if new != text and not args.check:
             page.write_text(new, encoding="utf-8")
