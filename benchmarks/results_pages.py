@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from decimal import ROUND_HALF_UP, Decimal
 import sys
 from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
