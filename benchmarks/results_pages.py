@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
@@ -244,12 +245,101 @@ def tir_modes(ds: list[dict], args: str) -> list[str]:
     return table(head, rows)
 
 
+def _finite(xs: list) -> list[float]:
+    return [x for x in xs if x is not None and x == x]  # drop None and NaN
+
+
+def _sci(x: float, digits: int) -> str:
+    return f"{x:.{digits}e}"
+
+
+def sampler_runs(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/sampler_mismatch.py --runs: backend x correction, mean ± sd over seeds of each run's figures."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in ds[0]["runs"]:
+        groups.setdefault((r["backend"], r["correction"]), []).append(r)
+
+    def ms(xs: list[float], f: Callable[[float], str]) -> str:
+        return f(statistics.fmean(xs)) + (f" ± {f(statistics.stdev(xs))}" if len(xs) > 1 else "")
+
+    rows = []
+    for (backend, correction), rs in sorted(groups.items()):
+        ps = [r["per_step"] for r in rs]
+        per = {k: [statistics.fmean(_finite(p[k])) if _finite(p[k]) else 0.0 for p in ps]
+               for k in ("mismatch_abs_mean", "mismatch_kl", "is_truncated_high_frac", "step_s")}
+        last = max(int(k) for k in rs[0]["heldout"])
+        rows.append([backend, correction, str(len(rs)), ms(per["mismatch_abs_mean"], lambda x: _sci(x, 2)),
+                     _sci(max(max(_finite(p["mismatch_abs_max"])) for p in ps), 2),
+                     ms(per["mismatch_kl"], lambda x: _sci(x, 1)),
+                     f"{fx(min(min(_finite(p['is_ratio_min'])) for p in ps), 5)} - "
+                     f"{fx(max(max(_finite(p['is_ratio_max'])) for p in ps), 5)}",
+                     ms(per["is_truncated_high_frac"], lambda x: _sci(x, 1)),
+                     _sci(max(max(_finite(p["sync_probe_max_abs"])) for p in ps), 1),
+                     ms([r["heldout"]["0"] for r in rs], f3), ms([r["heldout"][str(last)] for r in rs], f3),
+                     ms([statistics.fmean(p["accuracy"][-5:]) for p in ps], f3),
+                     ms(per["step_s"], lambda x: fx(x, 2))])
+    head = ["backend", "correction", "seeds", "mismatch mean abs", "mismatch max abs", "mismatch k3 KL", "ratio range",
+            "truncated", "probe gap", "held-out step 0", f"held-out step {last}", "train acc last 5", "s / step"]
+    return table(head, rows)
+
+
+def sampler_lr0(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/sampler_mismatch.py --lr0: the mismatch at learning rate 0 per backend and sampling setting."""
+    rows = []
+    for r in sorted(ds[0]["lr0"], key=lambda r: r["backend"]):
+        s = r["per_step"]
+        mx = _finite(s["mismatch_abs_max"])
+        rows.append([r["backend"], r["setting"], str(r["steps_run"]), _sci(max(mx[:5]), 2), _sci(max(mx[-5:]), 2),
+                     _sci(max(mx), 2), _sci(statistics.fmean(_finite(s["mismatch_abs_mean"])), 2),
+                     _sci(max(_finite(s["sync_probe_max_abs"])), 1), f3(r["untruncated_bias_mean"])])
+    head = ["backend", "sampling", "steps", "mismatch max abs, steps 1-5", "steps 16-20", "all steps", "mean abs",
+            "probe gap", "untruncated trainer's bias (nats / token)"]
+    return table(head, rows)
+
+
+def diagnose(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/r1_zero.py --diagnose: shares of the sampled outputs per model, template and budget (the rows
+    whose key contains ARGS, if given)."""
+    rows = []
+    for key, r in ds[0]["diagnose"].items():
+        if args and args not in key:
+            continue
+        rows.append([f"`{key}`", *(fx(r[k], 2) for k in ("stop", "think_closed", "boxed")), f3(r["correct"]),
+                     fx(r["r1_format"], 2), fx(r["groups_with_accuracy_spread"], 2)])
+    head = ["model / template / budget", "stops by itself", "closes `</think>`", "writes `\\boxed{}`", "right",
+            "R1 format reward", "groups with a reward spread"]
+    return table(head, rows)
+
+
+def r1_train(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/r1_zero.py --train: GRPO from each base model, mean ± sd over seeds."""
+    groups: dict[str, list[dict]] = {}
+    for key, r in ds[0]["train"].items():
+        groups.setdefault(key.rsplit("/seed", 1)[0], []).append(r)
+    steps = sorted(int(k) for k in next(iter(groups.values()))[0]["heldout"])
+    rows = []
+    for name, rs in groups.items():
+        held = []
+        for k in steps:
+            xs = [r["heldout"][str(k)] for r in rs]
+            held.append(pm(statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, 2))
+        mean = {k: statistics.fmean(r[k] for r in rs) for k in ("accuracy_first5", "accuracy_last5", "reward_first5",
+                                                                  "reward_last5")}
+        rows.append([f"`{name}`", f"{len(rs)} (seeds {', '.join(str(r['seed']) for r in rs)})", *held,
+                     f"{f3(mean['accuracy_first5'])} -> {f3(mean['accuracy_last5'])}",
+                     f"{fx(mean['reward_first5'], 2)} -> {fx(mean['reward_last5'], 2)}"])
+    head = ["GRPO from", "seeds", *(f"held-out step {k}" for k in steps), "training accuracy, first 5 -> last 5 steps",
+            "reward (accuracy + format)"]
+    return table(head, rows)
+
+
 def _ms(x: dict) -> dict:
     return {"mean": x["mean"], "sd": x["sd"]}
 
 
 RENDERERS: dict[str, Callable[[list[dict], str], list[str]]] = {
-    f.__name__: f for f in (stage_walls, heldout, curve, rm_auc, iterations, chunks, tir_modes)}
+    f.__name__: f for f in (stage_walls, heldout, curve, rm_auc, iterations, chunks, tir_modes, sampler_runs, sampler_lr0,
+                             diagnose, r1_train)}
 
 
 # ---- the dated line
