@@ -103,7 +103,7 @@ def stage_walls(ds: list[dict], args: str) -> list[str]:
         return r["wall_s"] if stage is None else r["stages"][stage]["wall_s"]
 
     def cell(col: str, stage: str | None) -> str:
-        return f"{fx(value(col, stage), 2)}" if "/" in col else f"{fx(value(col, stage), 1)}"
+        return fx(value(col, stage), 2) if "/" in col else fx(value(col, stage), 1)
 
     rows = [[s] + [cell(c, s) for c in cols] for s in _run(d, cols[0])["stages"]]
     rows.append(["**whole run**"] + [f"**{cell(c, None)}**" for c in cols])
@@ -142,25 +142,25 @@ def _extra(col: str, d: dict, method: str, s: dict) -> str:
     if col == "seeds":
         return str(len(s["seeds"]))
     if col == "s/step":
-        return f"{fx(s['step_s_mean'], 1)}"
+        return fx(s['step_s_mean'], 1)
     if col == "peak RSS MiB":
-        return f"{fx(s['peak_rss_mib'], 0)}"
+        return fx(s['peak_rss_mib'], 0)
     if col == "trained parameters":
         return " + ".join(f"{k.replace('_', ' ')} {fx(v / 1e6, 2)}M" for k, v in s["trained_parameters"].items())
     if col == "wall s":
-        return f"{fx(s['grpo_wall_s'], 0)}"
+        return fx(s['grpo_wall_s'], 0)
     if col in ("vs grpo_os at the last step (both sds added)", "wall x"):
         v = [x for x in d.get("versus_grpo", []) if x["method"] == method]
         if not v:
             return "" if col != "wall x" else "1.00"
         if col == "wall x":
-            return f"{fx(v[0]['wall_ratio'], 2)}"
+            return fx(v[0]['wall_ratio'], 2)
         return f"{v[0]['diff']:+.3f} ({fx(v[0]['spread'], 3)}): {v[0]['verdict']}"
     if col == "sample accuracy, first / last 5 steps":
         return f"{fx(t['accuracy_first5'], 2)} / {fx(t['accuracy_last5'], 2)}"
     if col == "reward, last 5":
         rm = t["reward_mean_last5"] != t["accuracy_last5"]
-        return f"{fx(t['reward_mean_last5'], 2)}" + (" (RM)" if rm else "")
+        return fx(t['reward_mean_last5'], 2) + (" (RM)" if rm else "")
     if col == "KL, last 5":
         k = t["kl_last5"]
         return "0" if k == 0 else fx(k, 3 if k < 0.1 else 2)
@@ -218,8 +218,8 @@ def chunks(ds: list[dict], args: str) -> list[str]:
         walls = [r["wall_s"] for r in d["rounds"] if str(r["chunks"]) == n]
         share = s["tool_wait_s"] / s["wall_s"]
         wait = f"{s['tool_wait_s']:.3g}" + (f" ({share:.0%})" if share >= 0.01 else "")
-        rows.append([n, f"{fx(s['wall_s'], 2)} ({fx(min(walls), 2)}-{fx(max(walls), 2)})", wait, f"{fx(s['tool_generate_s'], 2)}",
-                     f"{fx(s['tool_programs'], 1)}"])
+        rows.append([n, f"{fx(s['wall_s'], 2)} ({fx(min(walls), 2)}-{fx(max(walls), 2)})", wait, fx(s['tool_generate_s'], 2),
+                     fx(s['tool_programs'], 1)])
     return table(["`rollout.chunks`", "rollout wall s", "waiting for the sandbox s", "generator s", "programs"], rows)
 
 
@@ -232,8 +232,8 @@ def tir_modes(ds: list[dict], args: str) -> list[str]:
         tir = mode == "tir"
         rows.append([f"{ {'cot': 'CoT'}.get(mode, mode.upper())}-mode GRPO", pm(**_ms(s["heldout_cot_greedy"])),
                      pm(**_ms(s["heldout_tir_greedy"])), pm(**_ms(s["step_s_mean"]), digits=1),
-                     *(f"{fx(s[k]['mean'], 1)}" for k in ("t_generation_mean", "t_logprobs_mean", "t_update_mean")),
-                     f"{fx(s['tool_programs_mean']['mean'], 1)}" if tir else "0",
+                     *(fx(s[k]['mean'], 1) for k in ("t_generation_mean", "t_logprobs_mean", "t_update_mean")),
+                     fx(s['tool_programs_mean']['mean'], 1) if tir else "0",
                      f"{fx(s['tool_exec_s_mean']['mean'], 2)} s ({s['sandbox_exec_share_of_step']['mean']:.1%})"
                      if tir else "0",
                      f"{fx(s['tool_wait_s_mean']['mean'], 3)} s ({s['sandbox_wait_share_of_step']['mean']:.2%})"
