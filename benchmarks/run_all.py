@@ -61,7 +61,7 @@ QUICK_ARGS: dict[str, list[str]] = {
 
 # Not part of the CPU suite: gpu_check needs a GPU; paradigm queues hours of `dvc exp` runs;
 # sandbox_syscalls is an audit under strace (the evidence for the sandbox's seccomp allow-list), not a timing.
-NOT_IN_SUITE = {"run_all", "gpu_check", "paradigm", "sandbox_syscalls"}
+NOT_IN_SUITE = {"run_all", "gpu_check", "paradigm", "sandbox_syscalls", "results_pages"}
 
 
 def discover() -> list[str]:

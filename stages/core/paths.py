@@ -68,7 +68,7 @@ REPORT_SUMMARY = REPORT / "summary.md"
 BENCH_RESULTS = Path("benchmarks") / "results"
 PARADIGM_RESULT = BENCH_RESULTS / "paradigm.json"  # benchmarks/paradigm.py: Figure 5 (unified paradigm)
 PARADIGM_RM_RESULT = BENCH_RESULTS / "paradigm_rm.json"  # benchmarks/paradigm.py with the learned RMs
-ITERATIVE_RESULT = BENCH_RESULTS / "iterative_rl.json"  # benchmarks/iterative_rl.py: Figure 6 (iterative RL)
+ITERATIVE_RESULT = BENCH_RESULTS / "iterative_rl.json"  # benchmarks/paradigm.py --iterative-out: Figure 6 (iterative RL)
 
 
 def problems_file(split: str) -> Path:

@@ -347,7 +347,7 @@ def _paradigm_rows(inputs: Inputs) -> list[PaperRow]:
         note = ("held-out accuracy per iteration (0 = SFT), mean over seeds; benchmarks/results/iterative_rl.json"
                 f" (measured {str(get(inputs.iterative, 'measured_at'))[:10]}; its setup in the Comparisons section)")
     else:
-        ours, note = None, "benchmarks/iterative_rl.py result absent"
+        ours, note = None, "benchmarks/results/iterative_rl.json absent"
     out.append(PaperRow("iterative RL", c["iterative"].text, c["iterative"].source, ours, note))
     return out
 
@@ -854,7 +854,7 @@ def _comparisons_section(inputs: Inputs, enabled: bool) -> str:
         body.append(img(figures.iterative(it), "iterative RL: held-out accuracy per iteration"))
     else:
         body.append(f'<p class="na">{NOT_RUN}: benchmarks/results/iterative_rl.json absent or in another format '
-                    "(<code>python benchmarks/iterative_rl.py</code>).</p>")
+                    "(<code>python benchmarks/paradigm.py --iterative-out ...</code>).</p>")
     return _section("comparisons", TITLES["comparisons"], inputs.paradigm is not None or bool(it), "\n".join(body))
 
 

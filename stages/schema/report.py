@@ -29,7 +29,7 @@ class ReportParams(Section):
     data/metrics/evaluate_<model>.json of each; dvc.yaml's report stage lists those files as deps)."""
     benchmark_results: bool = False
     """Show the committed comparison results (benchmarks/results/paradigm.json: Figure 5, iterative_rl.json:
-    Figure 6; measured on the tiny default by benchmarks/paradigm.py and benchmarks/iterative_rl.py); false for
+    Figure 6; measured on the tiny default by benchmarks/paradigm.py, Figure 6 with its ``--iterative-out``); false for
     a run they do not describe (a 7B run)."""
     bootstrap_resamples: Annotated[int, Field(ge=100)] = 2000
     """Resamples of the paired bootstrap over problems behind every model comparison the page makes (pretrained ->
