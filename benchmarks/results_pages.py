@@ -337,14 +337,14 @@ def _ms(x: dict) -> dict:
     return {"mean": x["mean"], "sd": x["sd"]}
 
 
-def _pct(x: float) -> str:
-    """A percentage to two significant digits, at least one decimal (0.95%, 8.1%, 36.3%)."""
-    return fx(x, max(1, 1 - Decimal(repr(x)).adjusted())) + "%"
+def _share(k: int, n: int) -> str:
+    """' (p%)', p = k / n to two significant digits, at least one decimal (0.95%, 8.1%, 36.3%); nothing where k is 0."""
+    p = 100 * k / n
+    return f" ({fx(p, max(1, 1 - Decimal(repr(p)).adjusted()))}%)" if k else ""
 
 
 def _of(k: int, n: int) -> str:
-    """'k / n (p%)', the share left out where k is 0."""
-    return f"{k:,} / {n:,}" + (f" ({_pct(100 * k / n)})" if k else "")
+    return f"{k:,} / {n:,}{_share(k, n)}"
 
 
 def decontam(ds: list[dict], args: str) -> list[str]:
@@ -370,8 +370,7 @@ def decontam(ds: list[dict], args: str) -> list[str]:
                      f"{g['planted_recall_all']} (GSM8K {r['gsm8k']}, MATH {r['math']})",
                      _of(g["gsm8k_train"]["removed"], g["gsm8k_train"]["rows"]), _of(m["removed"], m["rows"]),
                      str(m["near_duplicates_removed"]),
-                     f"{m['rest_removed']:,}" + (f" ({_pct(100 * m['rest_removed'] / m['rows'])})" if m["rest_removed"]
-                                                 else "")])
+                     f"{m['rest_removed']:,}{_share(m['rest_removed'], m['rows'])}"])
     return table(["rule", "half B: clean math / other pages removed", f"planted recall ({d['planted_items']:,} pages)",
                   "GSM8K train removed", "MATH train removed", "of which near-duplicates", "the rest"], rows)
 
@@ -458,8 +457,7 @@ def ingest(ds: list[dict], args: str) -> list[str]:
                      ", ".join(f"{n} `{s}`" for s, n in r["skipped"].items()) or "-",
                      f"{rt['ok']:,} / {rt['checked']:,}" if rt["checked"] else "-",
                      f"{p['ok']:,} / {p['run']:,}" if p["run"] else "-",
-                     f"{calc['last_annotation_equals_gold']:,} / {calc['with_annotation']:,} "
-                     f"({fx(100 * calc['last_annotation_equals_gold'] / calc['with_annotation'], 1)}%)" if calc else "-"])
+                     _of(calc["last_annotation_equals_gold"], calc["with_annotation"]) if calc else "-"])
     return table(["file", "rows in", "rows out (format)", "skipped", "response gives the gold",
                   "programs return the gold", "GSM8K: last calculator result = gold (of the rows with one)"], rows)
 
@@ -522,7 +520,8 @@ def dated(name: str, d: dict, entry: str = "") -> str:
         when = m.group(0)
     if not when and (m := re.search(r"(\d{4})-?(\d\d)-?(\d\d)", name)):
         when = "-".join(m.groups())
-    parts = [f"`benchmarks/results/{name}`" + (f" `{entry}`" if entry else ""), f"measured {str(when)[:16].replace('T', ' ')}" if when else "undated"]
+    parts = [f"`benchmarks/results/{name}`" + (f" `{entry}`" if entry else ""),
+             f"measured {str(when)[:16].replace('T', ' ')}" if when else "undated"]
     cpus = {r["machine"]["cpu"] for r in d.get("runs", []) if isinstance(r, dict) and "machine" in r}
     if isinstance(d.get("machine"), dict) and "cpu" in d["machine"]:
         cpus.add(d["machine"]["cpu"])
