@@ -337,9 +337,158 @@ def _ms(x: dict) -> dict:
     return {"mean": x["mean"], "sd": x["sd"]}
 
 
+def _share(k: int, n: int) -> str:
+    """' (p%)', p = k / n to two significant digits, at least one decimal (0.95%, 8.1%, 36.3%); nothing where k is 0."""
+    p = 100 * k / n
+    return f" ({fx(p, max(1, 1 - Decimal(repr(p)).adjusted()))}%)" if k else ""
+
+
+def _of(k: int, n: int) -> str:
+    return f"{k:,} / {n:,}{_share(k, n)}"
+
+
+def decontam(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/decontam.py: ARGS 'grid' (the thresholds tried on half A) or 'heldout' (the paper's rule and the
+    chosen one on half B)."""
+    d = ds[0]
+    if args == "grid":
+        rows = []
+        for g in d["grid_half_A"]:
+            row = [f"{g['min_overlap']:g}" + (" (paper)" if g["min_overlap"] == 0 else ""),
+                   f"{g['clean_math_removed']} / {g['clean_math_pages']}",
+                   f"{g['planted_recall']['gsm8k']} / {g['planted_recall']['math']}",
+                   f"{g['math_train']['rest_removed']:,}"]
+            rows.append([f"**{c}**" for c in row] if g["min_overlap"] == d["chosen_min_overlap"] else row)
+        return table(["min_overlap", "half A: clean math pages removed", "planted recall (GSM8K / MATH)",
+                      "MATH train removed, not near-duplicates"], rows)
+    rows = []
+    for name, g in d["heldout_half_B"].items():
+        m, r = g["math_train"], g["planted_recall"]
+        rows.append([f"paper ({g['min_overlap']:g})" if name == "paper" else f"min_overlap {g['min_overlap']:g}",
+                     f"{_of(g['clean_math_removed'], g['clean_math_pages'])}, "
+                     f"{_of(g['clean_other_removed'], g['clean_other_pages'])}",
+                     f"{g['planted_recall_all']} (GSM8K {r['gsm8k']}, MATH {r['math']})",
+                     _of(g["gsm8k_train"]["removed"], g["gsm8k_train"]["rows"]), _of(m["removed"], m["rows"]),
+                     str(m["near_duplicates_removed"]),
+                     f"{m['rest_removed']:,}{_share(m['rest_removed'], m['rows'])}"])
+    return table(["rule", "half B: clean math / other pages removed", f"planted recall ({d['planted_items']:,} pages)",
+                  "GSM8K train removed", "MATH train removed", "of which near-duplicates", "the rest"], rows)
+
+
+def extractors(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/extractors.py: a row per layout, extractor and math pass; the worst text recall and boilerplate over
+    the math styles, the formulas kept per style, the mean ms per page."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in ds[0]["results"]:
+        groups.setdefault((r["layout"], r["extractor"], r["math_pass"]), []).append(r)
+    styles = {"tex": "TeX", "mathjax": "MathJax", "mathml_tex": "MathML+TeX", "mathml_alttext": "MathML alttext",
+              "mathml_bare": "bare MathML"}
+    rows = []
+    for (layout, ex, math), rs in groups.items():
+        by = {r["style"]: r for r in rs}
+        rows.append([layout, "none (all visible text)" if ex == "none" else ex, "yes" if math else "no",
+                     f3(min(r["text_recall"] for r in rs)), f3(max(r["boilerplate_kept"] for r in rs)),
+                     " / ".join(fx(by[s]["latex_survival"], 2) for s in styles),
+                     fx(statistics.fmean(r["ms_per_page"] for r in rs), 1)])
+    return table(["layout", "extractor", "math pass", "text recall", "boilerplate kept",
+                  "LaTeX kept: " + " / ".join(styles.values()), "ms/page"], rows)
+
+
+def corpus_scale(ds: list[dict], args: str) -> list[str]:
+    """The corpus scale runs: a row per run, by pages, workers, scheduler and code."""
+    def sched(r: dict) -> str:
+        return "own process" if r.get("scheduler") == "external" else "in driver"
+
+    rows = []
+    for r in sorted(ds[0]["runs"], key=lambda r: (r["pages"], r["workers"], sched(r), r["code"])):
+        t = r["timings_s"]
+        rows.append([r["code"], str(r["pages"]), str(r["shards"]), str(r["workers"]), sched(r),
+                     f"{r['stage_wall_s']} ({' / '.join(str(t[k]) for k in ('prepare', 'dedup', 'rounds', 'write'))})",
+                     str(r["pages_per_s_per_worker"]), str(r["driver_peak_mb"]), str(r["worker_peak_mb"]),
+                     str(r.get("scheduler_peak_mb", "-")), f"{fx(r['load_before'][0], 0)} / {fx(r['load_after'][0], 0)}"])
+    return table(["code", "pages", "shards", "workers", "scheduler", "stage s (prepare / dedup / rounds / write)",
+                  "pages/s/worker", "driver MB", "worker MB", "scheduler MB", "load before / after"], rows)
+
+
+def table1(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/table1.py: a row per corpus, few-shot accuracy and held-out loss over seeds (the best in bold)."""
+    d = ds[0]
+    names = {"filtered": "filtered math corpus (all rounds)", "random": "random crawl pages",
+             "round1": "round-1 corpus only", "seed": "seed corpus (OpenWebMath stand-in)"}
+    best_acc = max(s["accuracy_mean_sd"][0] for s in d["summary"].values())
+    best_loss = min(s["heldout_loss_mean_sd"][0] for s in d["summary"].values())
+    rows = []
+    for k, s in d["summary"].items():
+        c, (am, asd), (lm, lsd) = d["corpora"][k], s["accuracy_mean_sd"], s["heldout_loss_mean_sd"]
+        acc, loss = f"{f3(am)} ± {f3(asd)}", f"{f3(lm)} ± {f3(lsd)}"
+        share = "- (not crawl pages)" if c["math_share"] is None else str(round(c["math_share"], 2))
+        rows.append([names.get(k, k), str(c["pages"]), str(c["tokens_chars_div_4"]), share,
+                     ",".join(map(str, s["seeds"])), ", ".join(f"{a:g}" for a in s["accuracy"]),
+                     f"**{acc}**" if am == best_acc else acc, f"**{loss}**" if lm == best_loss else loss])
+    return table(["corpus", "pages", "tokens (chars/4)", "math share", "seeds", "few-shot greedy acc. per seed",
+                  "mean ± sd", "held-out loss (mean ± sd)"], rows)
+
+
+def attacks(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/sandbox_attacks.py's own table (``--table``)."""
+    from benchmarks.sandbox_attacks import markdown
+
+    return markdown(ds[0]).split("\n")
+
+
+def sandbox_ab(ds: list[dict], args: str) -> list[str]:
+    """The sandbox A/B script: programs per second per workload, the baseline, this sandbox and bubblewrap."""
+    rows = [[w, f"{r['baseline_programs_per_s']}/s", f"{r['this_programs_per_s']}/s",
+             f"{fx(r['ratio_of_medians'], 2)} ({fx(r['median_of_round_ratios'], 2)})",
+             f"{r['bwrap_programs_per_s']}/s ({fx(r['bwrap_over_this'], 2)}x)"] for w, r in ds[0]["results"].items()]
+    return table(["workload", f"`{args}`", "this sandbox", "ratio (per-round median)", "bubblewrap"], rows)
+
+
+def ingest(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/ingest_report.py: a row per ingested file."""
+    names = {"gsm8k_train": "GSM8K train", "gsm8k_test": "GSM8K test", "math_train": "MATH train",
+             "math_test": "MATH test", "gsm_hard": "GSM-Hard"}
+    rows = []
+    for k, r in ds[0]["reports"].items():
+        rt, p, calc = r["round_trip"], r["programs"], r.get("gsm8k_calculator")
+        fmt = ", ".join((f"{n:,} " if len(r["by_format"]) > 1 else "") + {"cot": "CoT", "pot": "PoT"}.get(f, f)
+                        for f, n in r["by_format"].items())
+        rows.append([names.get(k, k), f"{r['rows_in']:,}", f"{r['rows_out']:,} ({fmt})",
+                     ", ".join(f"{n} `{s}`" for s, n in r["skipped"].items()) or "-",
+                     f"{rt['ok']:,} / {rt['checked']:,}" if rt["checked"] else "-",
+                     f"{p['ok']:,} / {p['run']:,}" if p["run"] else "-",
+                     _of(calc["last_annotation_equals_gold"], calc["with_annotation"]) if calc else "-"])
+    return table(["file", "rows in", "rows out (format)", "skipped", "response gives the gold",
+                  "programs return the gold", "GSM8K: last calculator result = gold (of the rows with one)"], rows)
+
+
+def _e(x: float) -> str:
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", f"{x:.1e}")
+
+
+def memory(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/memory.py passes: peak memory of the ARGS entry's two passes, logits materialised and chunked."""
+    d = ds[0][args]
+
+    def gib(b: int) -> str:
+        return f"{fx(b / 2**30, 2)} GiB"
+
+    rows = []
+    for key, label in (("logprobs", "log-prob pass (no gradient)"),
+                       ("update", "update pass (forward with entropy, backward)")):
+        p = d[key]
+        diffs = [f"log-probs {_e(p['logprobs_max_abs_diff'])}"]
+        if "entropy_max_abs_diff" in p:
+            diffs += [f"entropy {_e(p['entropy_max_abs_diff'])}", f"gradients {_e(p['grad_max_rel_diff'])} relative"]
+        rows.append([label, gib(p["before"]["peak_bytes"]),
+                     f"{gib(p['after']['peak_bytes'])} ({fx(p['peak_ratio'], 1)}x less)", ", ".join(diffs)])
+    return table(["pass", "materialised logits", f"chunked ({d['chunk_tokens']} positions)", "max difference"], rows)
+
+
 RENDERERS: dict[str, Callable[[list[dict], str], list[str]]] = {
     f.__name__: f for f in (stage_walls, heldout, curve, rm_auc, iterations, chunks, tir_modes, sampler_runs, sampler_lr0,
-                             diagnose, r1_train)}
+                             diagnose, r1_train, decontam, extractors, corpus_scale, table1, attacks, sandbox_ab, ingest,
+                             memory)}
 
 
 # ---- the dated line
@@ -364,14 +513,15 @@ def _loads(d: Any) -> list[float]:
     return out
 
 
-def dated(name: str, d: dict) -> str:
-    """One line: the file, its date and the machine and load it records."""
+def dated(name: str, d: dict, entry: str = "") -> str:
+    """One line: the file (and the entry of it), its date and the machine and load it records."""
     when = d.get("measured_at") or d.get("date")
     if not when and (m := re.match(r"\d{4}-\d\d-\d\d", str(d.get("note", "")))):
         when = m.group(0)
     if not when and (m := re.search(r"(\d{4})-?(\d\d)-?(\d\d)", name)):
         when = "-".join(m.groups())
-    parts = [f"`benchmarks/results/{name}`", f"measured {str(when)[:16].replace('T', ' ')}" if when else "undated"]
+    parts = [f"`benchmarks/results/{name}`" + (f" `{entry}`" if entry else ""),
+             f"measured {str(when)[:16].replace('T', ' ')}" if when else "undated"]
     cpus = {r["machine"]["cpu"] for r in d.get("runs", []) if isinstance(r, dict) and "machine" in r}
     if isinstance(d.get("machine"), dict) and "cpu" in d["machine"]:
         cpus.add(d["machine"]["cpu"])
@@ -391,7 +541,9 @@ def render(renderer: str, spec: str, results: Path = RESULTS) -> list[str]:
     args = " ".join(t for t in spec.split() if not t.endswith(".json"))
     ds = [json.loads((results / f).read_text(encoding="utf-8")) for f in files]
     lines = RENDERERS[renderer](ds, args)
-    return [*lines, "", "; ".join(dated(f, d) for f, d in zip(files, ds, strict=True))]
+    # where ARGS names one entry of a JSON of several (memory.json's runs), the dated line is that entry's
+    return [*lines, "", "; ".join(dated(f, d[args], args) if isinstance(d.get(args), dict) else dated(f, d)
+                                  for f, d in zip(files, ds, strict=True))]
 
 
 def regenerate(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
