@@ -190,7 +190,7 @@ def case_files() -> list[str]:
     from stages import base_model
     from stages.core.model_files import model_dir_problem
     from stages.core.modeling import save_model
-    from stages.core.problems import read_source
+    from stages.core.ingestion import read_source
     from stages.schema.base_model import BaseModelParams
 
     d = Path(tempfile.mkdtemp(prefix="dsm-files-"))
