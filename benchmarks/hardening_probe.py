@@ -188,9 +188,9 @@ def case_files() -> list[str]:
     import datasets
 
     from stages import base_model
+    from stages.core.ingestion import read_source
     from stages.core.model_files import model_dir_problem
     from stages.core.modeling import save_model
-    from stages.core.ingestion import read_source
     from stages.schema.base_model import BaseModelParams
 
     d = Path(tempfile.mkdtemp(prefix="dsm-files-"))
