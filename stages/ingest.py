@@ -3,10 +3,10 @@ into the pipeline's rows, checked, decontaminated, with a report of every row it
 
 For each data set (:func:`stages.core.ingestion.convert`, shared with the testsets stage):
 
-1. read the rows (:func:`stages.core.problems.read_source`: a local JSONL / Parquet file or directory, a
+1. read the rows (:func:`stages.core.ingestion.read_source`: a local JSONL / Parquet file or directory, a
    ``save_to_disk`` directory; a hub data set is read from the snapshot ``python -m stages.ingest fetch`` saved,
    checked against its pin), keep those ``match`` selects, convert each with its adapter
-   (:data:`stages.core.problems.ADAPTERS`); a row the adapter cannot convert is a counted skip (its reason);
+   (:data:`stages.core.ingestion.ADAPTERS`); a row the adapter cannot convert is a counted skip (its reason);
 2. run every program (PoT rows) in the sandbox: a row is kept only when the program returns the gold
    (``program_failed``: no value; ``program_wrong``: another value); a row without a gold of its own (an
    instruction set's PoT row) gets the value its program returns;

@@ -1,8 +1,10 @@
 """Data sets into pipeline rows, checked: the conversion the ingest and testsets stages share.
 
-:func:`convert` reads one data set (:func:`stages.core.problems.read_source`; a hub data set from the snapshot
-``python -m stages.ingest fetch`` saved, checked against its pin), keeps the rows ``match`` selects, converts each
-with its adapter (:data:`stages.core.problems.ADAPTERS`: a row the adapter cannot convert is a counted skip),
+:func:`convert` reads one data set (:func:`read_source`: a local JSONL / Parquet file, a directory of them, a
+``datasets`` ``save_to_disk`` directory, or a hub data set from the snapshot ``python -m stages.ingest fetch``
+saved, checked against its pin), keeps the rows ``match`` selects, converts each
+with its adapter (:data:`ADAPTERS`: GSM8K, MATH, MathInstruct-style instruction sets, PAL-style program sets, a
+generic field mapping and the pipeline's own rows; a row the adapter cannot convert is a counted skip),
 runs every program (PoT rows; not those of the pipeline's own rows, checked where they were made) in the sandbox
 (kept only when it returns the gold: ``program_failed`` / ``program_wrong``; a row without a gold of its own gets the
 value its program returns), and checks the round trip:
@@ -15,18 +17,21 @@ GSM8K how often the last calculator annotation equals the gold.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stages.core import paths
-from stages.core.errors import PipelineError
-from stages.core.io import split_timings, write_json, write_timings
-from stages.core.problems import ADAPTERS, read_source
+from stages.core.answers import extract_answer, gsm8k_gold
+from stages.core.errors import PipelineError, cause
+from stages.core.io import iter_jsonl, split_timings, write_json, write_timings
+from stages.core.problems import FAMILIES, math_level, strip_calculator
 from stages.schema.datasets import DatasetSpec
 
 HUB_PIN = "hub.json"
@@ -250,3 +255,318 @@ def write_report(stage: str, name: str, report: dict[str, Any]) -> dict[str, Any
     write_json(paths.metrics_file(f"{stage}_{name}"), metrics)
     write_timings(f"{stage}_{name}", timings)
     return {**metrics, **(timings or {})}
+
+
+# =============================================================================================
+# Reading a data set (:func:`read_source`) and converting its rows (:data:`ADAPTERS`)
+
+PIPELINE_FIELDS = ("id", "question", "answer", "cot", "pot", "tir", "format", "benchmark", "difficulty", "source")
+"""The fields every ingested row has (``cot`` / ``pot`` / ``tir`` None when absent), plus what an adapter keeps:
+``level`` and ``type`` (MATH), ``calculator_last`` (GSM8K), ``n_steps`` / ``values`` (pipeline rows)."""
+
+_CALC = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
+_BOXED = re.compile(r"\\boxed\s*(\{\s*[^}\s]|[^\s{}$])")  # a \boxed{x} or \boxed x with something in it
+
+
+@dataclass(frozen=True)
+class Converted:
+    """One source row after its adapter: a pipeline row, or the reason it is skipped (and a short detail)."""
+
+    row: dict[str, Any] | None
+    skip: str | None = None
+    detail: str = ""
+    gold_from_program: bool = False
+    """The row has no gold of its own: it is the value its program returns (the ingest stage runs it)."""
+    note: str | None = None
+    """Something about how the row was converted that the report counts (``gold_from_solution``)."""
+
+
+def _skip(reason: str, detail: str = "") -> Converted:
+    return Converted(None, reason, detail[:300])
+
+
+def _field(row: Mapping[str, Any], fields: Mapping[str, str], name: str) -> Any:
+    """Source column ``fields.get(name, name)`` of ``row`` (the adapters' own names, renamable)."""
+    return row.get(fields.get(name, name))
+
+
+def _str_or_none(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v if v.strip() else None
+    return None
+
+
+def number_text(v: Any) -> str | None:
+    """A numeric gold as text: integers without ``.0`` (PAL targets are floats: ``3431580.0`` -> ``3431580``),
+    other floats by ``repr``; strings stripped; None / NaN / bool -> None."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return None
+        return str(int(v)) if v.is_integer() and abs(v) < 2**63 else repr(v)
+    if isinstance(v, str) and v.strip():
+        return v.strip()
+    return None
+
+
+def boxed_response(reasoning: str, gold: str) -> str:
+    """A chain-of-thought response ending in the boxed gold (the answer format of the prompts' instruction)."""
+    return f"{reasoning.strip()}\nThe answer is $\\boxed{{{gold}}}$."
+
+
+def _base(i: int, name: str, fields: Mapping[str, str], row: Mapping[str, Any], prefix: str) -> str:
+    pid = _field(row, fields, "id")
+    return str(pid) if isinstance(pid, (str, int)) and not isinstance(pid, bool) and str(pid) else f"{prefix}-{i}"
+
+
+def _adapt_gsm8k(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str, str]) -> Converted:
+    """GSM8K ``{question, answer: "... <<a*b=c>>c ...\\n#### N"}``: gold N (commas removed); CoT = the rationale
+    without calculator annotations, then ``The answer is $\\boxed{N}$.``; difficulty = rationale lines;
+    ``calculator_last`` = the result of the last annotation (a diagnostic: does it equal the gold?)."""
+    q, a = _str_or_none(_field(row, fields, "question")), _str_or_none(_field(row, fields, "answer"))
+    if q is None:
+        return _skip("no_question")
+    if a is None or "####" not in a:
+        return _skip("no_gold", f"answer without a '#### N' line: {a!r}")
+    gold = gsm8k_gold(a)
+    if not gold:
+        return _skip("no_gold", f"empty '####' line: {a[-80:]!r}")
+    rationale = a.split("####")[0]
+    calcs = _CALC.findall(rationale)
+    steps = [ln for ln in rationale.splitlines() if ln.strip()]
+    return Converted({
+        "id": _base(i, name, fields, row, name), "question": q, "answer": gold,
+        "cot": boxed_response(strip_calculator(rationale), gold), "pot": None, "tir": None, "format": "cot",
+        "benchmark": "gsm8k", "difficulty": len(steps), "source": name,
+        "calculator_last": calcs[-1][1].strip() if calcs else None})
+
+
+def _adapt_math(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str, str]) -> Converted:
+    """MATH ``{problem, solution, answer, level, type, unique_id}``: gold = ``answer`` (else the solution's last
+    ``\\boxed{}``), CoT = the solution as written, difficulty = level (``3`` or ``"Level 3"``), type kept."""
+    q = _str_or_none(_field(row, fields, "problem"))
+    if q is None:
+        return _skip("no_question")
+    sol = _str_or_none(_field(row, fields, "solution"))
+    gold = number_text(_field(row, fields, "answer"))
+    note = None
+    if gold is None and sol is not None and _BOXED.search(sol):
+        gold, note = extract_answer(sol, "math"), "gold_from_solution"
+    if gold is None:
+        return _skip("no_gold", f"no answer and no \\boxed{{}} in the solution: {q[:120]!r}")
+    pid = _field(row, fields, "unique_id")
+    return Converted({
+        "id": str(pid) if isinstance(pid, str) and pid else _base(i, name, fields, row, name), "question": q,
+        "answer": gold, "cot": sol, "pot": None, "tir": None, "format": "cot" if sol else None, "benchmark": "math",
+        "difficulty": math_level(_field(row, fields, "level")), "source": name, "level": _field(row, fields, "level"),
+        "type": _field(row, fields, "type")}, note=note)
+
+
+_POT_SOURCE = re.compile(r"(?<![a-z])pot(?![a-z])|program", re.I)
+
+
+def pot_from_print_program(code: str) -> str | None:
+    """A program that prints its answer (MathInstruct's PoT style) in the pipeline's PoT convention: the code in a
+    ``def solution():`` whose last statement, ``print(x)``, becomes ``return x``. A program that defines
+    ``solution()`` already is returned as is; None when neither applies (unparsable, or the last top-level
+    statement is not a one-argument ``print``)."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    if any(isinstance(n, ast.FunctionDef) and n.name == "solution" for n in tree.body):
+        return code
+    last = tree.body[-1] if tree.body else None
+    if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Name)
+            and last.value.func.id == "print" and len(last.value.args) == 1 and not last.value.keywords):
+        return None
+    lines = code.splitlines()
+    head = lines[: last.lineno - 1]
+    ret = ast.get_source_segment(code, last.value.args[0])
+    body = [("    " + ln) if ln.strip() else "" for ln in head] + [f"    return {ret}"]
+    return "def solution():\n" + "\n".join(body) + "\n"
+
+
+def _adapt_instruct(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str, str]) -> Converted:
+    """MathInstruct-style ``{instruction, output, source}``: a PoT row when ``source`` names PoT / a program
+    (``data/PoT/gsm_gpt4.json``), else CoT. CoT: gold = the answer :func:`~stages.core.answers.extract_answer`
+    finds in the output (none: skipped). PoT: the program in the pipeline's ``def solution()`` convention
+    (:func:`pot_from_print_program`); its gold is the value it returns (run by the ingest stage)."""
+    q, out = _str_or_none(_field(row, fields, "instruction")), _str_or_none(_field(row, fields, "output"))
+    if q is None:
+        return _skip("no_question")
+    if out is None:
+        return _skip("no_response")
+    src = str(_field(row, fields, "source") or "")
+    base = {"id": _base(i, name, fields, row, name), "question": q, "benchmark": "math", "difficulty": None,
+            "source": name, "origin": src or None, "tir": None}
+    if _POT_SOURCE.search(src):
+        prog = pot_from_print_program(out)
+        if prog is None:
+            return _skip("program_form", f"not a solution() function nor ending in print(x): {out[-120:]!r}")
+        return Converted({**base, "answer": None, "cot": None, "pot": prog, "format": "pot"}, gold_from_program=True)
+    gold = extract_answer(out, "math")
+    if gold is None:
+        return _skip("no_gold", f"no answer found in the output: {out[-120:]!r}")
+    return Converted({**base, "answer": gold, "cot": out, "pot": None, "format": "cot"})
+
+
+def _adapt_pal(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str, str]) -> Converted:
+    """PAL-style program sets ``{input, code, target}`` (GSM-Hard): PoT = the ``def solution()`` program, gold =
+    ``target`` (``3431580.0`` -> ``3431580``); the ingest stage checks that the program returns it."""
+    q, code = _str_or_none(_field(row, fields, "input")), _str_or_none(_field(row, fields, "code"))
+    if q is None:
+        return _skip("no_question")
+    if code is None:
+        return _skip("no_program")
+    gold = number_text(_field(row, fields, "target"))
+    if gold is None:
+        return _skip("no_gold", f"target {_field(row, fields, 'target')!r}")
+    return Converted({"id": _base(i, name, fields, row, name), "question": q, "answer": gold, "cot": None,
+                      "pot": code.strip() + "\n", "tir": None, "format": "pot", "benchmark": "gsm8k",
+                      "difficulty": None, "source": name})
+
+
+def _adapt_generic(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str, str]) -> Converted:
+    """Any row through ``fields`` (pipeline field -> source column; unnamed fields use their own name):
+    ``question`` required; ``answer`` (text or number) or, without it, the answer extracted from ``cot`` or the
+    value ``pot`` returns; ``cot`` / ``pot`` / ``tir`` / ``id`` / ``difficulty`` optional."""
+    q = _str_or_none(_field(row, fields, "question"))
+    if q is None:
+        return _skip("no_question")
+    cot, pot, tir = (_str_or_none(_field(row, fields, k)) for k in ("cot", "pot", "tir"))
+    gold = number_text(_field(row, fields, "answer"))
+    from_program = False
+    if gold is None and cot is not None:
+        gold = extract_answer(cot, "math")
+    if gold is None and pot is not None:
+        from_program = True
+    elif gold is None:
+        return _skip("no_gold", f"no answer field and none in the solution: {q[:120]!r}")
+    diff = _field(row, fields, "difficulty")
+    fmt = "cot" if cot else "pot" if pot else "tir" if tir else None
+    return Converted({"id": _base(i, name, fields, row, name), "question": q, "answer": gold, "cot": cot, "pot": pot,
+                      "tir": tir, "format": fmt, "benchmark": "math",
+                      "difficulty": diff if isinstance(diff, int) and not isinstance(diff, bool) else None,
+                      "source": name}, gold_from_program=from_program)
+
+
+def _adapt_pipeline(row: Mapping[str, Any], i: int, name: str, fields: Mapping[str, str]) -> Converted:
+    """The pipeline's own rows (the data stage's problems, earlier ingest output): kept as they are, with the
+    pipeline fields filled in (gold checked as the problem loaders do; ``format`` None: the row may hold several)."""
+    q = _str_or_none(row.get("question"))
+    if q is None:
+        return _skip("no_question")
+    a = row.get("answer")
+    gold = gsm8k_gold(a) if isinstance(a, str) and "####" in a else number_text(a)
+    if not gold:
+        return _skip("no_gold", f"answer {a!r}")
+    family = row.get("benchmark", "generated")
+    if family not in FAMILIES:
+        return _skip("bad_benchmark", f"benchmark {family!r}")
+    diff = row.get("difficulty", row.get("n_steps"))
+    return Converted({**row, "id": _base(i, name, fields, row, name), "question": q, "answer": gold,
+                      **{k: _str_or_none(row.get(k)) for k in ("cot", "pot", "tir")}, "format": row.get("format"),
+                      "benchmark": family, "difficulty": diff if isinstance(diff, int) and not isinstance(diff, bool)
+                      else None, "source": row.get("source", name)})
+
+
+Adapter = Callable[[Mapping[str, Any], int, str, Mapping[str, str]], Converted]
+ADAPTERS: dict[str, Adapter] = {
+    "pipeline": _adapt_pipeline, "gsm8k": _adapt_gsm8k, "math": _adapt_math, "instruct": _adapt_instruct,
+    "pal": _adapt_pal, "generic": _adapt_generic,
+}
+"""Adapter by name: ``(source row, its index, data set name, field renames) -> Converted``."""
+
+
+def read_source(path: str | os.PathLike[str], *, hub: Mapping[str, Any] | None = None, limit: int | None = None
+                ) -> Iterator[dict[str, Any]]:
+    """The rows of a data set, streamed: ``hub`` ``{id, config, split, revision}``:
+    ``datasets.load_dataset(id, config, split=split, revision=revision)`` (``id`` may also be a local dataset
+    directory); else ``path``: a JSONL (``.jsonl`` / ``.json`` lines) or Parquet file, a directory of them (name
+    order), or a ``datasets`` ``save_to_disk`` directory (a Dataset; for a DatasetDict give its split's
+    directory). ``limit``: the first rows only. One-line errors for a missing or unreadable source."""
+    it = _hub_rows(hub) if hub is not None else _local_rows(Path(path))
+    for k, row in enumerate(it):
+        if limit is not None and k >= limit:
+            return
+        yield row
+
+
+def _hub_rows(hub: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(hub["id"], hub.get("config"), split=hub["split"], revision=hub.get("revision"))
+    except Exception as e:  # noqa: BLE001 (network, missing config or split: one line, the cause named)
+        raise PipelineError(f"hub dataset {hub['id']} (config {hub.get('config')}, split {hub['split']}, revision "
+                            f"{hub.get('revision')}): cannot load ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                            "check the id, config, split and revision, and the network") from None
+    yield from ds
+
+
+def _local_rows(p: Path) -> Iterator[dict[str, Any]]:
+    if p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file()):
+        import datasets
+
+        if (p / "dataset_dict.json").is_file():
+            splits = sorted(d.name for d in p.iterdir() if d.is_dir())
+            raise PipelineError(f"{p}: a save_to_disk DatasetDict (splits {splits}); give the split's directory, "
+                                f"e.g. {p / splits[0]}" if splits else f"{p}: an empty DatasetDict")
+        try:
+            ds = datasets.load_from_disk(str(p))
+        except Exception as e:  # noqa: BLE001 - corrupt state.json / arrow files: one line naming the directory
+            raise PipelineError(f"{p}: not a readable datasets directory ({cause(e)}); save it again or fix the "
+                                "path") from None
+        yield from _guarded(p, (ds[i:i + 1024] for i in range(0, len(ds), 1024)), "datasets directory", columns=True)
+        return
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in (".jsonl", ".json", ".parquet"))
+        if not files:
+            raise PipelineError(f"{p}: no .jsonl / .json / .parquet file in the directory; fix the path")
+    elif p.is_file():
+        files = [p]
+    else:
+        raise PipelineError(f"{p}: data set not found; fix the path (a JSONL / Parquet file, a directory of them, or a "
+                            "save_to_disk directory)")
+    for f in files:
+        if f.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            try:
+                pf = pq.ParquetFile(f)
+            except Exception as e:  # noqa: BLE001
+                raise PipelineError(f"{f}: not a readable Parquet file ({cause(e)}); fix or remove it") from None
+            start = 0
+            for g in range(pf.num_row_groups):  # row group by row group: an error names its first row
+                batches = (b.to_pylist() for b in pf.iter_batches(batch_size=1024, row_groups=[g]))
+                yield from _guarded(f, batches, "Parquet", start=start, group=g)
+                start += pf.metadata.row_group(g).num_rows
+        else:
+            yield from iter_jsonl(f)
+
+
+def _guarded(path: Path, batches: Iterator[Any], what: str, columns: bool = False, start: int = 0,
+             group: int | None = None) -> Iterator[dict[str, Any]]:
+    """The rows of ``batches`` (lists of rows, or column dicts with ``columns``); a read that fails part way (a
+    corrupt data page, a truncated arrow file) is a one-line PipelineError naming the file and the first row of the
+    batch that could not be read (``start``: the first row's number; ``group``: the Parquet row group)."""
+    row = start
+    while True:
+        try:
+            batch = next(batches)
+            rows = ([{k: batch[k][j] for k in batch} for j in range(len(next(iter(batch.values()), [])))]
+                    if columns else batch)
+        except StopIteration:
+            return
+        except Exception as e:  # noqa: BLE001 - pyarrow / datasets raise many types for corrupt data
+            where = f"rows from {row}" + (f" (row group {group})" if group is not None else "")
+            raise PipelineError(f"{path}: {where}: corrupt {what} data ({cause(e)}); re-create or re-download the "
+                                "file") from None
+        yield from rows
+        row += len(rows)

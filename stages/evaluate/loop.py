@@ -1,4 +1,5 @@
-"""The evaluation loop: generate, run programs (PoT / TIR), extract answers, judge them, checkpoint.
+"""The evaluation loop: generate, run programs (PoT / TIR), extract answers, judge them, checkpoint; the summary
+of a greedy run (:func:`greedy_summary`, which GRPO's held-out curve reports too).
 
 One *run* is a (benchmark, mode, decoding) triple, e.g. ``generated_cot_greedy`` or ``gsm8k_cot_sample``.
 Its problems are processed in fixed batches of ``batch_size``; each finished batch is appended to the
@@ -33,6 +34,7 @@ from stages.core.generation import SamplingParams
 from stages.core.io import iter_jsonl
 from stages.core.problems import Problem
 from stages.core.prompts import PromptFormat, prompt_format
+from stages.core.stats import mean_se
 from stages.core.tool_loop import Stream, pot_program, run_loop  # noqa: F401 - pot_program: read from here too
 from stages.evaluate.benchmarks import build_prompt, stop_strings
 
@@ -153,6 +155,37 @@ def judge(flat: list[dict[str, Any]], golds: list[str], family: str, mode: str, 
             c["answers"] = preds["strict"][i]
         c["verdicts"] = {k: v[i] for k, v in verdicts.items()}
         c["correct"] = verdicts[s.checker][i] == RIGHT
+
+
+def frac(xs: Any) -> float:
+    """The share of true values among ``xs``, to 4 digits (0 for none)."""
+    xs = list(xs)
+    return round(sum(bool(x) for x in xs) / len(xs), 4) if xs else 0.0
+
+
+def greedy_summary(records: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    """The metrics of a greedy run (one completion per problem, in ``mode``): accuracy with its standard error,
+    no-answer and truncated shares, mean tokens, per difficulty and per problem."""
+    comps = [r["completions"][0] for r in records]
+    acc, se = mean_se([float(x["correct"]) for x in comps])
+    out: dict[str, Any] = {
+        "acc": round(acc, 4),
+        "acc_se": round(se, 4),
+        "n": len(records),
+        "no_answer": frac(x["answer"] is None for x in comps),
+        "truncated": frac(x["finish_reason"] == "length" for x in comps),
+        "mean_tokens": round(sum(x["n_tokens"] for x in comps) / max(1, len(comps)), 2),
+    }
+    if mode == "pot":
+        out["exec_ok"] = frac(x.get("exec_status") == "ok" for x in comps)
+    if mode == "tir":
+        out["mean_executions"] = round(sum(x.get("executions", 0) for x in comps) / max(1, len(comps)), 3)
+    by: dict[str, list[bool]] = {}
+    for r, x in zip(records, comps, strict=True):
+        by.setdefault(str(r["difficulty"]), []).append(x["correct"])
+    out["by_difficulty"] = {d: {"acc": frac(v), "n": len(v)} for d, v in sorted(by.items())}
+    out["per_problem"] = {"ids": [r["id"] for r in records], "acc": [int(x["correct"]) for x in comps]}
+    return out
 
 
 def read_checkpoint(path: Path) -> dict[str, dict[str, Any]]:

@@ -27,7 +27,6 @@ import itertools
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
 
 from stages.core.stats import mean_se, paired_bootstrap
 
@@ -138,35 +137,4 @@ def sample_metrics(keys: Sequence[str | None], correct: Sequence[bool], ks: Sequ
     for k in ks:
         out[f"pass@{k}"] = pass_at_k(n, c, k)
         out[f"maj@{k}"] = maj_at_k(classes, class_correct, k, max_subsets=max_subsets, rng=rng)
-    return out
-
-
-def frac(xs: Any) -> float:
-    """The share of true values among ``xs``, to 4 digits (0 for none)."""
-    xs = list(xs)
-    return round(sum(bool(x) for x in xs) / len(xs), 4) if xs else 0.0
-
-
-def greedy_summary(records: list[dict[str, Any]], mode: str) -> dict[str, Any]:
-    """The metrics of a greedy run (one completion per problem, in ``mode``): accuracy with its standard error,
-    no-answer and truncated shares, mean tokens, per difficulty and per problem."""
-    comps = [r["completions"][0] for r in records]
-    acc, se = mean_se([float(x["correct"]) for x in comps])
-    out: dict[str, Any] = {
-        "acc": round(acc, 4),
-        "acc_se": round(se, 4),
-        "n": len(records),
-        "no_answer": frac(x["answer"] is None for x in comps),
-        "truncated": frac(x["finish_reason"] == "length" for x in comps),
-        "mean_tokens": round(sum(x["n_tokens"] for x in comps) / max(1, len(comps)), 2),
-    }
-    if mode == "pot":
-        out["exec_ok"] = frac(x.get("exec_status") == "ok" for x in comps)
-    if mode == "tir":
-        out["mean_executions"] = round(sum(x.get("executions", 0) for x in comps) / max(1, len(comps)), 3)
-    by: dict[str, list[bool]] = {}
-    for r, x in zip(records, comps, strict=True):
-        by.setdefault(str(r["difficulty"]), []).append(x["correct"])
-    out["by_difficulty"] = {d: {"acc": frac(v), "n": len(v)} for d, v in sorted(by.items())}
-    out["per_problem"] = {"ids": [r["id"] for r in records], "acc": [int(x["correct"]) for x in comps]}
     return out

@@ -40,8 +40,8 @@ from stages.core.plots import write_table
 from stages.core.problems import Problem, load_problem_file
 from stages.core.progress import Throughput, describe
 from stages.evaluate.benchmarks import build_prompt, check_supported, fewshot_exemplars
-from stages.evaluate.loop import LoopSettings, RunSpec, generator_format, run_one
-from stages.evaluate.metrics import default_ks, frac, greedy_summary, mean_se, sample_metrics
+from stages.evaluate.loop import LoopSettings, RunSpec, frac, generator_format, greedy_summary, run_one
+from stages.evaluate.metrics import default_ks, mean_se, sample_metrics
 from stages.schema.evaluate import EvalCommonParams, EvalModelParams, EvaluateParams
 
 _CODE_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "core")
@@ -123,7 +123,7 @@ def summarize(records: list[dict[str, Any]], spec: RunSpec, c: EvalCommonParams 
     """Metrics of one run under the headline checker mode: greedy accuracy, or avg@n / pass@k / maj@k, each with its
     standard error over problems; overall and per difficulty; the verifier-sensitivity table; per-problem scores.
     ``c``: the evaluation's settings (a greedy run needs none; GRPO's held-out curve takes the greedy part alone,
-    stages.evaluate.metrics.greedy_summary, its records judged with the loop's default headline mode, strict)."""
+    stages.evaluate.loop.greedy_summary, its records judged with the loop's default headline mode, strict)."""
     mode = c.checker.headline if c is not None else "strict"
     if spec.decoding == "greedy":
         out = greedy_summary(records, spec.mode)

@@ -2,11 +2,11 @@
 step, every ``every`` steps and after the last, scored by the evaluation stage's own code.
 
 A held-out evaluation is one greedy zero-shot CoT run of stages/evaluate/loop.py (``evaluate_batch``: the prompt,
-the stop strings, answer extraction and the equivalence check of ``evaluate@<model>``) summarised by
-stages/evaluate/metrics.py's ``greedy_summary`` (the evaluation stage's summary of a greedy run), on the rollout generator (synced to the policy). For the same checkpoint,
-problems and generation limit it gives the accuracy ``evaluate`` reports (tests/rl/test_heldout.py). The prompt is
-the RL template's (``grpo.template``): for ``deepseekmath`` that is the model's own zero-shot prompt, the one
-``evaluate`` uses; ``r1`` prompts as the policy is trained.
+the stop strings, answer extraction and the equivalence check of ``evaluate@<model>``) summarised by its
+``greedy_summary`` (the evaluation stage's summary of a greedy run), on the rollout generator (synced to the policy).
+For the same checkpoint, problems and generation limit it gives the accuracy ``evaluate`` reports
+(tests/rl/test_heldout.py). The prompt is the RL template's (``grpo.template``): for ``deepseekmath`` that is the
+model's own zero-shot prompt, the one ``evaluate`` uses; ``r1`` prompts as the policy is trained.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Any
 from stages.core import paths
 from stages.core.problems import Problem, load_problem_file
 from stages.core.prompts import rl_prompt
-from stages.evaluate.loop import LoopSettings, RunSpec, evaluate_batch
-from stages.evaluate.metrics import greedy_summary
+from stages.evaluate.loop import LoopSettings, RunSpec, evaluate_batch, greedy_summary
 
 
 @dataclass(frozen=True)

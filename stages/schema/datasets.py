@@ -10,7 +10,7 @@ from pydantic import field_validator
 from stages.schema.base import PosInt, Section
 
 Adapter = Literal["pipeline", "gsm8k", "math", "instruct", "pal", "generic"]
-"""How source rows become pipeline rows (stages/core/problems.py, ``ADAPTERS``)."""
+"""How source rows become pipeline rows (stages/core/ingestion.py, ``ADAPTERS``)."""
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 

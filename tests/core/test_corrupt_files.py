@@ -14,9 +14,9 @@ import pytest
 
 from stages import base_model
 from stages.core.errors import PipelineError
+from stages.core.ingestion import read_source
 from stages.core.model_files import model_dir_problem, safetensors_header
 from stages.core.modeling import load_tokenizer, save_model
-from stages.core.problems import read_source
 from stages.corpus.shards import iter_pages, plan_shards
 from tests.test_base_model import TEXTS, _params
 

@@ -11,15 +11,8 @@ from typing import Any
 import pytest
 
 from stages.core.errors import PipelineError
-from stages.core.ingestion import convert
-from stages.core.problems import (
-    ADAPTERS,
-    load_problem_file,
-    load_rows,
-    number_text,
-    pot_from_print_program,
-    read_source,
-)
+from stages.core.ingestion import ADAPTERS, convert, number_text, pot_from_print_program, read_source
+from stages.core.problems import load_problem_file, load_rows
 from stages.schema.datasets import DatasetSpec
 
 GSM = [

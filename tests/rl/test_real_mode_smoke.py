@@ -36,7 +36,7 @@ N_SFT, N_RL, N_TEST = 24, 8, 4
 
 def _rows(path: Path, n: int, start: int = 0) -> list[dict[str, Any]]:
     """GSM8K rows ``start`` .. ``start + n`` as pipeline rows (the ingest stages' GSM8K adapter)."""
-    from stages.core.problems import ADAPTERS
+    from stages.core.ingestion import ADAPTERS
 
     out = []
     with open(path, encoding="utf-8") as f:
