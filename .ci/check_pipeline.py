@@ -36,14 +36,17 @@ def sh(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
     return wall, proc.stdout
 
 
-def greedy_accuracy(metrics_dir: Path) -> dict[str, float]:
-    """{model: greedy CoT accuracy on the held-out problems} from data/metrics/evaluate_<model>.json."""
+def held_out(metrics_dir: Path) -> dict[str, dict[str, float]]:
+    """{model: {"cot greedy", "cot pass@8", "cot maj@8", "pot greedy", "tir greedy": accuracy}} on the held-out
+    generated problems, from data/metrics/evaluate_<model>.json (the keys a model's evaluation has)."""
     out = {}
     for f in sorted(metrics_dir.glob("evaluate_*.json")):
-        m = json.loads(f.read_text())
-        acc = m.get("generated", {}).get("cot", {}).get("greedy", {}).get("acc")
-        if acc is not None:
-            out[f.stem.removeprefix("evaluate_")] = acc
+        gen = json.loads(f.read_text()).get("generated", {})
+        got = {f"{mode} greedy": gen[mode]["greedy"]["acc"] for mode in ("cot", "pot", "tir")
+               if "acc" in gen.get(mode, {}).get("greedy", {})}
+        got |= {f"cot {k}": v for k, v in gen.get("cot", {}).get("sample", {}).items() if k in ("pass@8", "maj@8")}
+        if got:
+            out[f.stem.removeprefix("evaluate_")] = got
     return out
 
 
@@ -108,7 +111,10 @@ def main() -> int:
         report_check = check_report(clone, env) if not targets or "report" in targets else "not run"
         if report_check.startswith("FAILED"):
             failures.append(report_check)
-        acc = greedy_accuracy(metrics_dir)
+        evaluated = held_out(metrics_dir)
+        acc = {m: e["cot greedy"] for m, e in evaluated.items() if "cot greedy" in e}
+        hardware = json.loads((metrics_dir / "sft.json").read_text()).get("hardware", {}) \
+            if (metrics_dir / "sft.json").is_file() else {}
         learning = []
         if {"grpo", "sft", "pretrain"} <= set(acc):
             if not acc["grpo"] > acc["sft"]:
@@ -123,7 +129,11 @@ def main() -> int:
                    "pipeline_wall_s": round(total, 1), "orchestration_s": round(orchestration, 1),
                    "orchestration_fraction": round(orchestration / total, 4),
                    "noop_repro_s": round(noop, 2), "noop_repro_runs_s": noops,
-                   "stages": rows, "greedy_accuracy": acc, "report_page": report_check, "failures": failures}
+                   "stages": rows, "greedy_accuracy": acc, "held_out": evaluated, "report_page": report_check,
+                   "failures": failures,
+                   "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, text=True,
+                                            capture_output=True).stdout.strip(),
+                   "measured_at": time.strftime("%Y-%m-%dT%H:%M"), "hardware": hardware}
     print(f"{'stage':<14}{'wall_s':>8}")
     for r in rows:
         print(f"{r['stage']:<14}{r['wall_s']:>8}")

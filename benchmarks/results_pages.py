@@ -119,8 +119,18 @@ def stage_walls(ds: list[dict], args: str) -> list[str]:
 
 
 def heldout(ds: list[dict], args: str) -> list[str]:
-    """Held-out greedy CoT accuracy per model, a column per JSON: a .ci/check_pipeline.py record
-    (``greedy_accuracy``) or benchmarks/load.py's runs (the last idle run)."""
+    """Held-out accuracy per model: one .ci/check_pipeline.py record with ``held_out`` gives every mode's figures;
+    else greedy CoT, a column per JSON: a check_pipeline record (``greedy_accuracy``) or benchmarks/load.py's runs
+    (the last idle run)."""
+    models = [("base", "base (untrained)", "few-shot"), ("pretrain", "pretrain", "few-shot"), ("sft", "sft", "zero-shot"),
+              ("sft_continued", "sft_continued (baseline)", "zero-shot"), ("grpo", "grpo", "zero-shot")]
+    if len(ds) == 1 and "held_out" in ds[0]:  # one CI run's every held-out figure (.ci/check_pipeline.py)
+        h = ds[0]["held_out"]
+        get = lambda m, k: f3(h[m][k]) if k in h.get(m, {}) else "-"  # noqa: E731
+        return table(["model", "prompting", "CoT greedy", "CoT pass@8 / maj@8", "PoT greedy", "TIR greedy"],
+                     [[label, prompting, get(m, "cot greedy"),
+                       f"{get(m, 'cot pass@8')} / {get(m, 'cot maj@8')}" if "cot pass@8" in h.get(m, {}) else "-",
+                       get(m, "pot greedy"), get(m, "tir greedy")] for m, label, prompting in models])
     cols = split(args)
     accs = []
     for d in ds:
@@ -128,8 +138,6 @@ def heldout(ds: list[dict], args: str) -> list[str]:
             accs.append(d["greedy_accuracy"])
         else:
             accs.append([r for r in d["runs"] if r["load"] == "idle"][-1]["heldout_greedy_cot"])
-    models = [("base", "base (untrained)", "few-shot"), ("pretrain", "pretrain", "few-shot"), ("sft", "sft", "zero-shot"),
-              ("sft_continued", "sft_continued (baseline)", "zero-shot"), ("grpo", "grpo", "zero-shot")]
     rows = [[label, prompting, *(f3(a[m]) for a in accs)] for m, label, prompting in models]
     return table(["model", "prompting", *(f"CoT greedy, {c}" for c in cols)], rows)
 
@@ -525,6 +533,8 @@ def dated(name: str, d: dict, entry: str = "") -> str:
     cpus = {r["machine"]["cpu"] for r in d.get("runs", []) if isinstance(r, dict) and "machine" in r}
     if isinstance(d.get("machine"), dict) and "cpu" in d["machine"]:
         cpus.add(d["machine"]["cpu"])
+    if isinstance(d.get("hardware"), dict) and "device" in d["hardware"]:
+        cpus.add(f"{d['hardware']['device']}, commit {d.get('commit', '?')}")
     parts += sorted(cpus)
     loads = [x for x in _loads(d) if x == x]  # drop NaN
     if loads:
