@@ -4,6 +4,7 @@ stage ran (fp32, or bf16 where the stage's ``hardware`` record says so), with ea
 
     python benchmarks/stage_mfu.py RUN_DIR                   # a finished run (data/timings, data/metrics)
     python benchmarks/stage_mfu.py RUN_DIR --walls benchmarks/results/load_2026-12-06.json:I   # another run's walls
+    python benchmarks/stage_mfu.py RUN_DIR --walls OTHER_RUN_DIR     # the walls of another run of the same work
     python benchmarks/stage_mfu.py RUN_DIR --label after --out benchmarks/results/stage_mfu.json  # append a row set
 
 The peak is measured here and now: one core's best FLOP per CPU-second on square GEMMs (1 thread, process CPU time,
@@ -77,7 +78,7 @@ def stage_rows(run: Path, walls: dict[str, float] | None, peaks: dict[str, float
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a finished run of the pipeline (its data/timings and data/metrics)")
-    ap.add_argument("--walls", default=None, metavar="FILE:LABEL", help="stage walls of run LABEL in a load.py file")
+    ap.add_argument("--walls", default=None, metavar="FILE:LABEL", help="stage walls of run LABEL in a load.py file, or of another run's directory")
     ap.add_argument("--label", default="run")
     ap.add_argument("--out", type=Path, default=None, help="append the table to this JSON file")
     a = ap.parse_args()
@@ -87,7 +88,9 @@ def main() -> int:
     peaks = {"fp32": core_peak(torch.float32) * (os.cpu_count() or 1),
              "bf16": core_peak(torch.bfloat16) * (os.cpu_count() or 1)}
     walls = None
-    if a.walls:
+    if a.walls and Path(a.walls).is_dir():  # another finished run's own data/timings
+        walls = {row["stage"]: row["wall_s"] for row in stage_rows(Path(a.walls), None, peaks)}
+    elif a.walls:
         path, _, label = a.walls.rpartition(":")
         run = next(r for r in json.loads(Path(path).read_text())["runs"] if r["code"] == label)
         walls = {s: v["wall_s"] for s, v in run["stages"].items()}
