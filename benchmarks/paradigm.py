@@ -120,6 +120,12 @@ def parse_name(name: str, tag: str) -> tuple[str, int] | None:
     return m.group(1).replace("-", "_"), int(m.group(2))
 
 
+def force(override: str) -> str:
+    """``KEY=VALUE`` as ``++KEY=VALUE`` (Hydra's add-or-override): params.yaml names only what differs from the
+    schema's defaults, and a plain ``-S`` of a key the file does not name is refused by DVC."""
+    return override if override.startswith(("+", "~")) else f"++{override}"
+
+
 def queue_command(name: str, method: str, seed: int, *, heldout_every: int, heldout_limit: int | None,
                   sets: Sequence[str], copy_paths: Sequence[str]) -> list[str]:
     """The ``dvc exp run --queue`` arguments (after ``dvc``) of one run."""
@@ -128,10 +134,8 @@ def queue_command(name: str, method: str, seed: int, *, heldout_every: int, held
     if heldout_limit is not None:
         params["grpo.heldout.limit"] = str(heldout_limit)
     cmd = ["exp", "run", "--queue", "-s", "-n", name]
-    for k, v in params.items():
-        cmd += ["-S", f"{k}={v}"]
-    for s in sets:
-        cmd += ["-S", s]
+    for s in [f"{k}={v}" for k, v in params.items()] + list(sets):
+        cmd += ["-S", force(s)]
     for c in copy_paths:
         cmd += ["-C", c]
     return cmd + ["grpo"]

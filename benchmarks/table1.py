@@ -146,7 +146,7 @@ def run_one(project: Path, name: str, corpus: str, seed: int, steps: int, warmup
         sets.append(f"evaluate.models.pretrain.limit={limit}")
     args = ["exp", "run", "-s", "-n", name]
     for s in sets:
-        args += ["-S", s]
+        args += ["-S", s if s.startswith(("+", "~")) else f"++{s}"]  # keys params.yaml may not name (defaults)
     t, load = time.perf_counter(), os.getloadavg()
     dvc(project, *args, "pretrain", "evaluate@pretrain")
     pre = json.loads((project / "data" / "metrics" / "pretrain.json").read_text())

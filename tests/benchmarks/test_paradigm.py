@@ -39,9 +39,9 @@ def test_queue_command_sets_method_seed_curve_and_overrides() -> None:
                           copy_paths=["data/models/sft"])
     assert cmd[:5] == ["exp", "run", "--queue", "-s", "-n"] and cmd[5] == "n1" and cmd[-1] == "grpo"
     sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-S"]
-    assert {"grpo.algorithm=grpo", "grpo.reward.source=process_rm", "grpo.seed=3", "grpo.heldout.every=5",
-            "grpo.heldout.limit=50", "grpo.baseline.enabled=false", "grpo.steps=2"} <= set(sets)
-    assert sets.index("grpo.steps=2") > sets.index("grpo.seed=3")  # user overrides come last and win
+    assert {"++grpo.algorithm=grpo", "++grpo.reward.source=process_rm", "++grpo.seed=3", "++grpo.heldout.every=5",
+            "++grpo.heldout.limit=50", "++grpo.baseline.enabled=false", "++grpo.steps=2"} <= set(sets)
+    assert sets.index("++grpo.steps=2") > sets.index("++grpo.seed=3")  # user overrides come last and win
     assert cmd[cmd.index("-C") + 1] == "data/models/sft"
 
 
