@@ -493,10 +493,27 @@ def memory(ds: list[dict], args: str) -> list[str]:
     return table(["pass", "materialised logits", f"chunked ({d['chunk_tokens']} positions)", "max difference"], rows)
 
 
+def stage_mfu(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/stage_mfu.py's row sets ARGS (indices into ``runs``, e.g. ``3 4``: before, after) side by side:
+    each stage's wall s and MFU, with the machine's measured peaks and the evaluations' total under the table."""
+    runs = [ds[0]["runs"][int(i)] for i in args.split()]
+    stages = [r["stage"] for r in runs[-1]["stages"] if r["gflop"]]
+    by = [{r["stage"]: r for r in run["stages"]} for run in runs]
+    cell = lambda r: f"{fx(r['wall_s'], 1)} / {100 * r['mfu']:.1f}% ({r['precision']})" if r and r["mfu"] else "-"  # noqa: E731
+    names = [run["label"].split(":")[0] for run in runs]
+    rows = [[s, *(cell(b.get(s)) for b in by)] for s in stages]
+    rows.append(["evaluation, s of all stages", *(
+        f"{fx(sum(r['wall_s'] for r in run['stages'] if r['stage'].startswith('evaluate@')), 0)} of "
+        f"{fx(sum(r['wall_s'] for r in run['stages']), 0)}" for run in runs)])
+    rows.append(["peak, GFLOP/s fp32 / bf16", *(
+        f"{fx(run['peak_tflops']['fp32'] * 1e3, 0)} / {fx(run['peak_tflops']['bf16'] * 1e3, 0)}" for run in runs)])
+    return table(["stage", *(f"{n}: wall s / MFU" for n in names)], rows)
+
+
 RENDERERS: dict[str, Callable[[list[dict], str], list[str]]] = {
     f.__name__: f for f in (stage_walls, heldout, curve, rm_auc, iterations, chunks, tir_modes, sampler_runs, sampler_lr0,
                              diagnose, r1_train, decontam, extractors, corpus_scale, table1, attacks, sandbox_ab, ingest,
-                             memory)}
+                             memory, stage_mfu)}
 
 
 # ---- the dated line
@@ -551,6 +568,8 @@ def render(renderer: str, spec: str, results: Path = RESULTS) -> list[str]:
     args = " ".join(t for t in spec.split() if not t.endswith(".json"))
     ds = [json.loads((results / f).read_text(encoding="utf-8")) for f in files]
     lines = RENDERERS[renderer](ds, args)
+    if args and all(a.isdigit() for a in args.split()) and len(ds) == 1 and "runs" in ds[0]:  # entries of "runs"
+        return [*lines, "", "; ".join(dated(files[0], ds[0]["runs"][int(a)], f"runs[{a}]") for a in args.split())]
     # where ARGS names one entry of a JSON of several (memory.json's runs), the dated line is that entry's
     return [*lines, "", "; ".join(dated(f, d[args], args) if isinstance(d.get(args), dict) else dated(f, d)
                                   for f, d in zip(files, ds, strict=True))]

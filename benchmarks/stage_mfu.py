@@ -107,6 +107,7 @@ def main() -> int:
     if a.out:
         old = json.loads(a.out.read_text()) if a.out.is_file() else {"runs": []}
         old["runs"].append({"label": a.label, "run": str(a.run), "walls_from": a.walls, "machine": machine(),
+                            "measured_at": time.strftime("%Y-%m-%dT%H:%M"),
                             "peak_tflops": peaks, "stages": rows})
         a.out.write_text(json.dumps(old, indent=1) + "\n")
     return 0
