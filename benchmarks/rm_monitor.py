@@ -31,11 +31,24 @@ def run(p: Any, sft: str, rm: str, rows: list[dict[str, Any]]) -> dict[str, Any]
 
     t0 = time.perf_counter()
     _, _, state = fit(p, load_model(sft), load_tokenizer(sft), rows=rows, rm_dir=rm)
-    return {"steps": [{"step": r["step"] + 1, "rm_reward": r["reward_mean"], "rule_accuracy": r["accuracy"],
-                       "kl": r["kl"], "completion_len": r["completion_len"], "rm_divergence": r.get("rm_divergence")}
-                      for r in state.history],
-            "rm_divergence": state.info.get("rm_divergence", []), "stopped": state.stopped,
-            "wall_s": round(time.perf_counter() - t0, 1)}
+    return finish({"steps": [{"step": r["step"], "rm_reward": r["reward_mean"], "rule_accuracy": r["accuracy"],
+                              "kl": r["kl"], "completion_len": r["completion_len"],
+                              "rm_divergence": r.get("rm_divergence")} for r in state.history],
+                   "rm_divergence": state.info.get("rm_divergence", []), "stopped": state.stopped,
+                   "wall_s": round(time.perf_counter() - t0, 1)})
+
+
+def finish(r: dict[str, Any], k: int = 5) -> dict[str, Any]:
+    """Step numbers as steps done (the row's ``step`` + 1, dvclive's x), the guard's events likewise, and the means of
+    the first and last ``k`` steps."""
+    for s in r["steps"]:
+        s["step"] += 1
+    for ev in r["rm_divergence"]:
+        ev["step"], ev["best_step"] = ev["step"] + 1, ev["best_step"] + 1
+    r["summary"] = {f"{key}_{part}{k}": round(sum(s[key] for s in sl) / len(sl), 4)
+                    for key in ("rm_reward", "rule_accuracy", "kl", "completion_len")
+                    for part, sl in (("first", r["steps"][:k]), ("last", r["steps"][-k:]))}
+    return r
 
 
 def plot(out: dict[str, Any], path: Path) -> None:
@@ -54,7 +67,7 @@ def plot(out: dict[str, Any], path: Path) -> None:
         b.plot(x, [s["kl"] for s in r["steps"]], "-", color=color, label=name)
         for ev in r["rm_divergence"]:
             for ax in (a, b):
-                ax.axvline(ev["step"] + 1, color=color, ls=":", lw=1)
+                ax.axvline(ev["step"], color=color, ls=":", lw=1)
     a.set_title("the same samples: RM reward, rule accuracy")
     b.set_title("KL to the reference")
     for ax in (a, b):
@@ -96,7 +109,7 @@ def main() -> None:
         first, last = r["steps"][0], r["steps"][-1]
         print(f"{name}: {len(r['steps'])} steps, RM reward {first['rm_reward']:.3f} -> {last['rm_reward']:.3f}, rule "
               f"accuracy {first['rule_accuracy']:.3f} -> {last['rule_accuracy']:.3f}, KL {last['kl']:.3f}; guard "
-              f"events {[e['step'] + 1 for e in r['rm_divergence']]} ({r['wall_s']:.0f}s)", flush=True)
+              f"events {[e['step'] for e in r['rm_divergence']]} ({r['wall_s']:.0f}s)", flush=True)
     out["note"] = "shared 2-core machine; the per-step values are the step rows' (stages/rl/metrics.py)"
     out["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
