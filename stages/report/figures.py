@@ -80,18 +80,25 @@ def loss_curves(stage: str, train: Sequence[Row] | None, heldout: Sequence[Row] 
 
 
 def grpo_curves(curves: dict[str, list[Row]]) -> str | None:
-    """GRPO against step: reward and batch accuracy; KL to the reference; held-out accuracy (or completion
-    length when no held-out curve was recorded). Thin lines: per step; thick: 5-step moving average."""
+    """GRPO against step: reward and batch accuracy (with a reward model: its reward, also before the reshaping guards
+    when on, beside the rule accuracy of the same samples: the overoptimisation monitor; dotted lines: the steps where
+    the divergence guard fired); KL to the reference; held-out accuracy (or completion length when no held-out curve
+    was recorded). Thin lines: per step; thick: 5-step moving average."""
     if not any(k in curves for k in ("reward_mean", "accuracy", "kl")):
         return None
     fig, axes = _figure(3, 3.0)
     for i, (name, label, style) in enumerate((("reward_mean", "reward (mean)", "-"),
-                                              ("accuracy", "accuracy", "--"))):  # equal under the rule reward
+                                              ("accuracy", "accuracy", "--"),  # equal under the rule reward
+                                              ("rm_raw_mean", "RM reward before the guards", ":"))):
         x, y = _xy(curves.get(name, []), "step", name)
         if x:
             axes[0].plot(x, y, color=COLORS[i], lw=0.8, alpha=0.3)
             axes[0].plot(x, _smooth(y, 5), style, color=COLORS[i], lw=2, label=label)
     axes[0].set_title("sampled groups: reward, accuracy")
+    for r in curves.get("rm_divergence", []):
+        if num(r.get("rm_divergence")):
+            for ax in axes:
+                ax.axvline(float(r["step"]), color="0.4", ls=":", lw=1)
     _legend(axes[0], frameon=False, fontsize=8)
     x, y = _xy(curves.get("kl", []), "step", "kl")
     if x:

@@ -21,11 +21,17 @@ param and each off at its neutral value:
 The order is normalise (and clip), then add the rule, then subtract the length term. :class:`GuardedSource` wraps a
 :class:`stages.rl.rm.RewardModelSource` and keeps the running statistics (``state_dict`` /
 ``load_state_dict``: the grpo stage checkpoints them).
+
+A fourth guard watches instead of reshaping: **divergence** (``divergence.action`` stop / revert) compares, step by
+step, the RM reward with the rule accuracy of the same samples (the step row's ``accuracy``: the gold reward the
+generated problems have) and acts when the RM reward holds while the accuracy falls (:func:`divergence`, the
+criterion; stages.rl.loop.watch_divergence, the action).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,3 +168,38 @@ def guarded(source: Any, cfg: Any, examples: list[dict[str, Any]], checker: str 
         raise PipelineError("grpo.reward.rm_guards.length_target: null needs the RM's SFT training samples (examples.jsonl "
                             "with origin 'sft') to measure the length; give length_target in tokens")
     return GuardedSource(source, cfg, target, checker)
+
+
+def window_means(xs: Sequence[float], window: int) -> list[float]:
+    """``m_t = mean(xs[t-W+1 .. t])`` over the finite values of each window, for t = W-1 .. len(xs)-1 (NaN when a
+    window has none)."""
+    out = []
+    for t in range(window - 1, len(xs)):
+        v = [float(x) for x in xs[t - window + 1 : t + 1] if math.isfinite(float(x))]
+        out.append(sum(v) / len(v) if v else math.nan)
+    return out
+
+
+def divergence(rm: Sequence[float], acc: Sequence[float], window: int, drop: float) -> tuple[int | None, bool]:
+    """The overoptimisation criterion on a run's per-step RM rewards ``rm`` and rule accuracies ``acc`` of the same
+    samples (the gold reward). A policy optimised against a proxy reward raises the gold reward at first, then lowers
+    it while the proxy keeps rising (Gao, Schulman, Hilton 2022, "Scaling Laws for Reward Model Overoptimization";
+    Coste et al. 2023, "Reward Model Ensembles Help Mitigate Overoptimization", measure it the same way, gold against
+    proxy). With W = ``window``, d = ``drop`` and the window means (:func:`window_means`)
+
+        a_t = mean(acc[t-W+1 .. t]),    r_t = mean(rm[t-W+1 .. t])      (t >= W-1)
+
+    the best window is s* = argmax_{W-1 <= s <= T} a_s (the earliest of ties; T the last step) and the run has
+    diverged at T when
+
+        a_T < a_{s*} - d    and    r_T >= r_{s*}
+
+    the rule accuracy fell more than d below its best windowed mean while the RM reward is at least what it was
+    then (an honest RM's reward falls with the accuracy). Returns (s*, diverged): s* indexes ``acc``, and is None
+    (with False) before W steps or while no window has a finite accuracy."""
+    a, r = window_means(acc, window), window_means(rm, window)
+    finite = [i for i, x in enumerate(a) if math.isfinite(x)]
+    if not finite:
+        return None, False
+    best = max(finite, key=lambda i: (a[i], -i))
+    return best + window - 1, a[-1] < a[best] - drop and r[-1] >= r[best]

@@ -138,10 +138,12 @@ def run_iterations(run: RunSpec, models: Models, state: LoopState, *, ckpt_dir: 
         entry = _finish_iteration(run.p, models, run.rows, k, out_dir, it_info)
         state.info["iterations"].append(it_info)
         index["iterations"].append(entry)
-        if ckpt_dir is not None and k < n_iter:
+        if ckpt_dir is not None and k < n_iter and not state.stopped:
             _save_iteration(Path(ckpt_dir), k, run, models, state, index)
         if on_iteration is not None:
             on_iteration(k, models.policy, models.reward_model)
+        if state.stopped:  # grpo.reward.rm_guards.divergence stopped the run: no iteration after this one
+            break
     if main:
         write_json(out_dir / INDEX_FILE, {**index, "final_policy": "data/models/grpo (the stage's final policy)",
                                           "metrics": untimed(state.info["iterations"])})

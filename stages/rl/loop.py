@@ -6,7 +6,8 @@ stages/rl/iterative.py) runs :func:`begin_iteration` and :func:`train` once per 
 
     setup                                 the policy's update path, the sampler, the rule rewards, the reward model
     begin_iteration                       pi_ref <- pi_theta; the reward source; rft's pool; PPO's value model; resume
-    train: for each step                  run_step, then log, evaluate (held-out, validation), checkpoint
+    train: for each step                  run_step, then evaluate (held-out, validation), the divergence guard,
+                                          log, checkpoint
         1. draw questions                 hook recipes.draw_questions: grpo.curriculum, else the seeded shuffle
         2. sample G outputs each          algorithm.collect (rft: its offline pool)
         3. reward them                    algorithm.score (the reward source); hook recipes.shape_rewards (overlong)
@@ -33,12 +34,13 @@ Departures from the paper (docs/results/rl.md has the measurements; each recipe 
 - a continued-SFT baseline on the same questions and steps (stages/rl/baseline.py) beside every run;
 - not in the paper, selected by params: the rloo estimator, GSPO / CISPO losses, the entropy bonus, clip-higher and
   the token-level aggregations, the curriculum, dynamic sampling, the overlong penalty, rollout corrections, LoRA,
-  reward-model guards, pot / tir rollouts, the R1-Zero start.
+  reward-model guards (the divergence guard: :func:`watch_divergence`), pot / tir rollouts, the R1-Zero start.
 """
 
 from __future__ import annotations
 
 import importlib
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,12 +55,14 @@ from stages.core.generation import resolve_backend
 from stages.core.modeling import enable_checkpointing, frozen_copy, n_trainable, on_device
 from stages.rl import lora, recipes
 from stages.rl.algorithms import get_algorithm
-from stages.rl.checkpoint import load_state, save_state
+from stages.rl.checkpoint import load_latest, load_state, load_updaters, save_checkpoint, save_state
 from stages.rl.curriculum import PassRateCurriculum
 from stages.rl.data import load_prompts
+from stages.rl.guards import divergence
 from stages.rl.metrics import (
     PhaseTimer,
     log_step,
+    mean_finite,
     publish_samples,
     reward_metrics,
     rollout_metrics,
@@ -193,6 +197,7 @@ def train(run: RunSpec, models: Models, state: LoopState, first: int, last: int)
         done = step + 1
         evaluate(run, models, state, done, last, row, logger)
         state.history.append(row)
+        stop = watch_divergence(run, models, state, row)
         if run.tracker is not None and is_main_process():
             run.tracker.log(row, state.history)
         log_step(logger, run.algorithm.name, done, last, row, n_outputs=len(ro.texts) if ro is not None else 0)
@@ -203,6 +208,9 @@ def train(run: RunSpec, models: Models, state: LoopState, first: int, last: int)
         if run.on_step is not None:
             run.on_step(row)
         state.step = done
+        if stop:
+            state.stopped = True
+            break
         if state.ckpt_dir is not None and p.checkpoint_every and done % p.checkpoint_every == 0 and done < last:
             save_state(run, models, state)
     return state.history
@@ -221,6 +229,48 @@ def evaluate(run: RunSpec, models: Models, state: LoopState, done: int, total: i
             row[f"{name}_accuracy"] = acc
         else:
             logger.info("%s accuracy before step 1: %.3f", name, acc)
+
+
+def watch_divergence(run: RunSpec, models: Models, state: LoopState, row: Row) -> bool:
+    """The divergence guard (``grpo.reward.rm_guards.divergence``) after step ``row``: the criterion
+    (stages.rl.guards.divergence) on the RM reward (``rm_raw_mean``, before the reshaping guards, else
+    ``reward_mean``) and ``accuracy`` of this iteration's rows since the last revert. A step that ends the best
+    window saves the policy's (and PPO's value model's) update state (``ckpt_dir/divergence``, else a temporary
+    directory); a divergence restores it, when the saved one is that window's, and records the event in
+    ``state.info["rm_divergence"]``. Sets ``row["rm_divergence"]``; returns True when the run stops."""
+    cfg = run.p.reward.rm_guards.divergence
+    if cfg.action == "off":
+        return False
+    rows = [r for r in state.history if r.get("iteration") == state.iteration]
+    rows = rows[max((i + 1 for i, r in enumerate(rows) if r.get("rm_divergence")), default=0):]
+    best, fired = divergence([r.get("rm_raw_mean", r["reward_mean"]) for r in rows], [r["accuracy"] for r in rows],
+                             cfg.window, cfg.drop)
+    fired = all_reduce([float(fired)])[0] > 0  # rm_raw_mean is this rank's: every rank acts alike
+    row["rm_divergence"] = float(fired)
+    if state.ckpt_dir is None and state.scratch is None:
+        if world_size() > 1:
+            raise PipelineError("grpo.reward.rm_guards.divergence on several ranks needs the stage's checkpoint "
+                                "directory (a path every rank sees)")
+        state.scratch = tempfile.TemporaryDirectory(prefix="grpo-divergence-")
+    root = Path(state.ckpt_dir if state.ckpt_dir is not None else state.scratch.name) / "divergence"
+    updaters = {"policy": models.updater, **({"critic": models.critic.updater} if models.critic is not None else {})}
+    if best is None or not fired:
+        if best is not None and rows[best] is row:
+            save_checkpoint(root, updaters=updaters, step=row["step"], history=[])
+        return False
+    saved = load_latest(root)
+    restored = saved is not None and saved["step"] == rows[best]["step"]
+    if restored:
+        load_updaters(saved, updaters)
+        sync_policy(run, models, row["step"] + 1)
+    event = {"step": row["step"], "action": cfg.action, "best_step": rows[best]["step"], "restored": restored,
+             "accuracy_best_window": mean_finite([r["accuracy"] for r in rows[best - cfg.window + 1:best + 1]]),
+             "accuracy_window": mean_finite([r["accuracy"] for r in rows[-cfg.window:]])}
+    state.info.setdefault("rm_divergence", []).append(event)
+    run_logger().warning("rm_guards.divergence at step %d: windowed accuracy %.3f, best %.3f (step %d); %s%s",
+                         row["step"] + 1, event["accuracy_window"], event["accuracy_best_window"], event["best_step"] + 1,
+                         cfg.action, " to the best window's state" if restored else " (its state was not saved)")
+    return cfg.action == "stop"
 
 
 def run_step(run: RunSpec, models: Models, state: LoopState, step: int) -> tuple[Row, Rollout | None, torch.Tensor]:

@@ -32,6 +32,8 @@ PLOT_METRICS = (
     "ds_rounds", "ds_generated_groups", "ds_kept_groups", "ds_shortfall", "ds_accuracy_generated",
     "overlong_penalty_mean", "overlong_frac", "entropy_bonus", "seq_ratio_mean", "clip_frac_high_pos",
     "curriculum_sampled_hard", "curriculum_sampled_easy", "curriculum_sampled_unseen", "curriculum_sampled_pass_rate_mean",
+    # a reward-model source: its reward before the reshaping guards, the divergence guard's events (stages/rl/guards.py)
+    "rm_raw_mean", "rm_divergence",
 )
 """The per-step metrics drawn as curves (data/plots/grpo/<metric>.csv), besides the baseline's."""
 
@@ -101,15 +103,16 @@ def run_logger() -> Any:
 
 
 def log_step(logger: Any, algorithm: str, done: int, total: int, row: dict[str, Any], n_outputs: int = 0) -> None:
-    """One line per step: rewards, accuracy, zero-std share, KL, length, time and throughput (sampled tokens per
-    second over the step's ``n_outputs`` outputs, the CPU cores the step used, the load average: why a step is slow)
-    and the held-out accuracy."""
+    """One line per step: rewards (and a reward model's before its reshaping guards), accuracy, zero-std share, KL,
+    length, time and throughput (sampled tokens per second over the step's ``n_outputs`` outputs, the CPU cores the
+    step used, the load average: why a step is slow) and the held-out accuracy."""
     n_gen = n_outputs * row["completion_len"]
     tok_s = n_gen / row["t_generation"] if row.get("t_generation") and math.isfinite(n_gen) else 0.0
     cores = row.get("cpu_step_s", 0.0) / row["step_s"] if row.get("step_s") else 0.0
-    logger.info("%s step %d/%d: reward %.3f acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f; "
+    logger.info("%s step %d/%d: reward %.3f%s acc %.3f zero-std %.2f kl %.4f len %.1f | %.1fs (gen %.1f, upd %.1f; "
                 "%.0f tok/s sampled, %.1f cores, load %.1f)%s",
-                algorithm, done, total, row["reward_mean"], row["accuracy"], row["zero_std_frac"], row["kl"],
+                algorithm, done, total, row["reward_mean"],
+                f" (rm {row['rm_raw_mean']:.3f})" if "rm_raw_mean" in row else "", row["accuracy"], row["zero_std_frac"], row["kl"],
                 row["completion_len"], row["step_s"], row["t_generation"], row["t_update"], tok_s, cores, loadavg(),
                 f" | held-out {row['heldout_accuracy']:.3f}" if "heldout_accuracy" in row else "")
 

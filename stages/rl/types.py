@@ -80,8 +80,9 @@ class Models:
 class LoopState:
     """What the loop carries and a checkpoint restores: ``step`` (the next one), ``iteration`` (Algorithm 1's, from
     1), ``history`` (a metrics row per step), ``samples`` (the completion tables), ``info`` (run facts for the stage
-    metrics), the pass-rate ``curriculum`` or None, the checkpoint directory ``ckpt_dir`` or None, and ``resumed``:
-    the iteration checkpoint a restarted run continues from, until PPO's value model has read its optimizer state."""
+    metrics), the pass-rate ``curriculum`` or None, the checkpoint directory ``ckpt_dir`` or None, ``resumed``:
+    the iteration checkpoint a restarted run continues from, until PPO's value model has read its optimizer state;
+    ``stopped``: the divergence guard ended the run, ``scratch``: its temporary directory without ``ckpt_dir``."""
 
     step: int = 0
     iteration: int = 1
@@ -91,6 +92,8 @@ class LoopState:
     curriculum: Any = None
     ckpt_dir: Path | None = None
     resumed: dict[str, Any] | None = None
+    stopped: bool = False
+    scratch: Any = None
 
 
 @dataclass(frozen=True)

@@ -133,9 +133,27 @@ class GrpoRolloutParams(Section):
 # reward
 
 
+class GrpoRmDivergenceParams(Section):
+    """The overoptimisation guard: it watches the RM reward beside the rule accuracy of the same samples (the step
+    row's ``accuracy``) and acts when they diverge (stages.rl.guards.divergence: with the window means a_t, r_t of
+    the last ``window`` steps and s* the window of the best accuracy, ``a_t < a_s* - drop`` while ``r_t >= r_s*``;
+    Gao et al. 2022, Coste et al. 2023). The series restarts at each iteration of Algorithm 1 and after a revert."""
+
+    action: Literal["off", "stop", "revert"] = "off"
+    """off = watch nothing (the paper); stop = end the run (every iteration left) with the policy of the best
+    window restored: its weights, optimizer and LR-schedule state as after the window's last step; revert = restore
+    that state and go on training (a later divergence reverts again). The step row's ``rm_divergence`` is 1 at a
+    step that fired, else 0; the stage metrics' ``rm_divergence`` lists the events."""
+    window: PosInt = 5
+    """W: steps per window mean (the per-step accuracy of a few questions is noisy)."""
+    drop: Fraction = 0.1
+    """d: how far the windowed accuracy may fall below its best before the guard fires."""
+
+
 class GrpoRmGuardParams(Section):
     """Guards against reward hacking for a reward-model reward (a reward.source with a reward model;
-    stages/rl/guards.py): each is off at its neutral value (normalize false, rule_weight 0, length_penalty 0)."""
+    stages/rl/guards.py): each is off at its neutral value (normalize false, rule_weight 0, length_penalty 0,
+    divergence.action off)."""
 
     normalize: bool = False
     """Running normalisation of the RM's rewards: (r - running mean) / (running std + 1e-4) over every RM reward of
@@ -151,6 +169,8 @@ class GrpoRmGuardParams(Section):
     its last step); 0 = off."""
     length_target: PosInt | None = None
     """T of length_penalty in tokens; null = the mean completion length of the SFT samples the RM was trained on."""
+    divergence: GrpoRmDivergenceParams = GrpoRmDivergenceParams()
+    """The overoptimisation guard: stop or revert when the RM reward and the rule accuracy diverge."""
 
 
 class GrpoRewardParams(Section):
@@ -200,10 +220,14 @@ class GrpoRewardParams(Section):
         if not self.accuracy_weight and not self.format_weight and not self.custom:
             raise ValueError("every weight is 0 and no custom function is given; enable at least one reward")
         g = self.rm_guards
-        if (g.normalize or g.rule_weight or g.length_penalty) and not REWARD_SOURCES.spec(self.source).reward_model:
+        on = g.normalize or g.rule_weight or g.length_penalty or g.divergence.action != "off"
+        if on and not REWARD_SOURCES.spec(self.source).reward_model:
             raise ValueError(f"rm_guards apply to a reward-model reward; source {self.source!r} has none: set "
-                             "rm_guards.normalize false, rule_weight 0 and length_penalty 0, or use a reward-model "
-                             "source (outcome_rm / process_rm)")
+                             "rm_guards.normalize false, rule_weight 0, length_penalty 0 and divergence.action off, "
+                             "or use a reward-model source (outcome_rm / process_rm)")
+        if g.divergence.action != "off" and not self.accuracy_weight:
+            raise ValueError("rm_guards.divergence watches the rule accuracy of the samples: accuracy_weight 0 leaves "
+                             "it out; give accuracy_weight a non-zero value (unused as a reward by an RM source)")
         if g.clip is not None and not g.normalize:
             raise ValueError("rm_guards.clip clips the normalised rewards: set rm_guards.normalize true, or clip null")
         return self

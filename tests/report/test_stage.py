@@ -235,3 +235,28 @@ def test_the_page_reads_no_clock(project: Path, params: ReportParams, monkeypatc
     assert page.html_page(params.title, inputs, True) == html
     at = datetime(2026, 12, 4, 23, 30, tzinfo=timezone.utc)
     assert "Generated 2026-12-04 23:30 UTC by" in page.html_page(params.title, inputs, True, generated_at=at)
+
+
+def test_grpo_plot_shows_the_rm_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An RM-rewarded run's plot: the RM reward before the guards beside the reward and the rule accuracy, and a
+    dotted line on every panel at the step where the divergence guard fired."""
+    from matplotlib.axes import Axes
+
+    from stages.report import figures
+
+    labels: list[object] = []
+    marks: list[float] = []
+    plot, vline = Axes.plot, Axes.axvline
+    monkeypatch.setattr(Axes, "plot", lambda self, *a, **kw: labels.append(kw.get("label")) or plot(self, *a, **kw))
+    monkeypatch.setattr(Axes, "axvline", lambda self, x, **kw: marks.append(x) or vline(self, x, **kw))
+    steps = range(6)
+    curves = {name: [{"step": s, name: v} for s, v in zip(steps, vals, strict=True)] for name, vals in (
+        ("reward_mean", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), ("rm_raw_mean", [0.3, 0.4, 0.5, 0.6, 0.7, 0.8]),
+        ("accuracy", [0.4, 0.5, 0.4, 0.3, 0.2, 0.1]), ("kl", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]),
+        ("rm_divergence", [0, 0, 0, 0, 1, 0]))}
+    assert figures.grpo_curves(curves).startswith("data:image/png;base64,")
+    assert {"reward (mean)", "accuracy", "RM reward before the guards"} <= set(labels)
+    assert marks == [4.0, 4.0, 4.0]
+    labels.clear()
+    figures.grpo_curves({k: v for k, v in curves.items() if not k.startswith("rm_")})  # a rule run: as before
+    assert "RM reward before the guards" not in labels
