@@ -1,4 +1,4 @@
-"""The overoptimisation monitor on the tiny default (issue 48): GRPO from the SFT model with the learned outcome reward
+"""The overoptimisation monitor on the tiny default: GRPO from the SFT model with the learned outcome reward
 model, the same seed twice: without a guard (the RM is hacked when its reward rises while the rule accuracy of the same
 samples falls and the KL grows) and with ``grpo.reward.rm_guards.divergence`` (stages/rl/guards.py). Per step: the
 RM reward (``reward_mean``), the rule accuracy of the same samples (``accuracy``) and the KL, as the step row has
