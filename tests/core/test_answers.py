@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -277,7 +276,7 @@ PATHOLOGICAL = "9^{9^{9^{9}}}"  # sympy tries to evaluate a 10^(3.7e8)-digit pow
 
 def test_pathological_check_from_a_thread_times_out() -> None:
     """From a worker thread (where math-verify's signal alarms cannot work) a hanging check returns
-    False within timeout + 1 s, and the checker keeps working afterwards."""
+    False (its worker killed at the CPU-time limit), and the checker keeps working afterwards."""
     answers.warm_up()
     timeout_s = 2.0
     result: dict[str, object] = {}
@@ -293,9 +292,8 @@ def test_pathological_check_from_a_thread_times_out() -> None:
     th.join(timeout_s + 30)
     assert not th.is_alive(), "the check did not return"
     assert result["ok"] is False
-    # the limit is the worker's CPU time: on a machine where it gets a whole core, timeout + polling; give a loaded
-    # machine (the worker gets less than a core) room
-    assert result["elapsed"] <= (timeout_s + 1.0) * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)) + 1.0, result
+    # it returned because the worker's CPU-time limit killed it (counted), not by finishing: no wall-clock bound,
+    # which a loaded machine stretches (the worker's CPU time is what the limit counts)
     assert answers.stats["timeout"] == before + 1
     # the killed worker was replaced: a symbolic check still works (and is not cached as False)
     assert is_equivalent("2\\sqrt{2}", "\\sqrt{8}", timeout_s=60.0)
