@@ -3,11 +3,12 @@ AUC against the exact ``values`` labels and best-of-n reranking gain, for each `
 examples of ``--heldout`` (a reward model directory's heldout.jsonl) minus every question any of the compared RMs
 trained on (its examples.jsonl), so that no RM is scored on its own training questions.
 
-    python benchmarks/rm_auc.py --rm main=/work/wt/baserun/data/models/reward_model \
+    python -m benchmarks.rm_auc --rm main=/work/wt/baserun/data/models/reward_model \
         --rm rm=/tmp/rmp/proj/data/models/reward_model --heldout /tmp/rmp/proj/data/models/reward_model/heldout.jsonl
 
-Scores with stages.rl.rm.evaluate_reward_model (the reward_model stage's own metrics); writes
-benchmarks/results/reward_model_auc.json.
+Scores with stages.rl.rm.evaluate_reward_model (the reward_model stage's own metrics); writes ``--out``
+(benchmarks/results/reward_model_auc.json), with the machine and, per RM, its directory's ``train_run.json`` when
+there is one (benchmarks/rm_kinds.sh writes the training's wall time, load and stage metrics there).
 """
 
 from __future__ import annotations
@@ -60,11 +61,16 @@ def main(argv: list[str] | None = None) -> int:
         out["reward_models"][name] = {"dir": os.fspath(d), "n_train_examples": len(load_examples(d)),
                                       "train_params": (info.get("params") or {}), **ev,
                                       "eval_s": round(time.perf_counter() - t0, 1)}
+        if (Path(d) / "train_run.json").is_file():
+            out["reward_models"][name]["train_run"] = json.loads((Path(d) / "train_run.json").read_text())
         b = ev.get("best_of_n") or {}
         print(f"{name:>8}: outcome AUC {ev['outcome_auc']}, within-question {ev['outcome_auc_within']}, step AUC "
               f"(exact labels) {ev['step_auc_values']}, best-of-{b.get('n')} {b.get('rm_last')} vs random "
               f"{b.get('random')} (gain {b.get('gain')})", flush=True)
     out["load_average"] = os.getloadavg()
+    from benchmarks._tiny import machine  # run as python -m benchmarks.rm_auc (or with the root on PYTHONPATH)
+
+    out["machine"] = machine()
     out["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
