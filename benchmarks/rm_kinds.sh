@@ -2,9 +2,7 @@
 # Reward-model kinds compared on the same held-out questions (issue 48): the reward_model stage of this checkout
 # re-run in a scratch copy of a finished default run, once per kind (reward_model.objective x epochs, as an overlay
 # on the run's params.yaml), each RM kept with its training's wall time, load and stage metrics (train_run.json), then
-# benchmarks/rm_auc.py on them all, on a larger held-out pool: the stage once more with reward_model.questions x 2 and
-# heldout_fraction 0.98 (fresh SFT samples, labelled alike), minus every question a compared RM trained on.
-# (python -P: this checkout's code, not the copy's own stages/ in the working directory.)
+# benchmarks/rm_auc.py on them all (every kind samples and splits alike: the same held-out questions).
 #
 #   benchmarks/rm_kinds.sh RUN_DIR SCRATCH [OUT]     # RUN_DIR is only read; OUT: benchmarks/results/rm_kinds.json
 #   KINDS="pointwise:1 pairwise:1" benchmarks/rm_kinds.sh ...   # objective:epochs, the default below
@@ -20,7 +18,7 @@ for k in $kinds; do
   sed "s/^reward_model:\$/reward_model:\n  objective: $obj\n  epochs: $ep/" params.yaml > "params_$name.yaml"
   l0=$(cut -d' ' -f1-3 /proc/loadavg) s=$(date +%s.%N)
   echo "$name: start $(date -u +%T) load $l0"
-  PYTHONPATH=$code nice -n 10 "$py" -P -m stages.reward_model --params "params_$name.yaml" > "$scratch/$name.log" 2>&1
+  PYTHONPATH=$code nice -n 10 "$py" -m stages.reward_model --params "params_$name.yaml" > "$scratch/$name.log" 2>&1
   e=$(date +%s.%N) l1=$(cut -d' ' -f1-3 /proc/loadavg)
   rm -rf "${scratch:?}/$name" && mv data/models/reward_model "$scratch/$name"
   "$py" - "$scratch/$name/train_run.json" "$(echo "$e - $s" | bc)" "$l0" "$l1" <<'EOF'
@@ -35,11 +33,6 @@ EOF
   echo "$name: done $(date -u +%T) load $l1"
   args+=(--rm "$name=$scratch/$name")
 done
-q=$(sed -n '/^reward_model:$/,/^[a-z]/s/^  questions: *\([0-9]*\).*/\1/p' params.yaml)
-sed "/^reward_model:\$/,/^[a-z]/{s/^  questions: .*/  questions: $((2 * ${q:-256}))/;s/^  heldout_fraction: .*/  heldout_fraction: 0.98/}" \
-  params.yaml > params_pool.yaml
-echo "held-out pool: start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
-PYTHONPATH=$code nice -n 10 "$py" -P -m stages.reward_model --params params_pool.yaml > "$scratch/pool.log" 2>&1
-rm -rf "${scratch:?}/pool" && mv data/models/reward_model "$scratch/pool"
+first=${kinds%% *}
 cd "$code" && PYTHONPATH=$code nice -n 10 "$py" -m benchmarks.rm_auc "${args[@]}" --out "$out" \
-  --heldout "$scratch/pool/heldout.jsonl"
+  --heldout "$scratch/${first%:*}_${first#*:}ep/heldout.jsonl"
