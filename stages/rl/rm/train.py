@@ -1,7 +1,8 @@
 """Training the reward model: binary cross-entropy on the labelled step ends (or the last token), or Bradley-Terry on
-same-question pairs (:func:`pairwise_loss`), or both, AdamW through the one update path (stages.train.update.Updater), resumable batch by batch; and the data plumbing of its updates in
-iterative RL (paper 4.1.4, Algorithm 1): held-out split by question and :func:`replay_mix`, which adds a random
-``fraction`` of the historical examples (paper: 10%) to the new ones.
+same-question pairs (:func:`pairwise_loss`), or both; AdamW through the one update path (stages.train.update.Updater),
+resumable batch by batch; and the data plumbing of its updates in iterative RL (paper 4.1.4, Algorithm 1): held-out
+split by question and :func:`replay_mix`, which adds a random ``fraction`` of the historical examples (paper: 10%) to
+the new ones.
 """
 
 from __future__ import annotations
@@ -89,9 +90,9 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
     :func:`same_question_pairs` (per rank share: a question split between two ranks' shares or two batches loses
     the pairs across), each output scored at its last step end (a process RM's outcome score) whatever
     ``train_on``; a batch without a pair makes no update. ``"both"``: the pointwise mean + ``pair_weight`` x the
-    pairwise mean. AdamW, constant ``lr``, through the one update
-    path: ``updater`` (e.g. DeepSpeed on the accelerator, stages.rl.update.rl_updater) or a plain
-    :class:`stages.train.update.Updater` (clipping, a non-finite batch skipped). Epoch e visits the examples in
+    pairwise mean. AdamW, constant ``lr``, through the one update path: ``updater`` (e.g. DeepSpeed on the
+    accelerator, stages.rl.update.rl_updater) or a plain :class:`stages.train.update.Updater` (clipping, a non-finite
+    batch skipped). Epoch e visits the examples in
     :func:`epoch_order` (seed, e), ``batch_size`` at a time, scored by :func:`completion_scores` (``share_prompts``).
 
     Resuming: ``resume`` = ``{"step": optimizer steps done, "loss_sums": [[sum, n] per epoch begun]}`` (the model's
