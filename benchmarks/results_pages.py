@@ -194,15 +194,23 @@ def curve(ds: list[dict], args: str) -> list[str]:
 
 
 def rm_auc(ds: list[dict], args: str) -> list[str]:
-    """benchmarks/rm_auc.py: a row per reward model scored on the same held-out questions."""
+    """benchmarks/rm_auc.py: a row per reward model scored on the same held-out questions (with its objective and
+    the per-question within-question AUC against the first RM, where the file has them)."""
+    rms = ds[0]["reward_models"]
+    per_q = any("within_per_question_mean" in r for r in rms.values())
     rows = []
-    for name, r in ds[0]["reward_models"].items():
+    for name, r in rms.items():
         p, b = r["train_params"], r["best_of_n"]
-        rows.append([f"`{name}`: {p['questions']} q x {p['samples_per_question']}, epochs {p['epochs']}",
+        v = r.get("within_per_question_vs_" + next(iter(rms)), {})
+        rows.append([f"`{name}`: {p['questions']} q x {p['samples_per_question']}, epochs {p['epochs']}"
+                     + (f", {p['objective']}" if "objective" in p else ""),
                      str(r["n_train_examples"]), f3(r["outcome_auc"]), f3(r["outcome_auc_within"]),
+                     *([f3(r["within_per_question_mean"]) + (f" ({v['diff']:+.3f}, {v['lo']:+.3f} to {v['hi']:+.3f})"
+                                                             if v else "")] if per_q else []),
                      f3(r["step_auc"]), f"{f3(b['rm_last'])} ({b['rm_last'] - b['random']:+.3f})"])
-    b = next(iter(ds[0]["reward_models"].values()))["best_of_n"]
-    head = ["reward model", "labelled samples (train)", "outcome AUC", "within-question", "step AUC",
+    b = next(iter(rms.values()))["best_of_n"]
+    head = ["reward model", "labelled samples (train)", "outcome AUC", "within-question",
+            *(["per question (vs the first, 95% interval)"] if per_q else []), "step AUC",
             f"best-of-{b['n']} (gain over a random sample, {f3(b['random'])})"]
     return table(head, rows)
 

@@ -157,7 +157,8 @@ def run(p: RewardModelParams) -> dict[str, Any]:
                             extra={"loss_sums": sums, "heldout_before_training": before})
 
     losses = train_reward_model(rm, tokenizer, train, epochs=p.epochs, lr=p.lr, batch_size=p.batch_size, seed=p.seed,
-                                train_on=p.train_on, updater=upd, resume=resume, on_step=on_step)
+                                train_on=p.train_on, updater=upd, resume=resume, on_step=on_step,
+                                objective=p.objective, pair_weight=p.pair_weight)
     after = evaluate_reward_model(rm, tokenizer, held, p.batch_size, best_of=p.best_of_n, shard=True)
     train_eval = evaluate_reward_model(rm, tokenizer, train, p.batch_size, shard=True)
     t_train = time.perf_counter() - t0

@@ -91,7 +91,7 @@ def update_reward_model(rm: Any, tokenizer: Any, policy: Any, rows: list[dict[st
         upd = rl_updater(rm, p, lr=it.rm.lr, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=it.rm.batch_size)
         losses = train_reward_model(rm, tokenizer, mixed, epochs=it.rm.epochs, lr=it.rm.lr,
                                     batch_size=it.rm.batch_size, seed=p.seed + iteration, train_on=it.rm.train_on,
-                                    updater=upd)
+                                    updater=upd, objective=it.rm.objective, pair_weight=it.rm.pair_weight)
         del upd  # the optimizer (and a DeepSpeed engine) of this update only
     after = evaluate_reward_model(rm, tokenizer, held, it.rm.batch_size, shard=True, best_of=n)
     if p.compute.offload_idle_models:

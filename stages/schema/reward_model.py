@@ -30,6 +30,14 @@ class RmDataParams(Section):
     train_on: Literal["process", "outcome"] = "process"
     """process: a label at every step end (a PRM, also usable as an ORM: its last step is the outcome);
     outcome: a label at the last token only (an ORM)."""
+    objective: Literal["pointwise", "pairwise", "both"] = "pointwise"
+    """The training loss (stages/rl/rm/train.py): pointwise = binary cross-entropy on every labelled position
+    (train_on); pairwise = Bradley-Terry on same-question (right, wrong) pairs of outcome scores (the last step's
+    score), -log sigmoid(r_right - r_wrong), the within-question ranking GRPO's group-normalised advantages use
+    (InstructGPT's RM loss, Ouyang et al. 2022; TRL's RewardTrainer); both = pointwise + pair_weight x pairwise.
+    The paper does not say; pointwise was ours."""
+    pair_weight: PosFloat = 1.0
+    """Weight of the pairwise term when objective is both."""
     heldout_fraction: Fraction = 0.05
     """Share of the problems (with all their samples) held out for the AUCs."""
     epochs: PosInt = 1

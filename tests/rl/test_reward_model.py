@@ -491,3 +491,78 @@ def test_within_question_auc_counts_pairs_of_one_question_only():
     # the pooled AUC mixes questions: b's positive (0) is below a's negatives
     assert rm_metrics.auc(scores, labels) != pytest.approx(2.5 / 3)
     assert math.isnan(rm_metrics.within_question_auc(ex[:1], scores[:1], labels[:1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 48: the pairwise (Bradley-Terry) objective on same-question pairs
+
+
+def test_pairwise_loss_against_a_loop_reference_and_trls_formula():
+    torch.manual_seed(0)
+    chosen, rejected = torch.randn(7) * 5, torch.randn(7) * 5
+    chosen[0], rejected[0] = 60.0, -60.0  # far tails: logsigmoid stays finite and exact
+    chosen[1], rejected[1] = -60.0, 60.0
+    got = rm_train.pairwise_loss(chosen, rejected)
+    assert got.shape == (7,)
+    for k in range(7):  # -log sigmoid(d) = log(1 + exp(-d)), written stably per sign of d
+        d = float(chosen[k]) - float(rejected[k])
+        ref = math.log1p(math.exp(-d)) if d >= 0 else -d + math.log1p(math.exp(d))
+        assert got[k].item() == pytest.approx(ref, rel=1e-6, abs=1e-6)
+    # TRL's RewardTrainer: loss = -nn.functional.logsigmoid(rewards_chosen - rewards_rejected).mean()
+    trl = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+    assert torch.equal(got.mean(), trl)
+
+
+def test_same_question_pairs_are_every_right_wrong_pair_of_one_question():
+    ex = [{"id": q, "question": q, "outcome": y} for q, y in (("a", 1), ("a", 0), ("b", 0), ("a", 0), ("a", 1),
+                                                             ("b", 1), ("c", 1), ("c", 1))]
+    want = [(i, j) for i in range(8) for j in range(8)
+            if ex[i]["question"] == ex[j]["question"] and ex[i]["outcome"] == 1 and ex[j]["outcome"] == 0]
+    assert sorted(rm_train.same_question_pairs(ex)) == sorted(want) and len(want) == 5  # a: 2 x 2, b: 1, c: none
+
+
+def _grouped_examples(tok, n: int, per_q: int, seed: int = 0) -> list[dict]:
+    """_examples with every ``per_q`` consecutive ones made samples of one question (right and wrong alternate)."""
+    ex = _examples(tok, n, seed)
+    return [dict(e, id=f"g{i // per_q}", question=ex[i - i % per_q]["question"]) for i, e in enumerate(ex)]
+
+
+@pytest.mark.parametrize("objective", ["pairwise", "both"])
+def test_pairwise_objective_loss_is_the_formula_on_the_models_scores(tiny_model_dir, objective):
+    """One batch at lr 0: the loss train_reward_model reports is the mean Bradley-Terry loss over the batch's
+    same-question pairs of the outcome scores (plus the pointwise BCE for ``both``), computed here from the RM's own
+    scores by a loop."""
+    tok = load_tokenizer(tiny_model_dir)
+    torch.manual_seed(0)
+    rm = rm_model.init_reward_model(tiny_model_dir)
+    ex = _grouped_examples(tok, 8, 4)
+    sc = rm_model.example_scores(rm, tok, ex)
+    pair = [math.log1p(math.exp(-(sc[i][-1] - sc[j][-1]))) for i in range(8) for j in range(8)
+            if ex[i]["question"] == ex[j]["question"] and ex[i]["outcome"] and not ex[j]["outcome"]]
+    assert len(pair) == 8  # 2 questions x 2 right x 2 wrong
+    want = sum(pair) / len(pair)
+    if objective == "both":
+        bce = [-(y * math.log(1 / (1 + math.exp(-s))) + (1 - y) * math.log(1 - 1 / (1 + math.exp(-s))))
+               for e, es in zip(ex, sc, strict=True) for s, y in zip(es, e["step_labels"], strict=True)]
+        want = sum(bce) / len(bce) + 0.5 * want
+    got = rm_train.train_reward_model(rm, tok, ex, epochs=1, lr=0.0, batch_size=8, seed=0, train_on="process",
+                                      objective=objective, pair_weight=0.5)
+    assert got == pytest.approx([want], rel=1e-4)
+
+
+def test_pairwise_training_ranks_the_samples_of_a_question(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    torch.manual_seed(0)
+    rm = rm_model.init_reward_model(tiny_model_dir)
+    train, held = _grouped_examples(tok, 48, 4, seed=0), _grouped_examples(tok, 16, 4, seed=1)
+    losses = rm_train.train_reward_model(rm, tok, train, epochs=10, lr=3e-3, batch_size=16, seed=0,
+                                         train_on="outcome", objective="pairwise")
+    m = rm_metrics.evaluate_reward_model(rm, tok, held)
+    assert losses[-1] < losses[0]
+    assert m["outcome_auc_within"] >= 0.9, m  # chance is 0.5
+    # a batch without a pair makes no update
+    before = {k: v.clone() for k, v in rm.state_dict().items()}
+    alone = [dict(e, id=f"solo{i}", question=f"solo {i}") for i, e in enumerate(train[:4])]
+    assert rm_train.train_reward_model(rm, tok, alone, epochs=1, lr=1.0, batch_size=4, seed=0, train_on="outcome",
+                                       objective="pairwise") == [0.0]
+    assert all(torch.equal(v, rm.state_dict()[k]) for k, v in before.items())

@@ -1,7 +1,8 @@
-"""Training the reward model: binary cross-entropy on the labelled step ends (or the last token), AdamW through the
-one update path (stages.train.update.Updater), resumable batch by batch; and the data plumbing of its updates in
-iterative RL (paper 4.1.4, Algorithm 1): held-out split by question and :func:`replay_mix`, which adds a random
-``fraction`` of the historical examples (paper: 10%) to the new ones.
+"""Training the reward model: binary cross-entropy on the labelled step ends (or the last token), or Bradley-Terry on
+same-question pairs (:func:`pairwise_loss`), or both; AdamW through the one update path (stages.train.update.Updater),
+resumable batch by batch; and the data plumbing of its updates in iterative RL (paper 4.1.4, Algorithm 1): held-out
+split by question and :func:`replay_mix`, which adds a random ``fraction`` of the historical examples (paper: 10%) to
+the new ones.
 """
 
 from __future__ import annotations
@@ -19,6 +20,26 @@ from stages.rl.rm.model import _grouped_batch, completion_scores
 from stages.train.update import Updater
 
 TrainOn = Literal["process", "outcome"]
+Objective = Literal["pointwise", "pairwise", "both"]
+
+
+def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Bradley-Terry loss per pair: ``-log sigmoid(r_chosen - r_rejected)``, shape (K,) from two (K,) score
+    tensors (logits; pair k = chosen[k] preferred to rejected[k]). Its mean is InstructGPT's RM loss (Ouyang et al.
+    2022, eq. 1), TRL's RewardTrainer (``-nn.functional.logsigmoid(rewards_chosen - rewards_rejected).mean()``,
+    trl/trainer/reward_trainer.py) and OpenRLHF's PairWiseLoss (openrlhf/models/loss.py) without their margin."""
+    return -torch.nn.functional.logsigmoid(chosen - rejected)
+
+
+def same_question_pairs(examples: Sequence[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Every (right, wrong) pair of indices of ``examples`` with the same question (id and text) and outcome 1 and
+    0: all n_right x n_wrong pairs of a question, as InstructGPT trains on all K-choose-2 comparisons of a prompt
+    (and as :func:`stages.rl.rm.metrics.within_question_auc` counts them)."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(str(ex.get("id")) + "\0" + ex["question"], []).append(i)
+    return [(a, b) for idx in groups.values() for a in idx if int(examples[a]["outcome"])
+            for b in idx if not int(examples[b]["outcome"])]
 
 
 def _targets(examples: Sequence[dict[str, Any]], train_on: TrainOn) -> tuple[list[tuple[int, int]], list[float]]:
@@ -59,13 +80,19 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
                        weight_decay: float = 0.0, updater: Updater | None = None,
                        resume: dict[str, Any] | None = None,
                        on_step: Callable[[int, Updater, list[list[float]]], None] | None = None,
-                       share_prompts: bool = True) -> list[float]:
-    """Train ``rm`` in place with binary cross-entropy on the labelled positions; return the mean loss per epoch.
+                       share_prompts: bool = True, objective: Objective = "pointwise",
+                       pair_weight: float = 1.0) -> list[float]:
+    """Train ``rm`` in place; return the mean loss per epoch (pointwise: per labelled position; else per batch).
 
-    ``train_on="process"``: every step end with its step label; ``"outcome"``: the last token with the
-    outcome label. Mean BCE over the labelled positions of each batch; AdamW, constant ``lr``, through the one update
-    path: ``updater`` (e.g. DeepSpeed on the accelerator, stages.rl.update.rl_updater) or a plain
-    :class:`stages.train.update.Updater` (clipping, a non-finite batch skipped). Epoch e visits the examples in
+    ``objective="pointwise"``: binary cross-entropy on the labelled positions, ``train_on="process"``: every step
+    end with its step label; ``"outcome"``: the last token with the outcome label; the batch's loss is the mean
+    over its labelled positions. ``"pairwise"``: the mean :func:`pairwise_loss` over the batch's
+    :func:`same_question_pairs` (per rank share: a question split between two ranks' shares or two batches loses
+    the pairs across), each output scored at its last step end (a process RM's outcome score) whatever
+    ``train_on``; a batch without a pair makes no update. ``"both"``: the pointwise mean + ``pair_weight`` x the
+    pairwise mean. AdamW, constant ``lr``, through the one update path: ``updater`` (e.g. DeepSpeed on the
+    accelerator, stages.rl.update.rl_updater) or a plain :class:`stages.train.update.Updater` (clipping, a non-finite
+    batch skipped). Epoch e visits the examples in
     :func:`epoch_order` (seed, e), ``batch_size`` at a time, scored by :func:`completion_scores` (``share_prompts``).
 
     Resuming: ``resume`` = ``{"step": optimizer steps done, "loss_sums": [[sum, n] per epoch begun]}`` (the model's
@@ -99,14 +126,17 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
         for b in range(step - epoch * per_epoch, per_epoch):
             batch = [examples[i] for i in order[b * batch_size:(b + 1) * batch_size]]
             n_lab = sum(len(ex["step_ends"]) if train_on == "process" else 1 for ex in batch)
+            n_pairs = 0 if objective == "pointwise" else sum(
+                len(same_question_pairs(batch[slice(*_share(len(batch), q, w))])) for q in range(w))
             lo, hi = _share(len(batch), r, w)
-            bad, tot = _train_batch(upd, batch[lo:hi], n_lab, tokenizer, cache, train_on, share_prompts)
+            bad, tot = _train_batch(upd, batch[lo:hi], n_lab, tokenizer, cache, train_on, share_prompts,
+                                    objective, pair_weight, n_pairs)
             if w > 1:
                 tot, n_bad = all_reduce([tot, float(bad)])
                 bad = n_bad > 0
-            if not bad:
+            if not bad and (objective != "pairwise" or n_pairs):
                 sums[epoch][0] += tot
-                sums[epoch][1] += n_lab
+                sums[epoch][1] += n_lab if objective == "pointwise" else 1
             step += 1
             if on_step is not None:
                 on_step(step, upd, sums)
@@ -115,28 +145,39 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
 
 
 def _train_batch(upd: Updater, mine: Sequence[dict[str, Any]], n_lab: int, tokenizer: Any,
-                 cache: dict[str, list[int]], train_on: TrainOn, share_prompts: bool) -> tuple[bool, float]:
-    """One optimizer step on this rank's share ``mine`` of a batch of ``n_lab`` labelled positions (a
-    zero-gradient pass when it has none, or when its loss is not finite under several ranks); returns (the loss
-    was not finite, this rank's summed loss)."""
+                 cache: dict[str, list[int]], train_on: TrainOn, share_prompts: bool, objective: Objective = "pointwise",
+                 pair_weight: float = 1.0, n_pairs: int = 0) -> tuple[bool, float]:
+    """One optimizer step on this rank's share ``mine`` of a batch of ``n_lab`` labelled positions and ``n_pairs``
+    same-question pairs (a zero-gradient pass when it has nothing to fit, or when its loss is not finite under
+    several ranks); returns (the loss was not finite, this rank's loss: pointwise the summed BCE, else its part of
+    the batch's objective)."""
     upd.zero_grad()
     bad, tot = False, 0.0
-    if mine:
+    pairs = same_question_pairs(mine) if objective != "pointwise" else []
+    if mine and (objective != "pairwise" or pairs):
         ids, att, P = _grouped_batch(mine, tokenizer, cache)
-        pos, lab = _targets(mine, train_on)
         s = completion_scores(upd.forward_model, ids, att, P, share_prompts=share_prompts)
-        rows_, cols = zip(*pos, strict=True)
-        logit = s[list(rows_), list(cols)]
-        loss_sum = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab), reduction="sum")
-        bad = not bool(torch.isfinite(loss_sum))
+        loss = torch.zeros(())
+        if objective != "pairwise":
+            pos, lab = _targets(mine, train_on)
+            rows_, cols = zip(*pos, strict=True)
+            logit = s[list(rows_), list(cols)]
+            loss_sum = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.tensor(lab), reduction="sum")
+            loss = loss_sum / n_lab
+        if pairs:
+            last = s[torch.arange(len(mine)), torch.tensor([ex["step_ends"][-1] for ex in mine])]
+            right, wrong = (torch.tensor(x) for x in zip(*pairs, strict=True))
+            loss = loss + (1.0 if objective == "pairwise" else pair_weight) * pairwise_loss(
+                last[right], last[wrong]).sum() / n_pairs
+        bad = not bool(torch.isfinite(loss))
         if bad and upd.distributed:
             upd.dummy_backward(last=True)
         elif not bad:
-            upd.backward(loss_sum / n_lab, last=True)
-            tot = float(loss_sum.detach())
-    else:
+            upd.backward(loss, last=True)
+            tot = float(loss_sum.detach()) if objective == "pointwise" else float(loss.detach())
+    elif upd.distributed:
         upd.dummy_backward(last=True)
-    upd.step(bad=bad)
+    upd.step(bad=bad or (objective == "pairwise" and not n_pairs))  # no pair in the whole batch: no update
     return bad, tot
 
 
