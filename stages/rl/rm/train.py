@@ -112,22 +112,14 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
                              optimizer=torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=weight_decay))
     r, w = upd.rank, upd.world
     per_epoch = math.ceil(len(examples) / batch_size)
-    step, sums = 0, [[0.0, 0] for _ in range(epochs)]
-    if resume is not None:
-        step = int(resume["step"])
-        for e, v in enumerate(resume.get("loss_sums", [])[:epochs]):
-            sums[e] = [float(v[0]), int(v[1])]
-        if resume.get("optimizer") is not None:
-            upd.optimizer.load_state_dict(resume["optimizer"])
+    step, sums = _resumed(resume, epochs, upd)
     cache: dict[str, list[int]] = {}
     rm.train()
     for epoch in range(step // per_epoch, epochs):
         order = epoch_order(examples, seed, epoch)
         for b in range(step - epoch * per_epoch, per_epoch):
             batch = [examples[i] for i in order[b * batch_size:(b + 1) * batch_size]]
-            n_lab = sum(len(ex["step_ends"]) if train_on == "process" else 1 for ex in batch)
-            n_pairs = 0 if objective == "pointwise" else sum(
-                len(same_question_pairs(batch[slice(*_share(len(batch), q, w))])) for q in range(w))
+            n_lab, n_pairs = _counts(batch, train_on, objective, w)
             lo, hi = _share(len(batch), r, w)
             bad, tot = _train_batch(upd, batch[lo:hi], n_lab, tokenizer, cache, train_on, share_prompts,
                                     objective, pair_weight, n_pairs)
@@ -142,6 +134,28 @@ def train_reward_model(rm: Any, tokenizer: Any, examples: Sequence[dict[str, Any
                 on_step(step, upd, sums)
     rm.eval()
     return [tot / max(n, 1) for tot, n in sums]
+
+
+def _resumed(resume: dict[str, Any] | None, epochs: int, upd: Updater) -> tuple[int, list[list[float]]]:
+    """The optimizer steps done and the loss sums per epoch that ``resume`` holds (:func:`train_reward_model`),
+    with its optimizer state, if any, loaded into ``upd``; none: ``(0, zeros)``."""
+    sums: list[list[float]] = [[0.0, 0] for _ in range(epochs)]
+    if resume is None:
+        return 0, sums
+    for e, v in enumerate(resume.get("loss_sums", [])[:epochs]):
+        sums[e] = [float(v[0]), int(v[1])]
+    if resume.get("optimizer") is not None:
+        upd.optimizer.load_state_dict(resume["optimizer"])
+    return int(resume["step"]), sums
+
+
+def _counts(batch: Sequence[dict[str, Any]], train_on: TrainOn, objective: Objective, world: int) -> tuple[int, int]:
+    """A whole batch's labelled positions and its same-question pairs (0 for the pointwise objective; pairs form
+    within each of the ``world`` ranks' shares)."""
+    n_lab = sum(len(ex["step_ends"]) if train_on == "process" else 1 for ex in batch)
+    n_pairs = 0 if objective == "pointwise" else sum(
+        len(same_question_pairs(batch[slice(*_share(len(batch), q, world))])) for q in range(world))
+    return n_lab, n_pairs
 
 
 def _train_batch(upd: Updater, mine: Sequence[dict[str, Any]], n_lab: int, tokenizer: Any,
