@@ -455,7 +455,8 @@ def entropy_bonus(
 
 
 # ---------------------------------------------------------------------------------------------
-# the registry of policy losses: each declared once, with its settings class
+# the registry of policy losses: each declared once, with its settings class (adding one: a decorated function, its
+# settings class and a test; docs/rl-algorithms.md)
 
 
 @dataclass(frozen=True)
