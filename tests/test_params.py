@@ -410,3 +410,17 @@ def test_the_reduced_isolation_opt_in_is_spelled_out_and_read(tmp_path: Path) ->
     finally:
         base.read_params_file(ROOT / "params.yaml")
     assert not base.reduced_isolation_allowed()
+
+
+@pytest.mark.parametrize("name", ["params.yaml", "params/deepseekmath-7b.yaml", "params/qwen2.5-0.5b-gsm8k.yaml"])
+def test_every_resolved_value_survives_dvcs_yaml_writer(name: str, tmp_path: Path) -> None:
+    """``dvc exp run -S`` writes params.yaml back with DVC's own YAML writer, which leaves a string such as ``off`` or
+    ``no`` unquoted; this project's loader reads those as YAML 1.1 booleans and refuses them. So every value of each
+    file with every default spelled out (what a recorded or shown params file holds) must read back the same after
+    DVC's writer: no option of the schema may be such a word."""
+    from dvc.utils.serialize import dumps_yaml
+
+    full = resolve(load_params(ROOT / name))
+    written = tmp_path / "params.yaml"
+    written.write_text(dumps_yaml(full))
+    assert resolve(load_params(written)) == full

@@ -239,7 +239,7 @@ def watch_divergence(run: RunSpec, models: Models, state: LoopState, row: Row) -
     directory); a divergence restores it, when the saved one is that window's, and records the event in
     ``state.info["rm_divergence"]``. Sets ``row["rm_divergence"]``; returns True when the run stops."""
     cfg = run.p.reward.rm_guards.divergence
-    if cfg.action == "off":
+    if cfg.action == "none":
         return False
     rows = [r for r in state.history if r.get("iteration") == state.iteration]
     rows = rows[max((i + 1 for i, r in enumerate(rows) if r.get("rm_divergence")), default=0):]

@@ -139,8 +139,8 @@ class GrpoRmDivergenceParams(Section):
     the last ``window`` steps and s* the window of the best accuracy, ``a_t < a_s* - drop`` while ``r_t >= r_s*``;
     Gao et al. 2022, Coste et al. 2023). The series restarts at each iteration of Algorithm 1 and after a revert."""
 
-    action: Literal["off", "stop", "revert"] = "off"
-    """off = watch nothing (the paper); stop = end the run (every iteration left) with the policy of the best
+    action: Literal["none", "stop", "revert"] = "none"
+    """none = watch nothing (the paper); stop = end the run (every iteration left) with the policy of the best
     window restored: its weights, optimizer and LR-schedule state as after the window's last step; revert = restore
     that state and go on training (a later divergence reverts again). The step row's ``rm_divergence`` is 1 at a
     step that fired, else 0; the stage metrics' ``rm_divergence`` lists the events."""
@@ -153,7 +153,7 @@ class GrpoRmDivergenceParams(Section):
 class GrpoRmGuardParams(Section):
     """Guards against reward hacking for a reward-model reward (a reward.source with a reward model;
     stages/rl/guards.py): each is off at its neutral value (normalize false, rule_weight 0, length_penalty 0,
-    divergence.action off)."""
+    divergence.action none)."""
 
     normalize: bool = False
     """Running normalisation of the RM's rewards: (r - running mean) / (running std + 1e-4) over every RM reward of
@@ -220,12 +220,12 @@ class GrpoRewardParams(Section):
         if not self.accuracy_weight and not self.format_weight and not self.custom:
             raise ValueError("every weight is 0 and no custom function is given; enable at least one reward")
         g = self.rm_guards
-        on = g.normalize or g.rule_weight or g.length_penalty or g.divergence.action != "off"
+        on = g.normalize or g.rule_weight or g.length_penalty or g.divergence.action != "none"
         if on and not REWARD_SOURCES.spec(self.source).reward_model:
             raise ValueError(f"rm_guards apply to a reward-model reward; source {self.source!r} has none: set "
-                             "rm_guards.normalize false, rule_weight 0, length_penalty 0 and divergence.action off, "
+                             "rm_guards.normalize false, rule_weight 0, length_penalty 0 and divergence.action none, "
                              "or use a reward-model source (outcome_rm / process_rm)")
-        if g.divergence.action != "off" and not self.accuracy_weight:
+        if g.divergence.action != "none" and not self.accuracy_weight:
             raise ValueError("rm_guards.divergence watches the rule accuracy of the samples: accuracy_weight 0 leaves "
                              "it out; give accuracy_weight a non-zero value (unused as a reward by an RM source)")
         if g.clip is not None and not g.normalize:

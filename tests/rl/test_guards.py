@@ -226,7 +226,7 @@ def test_params_of_the_divergence_guard():
         tiny_params(reward__source="outcome_rm", reward__accuracy_weight=0.0, reward__rm_guards=on)
     p = tiny_params(reward__source="outcome_rm", reward__rm_guards=on)
     assert p.reward.rm_guards.divergence.action == "stop"
-    assert tiny_params().reward.rm_guards.divergence.action == "off"
+    assert tiny_params().reward.rm_guards.divergence.action == "none"
 
 
 class ChoiceSampler:
