@@ -62,22 +62,18 @@ def within_question_auc(examples: Sequence[dict[str, Any]], scores: Sequence[flo
     """AUC over the (right, wrong) pairs of samples of the same question only: the share of such pairs in which the
     right sample scores higher (ties count 1/2); NaN without such a pair. Unlike the pooled AUC it cannot be won by
     telling easy questions from hard ones, which GRPO's per-group normalisation removes anyway."""
-    pairs = same_question_pairs(examples, labels)
-    won = sum(1.0 if scores[a] > scores[b] else 0.5 if scores[a] == scores[b] else 0.0 for a, b in pairs)
-    return won / len(pairs) if pairs else math.nan
-
-
-def same_question_pairs(examples: Sequence[dict[str, Any]], labels: Sequence[int] | None = None
-                        ) -> list[tuple[int, int]]:
-    """Every (right, wrong) pair of indices of ``examples`` with the same question (id and text): all n_right x
-    n_wrong pairs of a question, ``labels`` (default: each example's ``outcome``) telling right from wrong. What
-    :func:`within_question_auc` scores and the pairwise RM objective trains on (stages.rl.rm.train), as InstructGPT
-    trains on all K-choose-2 comparisons of a prompt."""
-    y = [int(ex["outcome"]) for ex in examples] if labels is None else [int(v) for v in labels]
     groups: dict[str, list[int]] = {}
     for i, ex in enumerate(examples):
         groups.setdefault(str(ex.get("id")) + "\0" + ex["question"], []).append(i)
-    return [(a, b) for idx in groups.values() for a in idx if y[a] for b in idx if not y[b]]
+    won, pairs = 0.0, 0
+    for idx in groups.values():
+        pos = [scores[i] for i in idx if labels[i]]
+        neg = [scores[i] for i in idx if not labels[i]]
+        for a in pos:
+            for b in neg:
+                won += 1.0 if a > b else 0.5 if a == b else 0.0
+        pairs += len(pos) * len(neg)
+    return won / pairs if pairs else math.nan
 
 
 def best_of_n(examples: Sequence[dict[str, Any]], scores: Sequence[Sequence[float]], n: int) -> dict[str, Any]:

@@ -16,7 +16,6 @@ import torch
 
 from stages.core.dist import all_reduce
 from stages.core.errors import PipelineError
-from stages.rl.rm.metrics import same_question_pairs
 from stages.rl.rm.model import _grouped_batch, completion_scores
 from stages.train.update import Updater
 
@@ -30,6 +29,17 @@ def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     2022, eq. 1), TRL's RewardTrainer (``-nn.functional.logsigmoid(rewards_chosen - rewards_rejected).mean()``,
     trl/trainer/reward_trainer.py) and OpenRLHF's PairWiseLoss (openrlhf/models/loss.py) without their margin."""
     return -torch.nn.functional.logsigmoid(chosen - rejected)
+
+
+def same_question_pairs(examples: Sequence[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Every (right, wrong) pair of indices of ``examples`` with the same question (id and text) and outcome 1 and
+    0: all n_right x n_wrong pairs of a question, as InstructGPT trains on all K-choose-2 comparisons of a prompt
+    (and as :func:`stages.rl.rm.metrics.within_question_auc` counts them)."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(str(ex.get("id")) + "\0" + ex["question"], []).append(i)
+    return [(a, b) for idx in groups.values() for a in idx if int(examples[a]["outcome"])
+            for b in idx if not int(examples[b]["outcome"])]
 
 
 def _targets(examples: Sequence[dict[str, Any]], train_on: TrainOn) -> tuple[list[tuple[int, int]], list[float]]:
