@@ -529,10 +529,34 @@ def rm_monitor(ds: list[dict], args: str) -> list[str]:
                   "guard events (step: best window's end)"], rows)
 
 
+def rm_rl(ds: list[dict], args: str) -> list[str]:
+    """benchmarks/rm_rl.py: ARGS 'curve' (a row per method: held-out mean ± sd at each evaluation, the last 5 steps'
+    RM reward, rule accuracy of the same samples, KL and length) or 'pairs' (each of the paper's claims: the paired
+    bootstrap of the final accuracy over problems)."""
+    from benchmarks.rm_rl import LABELS
+
+    s = ds[0]["summary"]
+    if args == "pairs":
+        return table(["paper's claim", "difference", "95% interval", "p", "holds"], [
+            [f"{LABELS[q['better']]} > {LABELS[q['worse']]}", f"{q['diff']:+.3f}", f"{q['lo']:+.3f} to {q['hi']:+.3f}",
+             fx(q["p_value"], 3), ("yes" if q["holds"] else "no") + (", beyond noise" if q["beyond_noise"] else "")]
+            for q in s["pairs"]])
+    steps = sorted({int(k) for m in s["methods"].values() for k in m["curve"]})
+    rows = []
+    for m, v in s["methods"].items():
+        last = v.get("last5")
+        rows.append([LABELS[m], str(len(v.get("seeds", []))) if last else "-",
+                     *(pm(*v["curve"][str(k)]) if str(k) in v["curve"] else "" for k in steps),
+                     *((fx(last["reward"], 3), fx(last["rule_accuracy"], 3), fx(last["kl"], 3),
+                        fx(last["completion_len"], 0)) if last else ("",) * 4)])
+    return table(["method", "seeds", *(f"step {k}" for k in steps), "reward, last 5 steps",
+                  "rule accuracy of the samples, last 5", "KL, last 5", "length, last 5"], rows)
+
+
 RENDERERS: dict[str, Callable[[list[dict], str], list[str]]] = {
     f.__name__: f for f in (stage_walls, heldout, curve, rm_auc, iterations, chunks, tir_modes, sampler_runs, sampler_lr0,
                              diagnose, r1_train, decontam, extractors, corpus_scale, table1, attacks, sandbox_ab, ingest,
-                             memory, stage_mfu, rm_monitor)}
+                             memory, stage_mfu, rm_monitor, rm_rl)}
 
 
 # ---- the dated line
