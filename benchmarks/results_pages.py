@@ -531,24 +531,24 @@ def rm_monitor(ds: list[dict], args: str) -> list[str]:
 
 def rm_rl(ds: list[dict], args: str) -> list[str]:
     """benchmarks/rm_rl.py: ARGS 'curve' (a row per method: held-out mean ± sd at each evaluation, the last 5 steps'
-    RM reward, rule accuracy of the same samples, KL and length) or 'pairs' (each of the paper's claims: the paired
+    reward, rule accuracy of the same samples, KL and length) or 'pairs' (each of the paper's claims: the paired
     bootstrap of the final accuracy over problems)."""
     from benchmarks.rm_rl import LABELS
 
-    s = ds[0]["summary"]
+    d = ds[0]
     if args == "pairs":
         return table(["paper's claim", "difference", "95% interval", "p", "holds"], [
             [f"{LABELS[q['better']]} > {LABELS[q['worse']]}", f"{q['diff']:+.3f}", f"{q['lo']:+.3f} to {q['hi']:+.3f}",
              fx(q["p_value"], 3), ("yes" if q["holds"] else "no") + (", beyond noise" if q["beyond_noise"] else "")]
-            for q in s["pairs"]])
-    steps = sorted({int(k) for m in s["methods"].values() for k in m["curve"]})
-    rows = []
-    for m, v in s["methods"].items():
-        last = v.get("last5")
-        rows.append([LABELS[m], str(len(v.get("seeds", []))) if last else "-",
-                     *(pm(*v["curve"][str(k)]) if str(k) in v["curve"] else "" for k in steps),
-                     *((fx(last["reward"], 3), fx(last["rule_accuracy"], 3), fx(last["kl"], 3),
-                        fx(last["completion_len"], 0)) if last else ("",) * 4)])
+            for q in d["pairs"]])
+    steps = sorted({k for v in d["summary"].values() for k in v["steps"]})
+    rows = [[LABELS["sft"], "-", f3(d["sft"]), *("" for _ in steps[1:]), "", "", "", ""]]
+    for m, v in d["summary"].items():
+        at = dict(zip(v["steps"], zip(v["mean"], v["sd"], strict=True), strict=True))
+        last = v["last5"]
+        rows.append([LABELS[m], str(len(v["seeds"])), *(pm(*at[k]) if k in at else "" for k in steps),
+                     fx(last["reward"], 3), fx(last["rule_accuracy"], 3), fx(last["kl"], 3),
+                     fx(last["completion_len"], 0)])
     return table(["method", "seeds", *(f"step {k}" for k in steps), "reward, last 5 steps",
                   "rule accuracy of the samples, last 5", "KL, last 5", "length, last 5"], rows)
 

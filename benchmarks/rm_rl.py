@@ -132,8 +132,11 @@ def _mean_sd(xs: list[float]) -> tuple[float, float]:
 
 
 def summarize(runs: list[dict[str, Any]], resamples: int = 2000) -> dict[str, Any]:
-    """Per method the held-out mean +- sd at each evaluation all its seeds share; the paired bootstrap of every pair
-    in :data:`PAIRS` whose two sides have runs (``sft``: the step-0 evaluation, the same model in every run)."""
+    """``methods``: per method, in benchmarks/paradigm.py's summary schema (the report draws it), the held-out mean
+    and sd at each evaluation all its seeds share, with the last 5 steps' monitor means; ``sft``: the step-0
+    accuracy (the same model in every run); ``pairs``: the paired bootstrap of every pair in :data:`PAIRS` with runs
+    on both sides (``sft``: the step-0 evaluation); ``comparison``: Figure 5's chain as paradigm.py compares it."""
+    from benchmarks.paradigm import PAPER_ORDER_RM, compare_with_paper
     from stages.core.stats import paired_bootstrap
 
     by: dict[str, list[dict[str, Any]]] = {}
@@ -143,26 +146,28 @@ def summarize(runs: list[dict[str, Any]], resamples: int = 2000) -> dict[str, An
     final: dict[str, list[float]] = {}
     for m, rs in by.items():
         steps = sorted(set.intersection(*(set(map(int, r["heldout"])) for r in rs)))
-        curve = {str(s): [round(v, 4) for v in _mean_sd([r["heldout"][str(s)] for r in rs])] for s in steps}
-        last = str(steps[-1])
-        final[m] = [sum(c) / len(rs) for c in zip(*(r["correct"][last] for r in rs), strict=True)]
+        ms = [_mean_sd([r["heldout"][str(s)] for r in rs]) for s in steps]
+        final[m] = [sum(c) / len(rs) for c in zip(*(r["correct"][str(steps[-1])] for r in rs), strict=True)]
         tail = [row for r in rs for row in r["steps"][-5:]]
-        methods[m] = {"seeds": sorted(r["seed"] for r in rs), "curve": curve, "final_step": int(last),
+        methods[m] = {"seeds": sorted(r["seed"] for r in rs), "steps": steps, "mean": [round(x[0], 4) for x in ms],
+                      "sd": [round(x[1], 4) for x in ms], "final_mean": round(ms[-1][0], 4),
+                      "final_sd": round(ms[-1][1], 4),
                       "last5": {k: round(sum(x[k] for x in tail) / len(tail), 4)
                                 for k in ("reward", "rule_accuracy", "kl", "completion_len")},
                       "wall_s": round(sum(r["wall_s"] for r in rs) / len(rs), 1),
                       "load": [min(r["load"][0] for r in rs), max(max(r["load"]) for r in rs)]}
-    first = next(iter(runs))
-    final["sft"] = [float(c) for c in first["correct"]["0"]]
-    methods["sft"] = {"curve": {"0": [round(sum(final["sft"]) / len(final["sft"]), 4), 0.0]}}
+    final["sft"] = [float(c) for c in runs[0]["correct"]["0"]]
     pairs = []
     for a, b in PAIRS:
         if a in final and b in final:
             bs = paired_bootstrap(final[b], final[a], resamples=resamples)
             pairs.append({"better": a, "worse": b, "diff": round(float(bs["diff"]), 4), "lo": round(float(bs["lo"]), 4),
                           "hi": round(float(bs["hi"]), 4), "p_value": round(float(bs["p_value"]), 4),
-                          "holds": bs["diff"] > 0, "beyond_noise": bool(bs["beyond_noise"])})
-    return {"methods": methods, "pairs": pairs, "n_problems": len(final["sft"])}
+                          "holds": bool(bs["diff"] > 0), "beyond_noise": bool(bs["beyond_noise"])})
+    chain = {m: methods[m] for m in PAPER_ORDER_RM if m in methods}
+    return {"methods": methods, "sft": round(sum(final["sft"]) / len(final["sft"]), 4), "pairs": pairs,
+            "n_problems": len(final["sft"]),
+            "comparison": {"reward_model": compare_with_paper(chain, PAPER_ORDER_RM)} if len(chain) > 1 else {}}
 
 
 def gao_curve(runs: list[dict[str, Any]], bins: int = 8) -> dict[str, list[dict[str, float]]]:
@@ -190,12 +195,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, (m, s) in enumerate(result["summary"]["methods"].items()):
-        if m == "sft":
-            continue
-        x = [int(k) for k in s["curve"]]
-        a.errorbar(x, [v[0] for v in s["curve"].values()], [v[1] for v in s["curve"].values()], color=f"C{i}",
-                   capsize=2, label=LABELS.get(m, m))
+    for i, (m, s) in enumerate(result["summary"].items()):
+        a.errorbar(s["steps"], s["mean"], s["sd"], color=f"C{i}", capsize=2, label=LABELS.get(m, m))
     for i, (m, pts) in enumerate(result["gao"].items()):
         x = [q["sqrt_kl"] for q in pts]
         b.plot(x, [q["rm_reward"] for q in pts], "-o", ms=3, color=f"C{i}", label=f"{LABELS.get(m, m)}: RM reward")
@@ -241,17 +242,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no finished run in {work}: see the .log files there")
     from benchmarks._tiny import machine
 
+    summ = summarize(runs)
     result = {"project": str(Path(args.project).resolve()), "rm": str(Path(args.rm).resolve()),
-              "args": {k: v for k, v in vars(args).items() if k != "one"}, "runs": runs, "summary": summarize(runs),
-              "gao": gao_curve(runs), "machine": machine(), "wall_s": round(time.perf_counter() - t0, 1),
+              "args": {k: v for k, v in vars(args).items() if k != "one"}, "seeds": args.seeds,
+              "summary": summ.pop("methods"), **summ, "gao": gao_curve(runs), "runs": runs, "machine": machine(), "wall_s": round(time.perf_counter() - t0, 1),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(out)
     plot(result, out.with_suffix(".png"))
-    for m, s in result["summary"]["methods"].items():
-        print(f"{LABELS.get(m, m):32s} " + "  ".join(f"{k}: {v[0]:.3f}±{v[1]:.3f}" for k, v in s["curve"].items()))
-    for q in result["summary"]["pairs"]:
+    print(f"SFT (start): {result['sft']:.3f}")
+    for m, s in result["summary"].items():
+        curve = zip(s["steps"], s["mean"], s["sd"], strict=True)
+        print(f"{LABELS[m]:32s} " + "  ".join(f"{k}: {v:.3f}±{d:.3f}" for k, v, d in curve))
+    for q in result["pairs"]:
         print(f"{LABELS[q['better']]} > {LABELS[q['worse']]}: {q['diff']:+.3f} [{q['lo']:+.3f}, {q['hi']:+.3f}]"
               f"{' beyond noise' if q['beyond_noise'] else ''}")
     print(f"wrote {out}")

@@ -19,13 +19,16 @@ def test_pairs_average_seeds_per_problem_and_use_step_0_as_the_start():
     runs = [_run("grpo_os_rm", 0, [1, 1, 1, 0]), _run("grpo_os_rm", 1, [1, 1, 1, 1]),
             _run("online_rft", 0, [1, 0, 0, 0]), _run("online_rft", 1, [1, 0, 0, 0])]
     s = rm_rl.summarize(runs, resamples=200)
-    assert s["methods"]["grpo_os_rm"]["curve"]["4"] == [0.875, round(math.sqrt(0.03125), 4)]
-    assert s["methods"]["sft"]["curve"]["0"] == [0.5, 0.0]
+    g = s["methods"]["grpo_os_rm"]
+    assert (g["steps"], g["mean"], g["sd"]) == ([0, 4], [0.5, 0.875], [0.0, round(math.sqrt(0.03125), 4)])
+    assert s["sft"] == 0.5
     pairs = {(q["better"], q["worse"]): q for q in s["pairs"]}
     assert set(pairs) == {("grpo_os_rm", "online_rft"), ("grpo_os_rm", "sft")}  # only pairs with runs on both sides
     assert pairs["grpo_os_rm", "online_rft"]["diff"] == 0.625 and pairs["grpo_os_rm", "online_rft"]["holds"]
     assert pairs["grpo_os_rm", "sft"]["diff"] == 0.375  # (1 + 1 + 1 + 0.5) / 4 - 0.5
     assert s["methods"]["online_rft"]["last5"]["kl"] == 0.375  # the last (up to) 5 step rows of both seeds
+    assert s["comparison"]["reward_model"]["pairs"] == [
+        {"pair": "grpo_os_rm > online_rft", "diff": 0.625, "verdict": "agree", "clear": True}]
 
 
 def test_gao_curve_bins_rm_runs_by_sqrt_kl():
