@@ -10,8 +10,8 @@ evaluation; for each of the paper's pairs (:data:`PAIRS`) the paired bootstrap o
 (each problem's mean over the seeds; stages.core.stats.paired_bootstrap); Gao et al. (2022)'s curve: the RM reward
 and the rule accuracy of the same samples against sqrt(KL).
 
-    python benchmarks/rm_rl.py --project RUN --rm RUN/data/models/reward_model --jobs 2
-    python benchmarks/rm_rl.py --project RUN --rm RM --methods grpo_os_rm --seeds 0 --steps 4 --work /tmp/x
+    python benchmarks/rm_rl.py --project RUN --jobs 2         # RUN's data/models/reward_model
+    python benchmarks/rm_rl.py --project RUN --rm /tmp/rm --methods grpo_os_rm grpo_os_rm_guard --seeds 0
 
 Finished runs are kept in ``--work`` (one JSON each) and not run again: a stopped comparison resumes. Writes
 ``--out`` (default benchmarks/results/rm_rl.json) and a .png beside it. Not in CI (an hour of CPU).
@@ -113,7 +113,7 @@ def run_all(args: argparse.Namespace, work: Path) -> None:
         while todo and len(live) < args.jobs:
             m, s = todo.pop(0)
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", m, str(s), "--work", str(work),
-                   "--rm", str(Path(args.rm).resolve()), "--steps", str(args.steps), "--threads", str(args.threads),
+                   "--rm", str(Path(args.project, args.rm).resolve()), "--steps", str(args.steps), "--threads", str(args.threads),
                    "--heldout-every", str(args.heldout_every), "--heldout-limit", str(args.heldout_limit)]
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             log = open(work / f"{m}-s{s}.log", "wb")  # noqa: SIM115 - closed with the child
@@ -187,32 +187,41 @@ def gao_curve(runs: list[dict[str, Any]], bins: int = 8) -> dict[str, list[dict[
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Held-out accuracy against step per method (left); RM reward (solid) and rule accuracy (dashed) against
-    sqrt(KL) per RM-rewarded method (right)."""
+    """Held-out accuracy against step per method (left); the monitor per RM-rewarded method, the mean over seeds per
+    step of the RM reward (solid) and the rule accuracy of the same samples (dashed) (middle); the same two against
+    sqrt(KL), Gao et al.'s axes (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, (m, s) in enumerate(result["summary"].items()):
-        a.errorbar(s["steps"], s["mean"], s["sd"], color=f"C{i}", capsize=2, label=LABELS.get(m, m))
-    for i, (m, pts) in enumerate(result["gao"].items()):
-        x = [q["sqrt_kl"] for q in pts]
-        b.plot(x, [q["rm_reward"] for q in pts], "-o", ms=3, color=f"C{i}", label=f"{LABELS.get(m, m)}: RM reward")
-        b.plot(x, [q["rule_accuracy"] for q in pts], "--", color=f"C{i}", label=f"{LABELS.get(m, m)}: rule accuracy")
-    a.set(xlabel="step", ylabel="held-out greedy accuracy", title="Figures 5 / 6 with learned RMs (mean ± sd)")
-    b.set(xlabel="sqrt(KL to the reference)", title="proxy (RM) vs gold (rule) reward of the same samples")
-    for ax in (a, b):
-        ax.legend(frameon=False, fontsize=7)
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
+    colors = {m: f"C{i}" for i, m in enumerate(result["summary"])}
+    for m, s in result["summary"].items():
+        a.errorbar(s["steps"], s["mean"], s["sd"], color=colors[m], capsize=2, label=LABELS[m])
+    for m in result["gao"]:
+        rs = [r for r in result["runs"] if r["method"] == m]
+        n = min(len(r["steps"]) for r in rs)
+        x = list(range(1, n + 1))
+        for key, ls in (("reward", "-"), ("rule_accuracy", "--")):
+            b.plot(x, [sum(r["steps"][i][key] for r in rs) / len(rs) for i in range(n)], ls, color=colors[m],
+                   label=f"{LABELS[m]}: {'RM reward' if key == 'reward' else 'rule accuracy'}")
+        pts = result["gao"][m]
+        c.plot([q["sqrt_kl"] for q in pts], [q["rm_reward"] for q in pts], "-o", ms=3, color=colors[m], label=LABELS[m])
+        c.plot([q["sqrt_kl"] for q in pts], [q["rule_accuracy"] for q in pts], "--", color=colors[m])
+    a.set(xlabel="step", ylabel="held-out greedy accuracy", title="held-out accuracy (mean ± sd over seeds)")
+    b.set(xlabel="step", title="the monitor: RM reward (solid), rule accuracy (dashed)")
+    c.set(xlabel="sqrt(KL to the reference)", title="the same against sqrt(KL) (Gao et al. 2022)")
+    for ax in (a, b, c):
+        ax.legend(frameon=False, fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--project", default=".", help="a finished default run (its SFT model, problems, params.yaml)")
-    ap.add_argument("--rm", required=True, help="the reward model directory")
+    ap.add_argument("--rm", default="data/models/reward_model", help="the reward model directory (in --project)")
     ap.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "grpo_os_rm_guard"],
                     choices=list(METHODS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -243,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks._tiny import machine
 
     summ = summarize(runs)
-    result = {"project": str(Path(args.project).resolve()), "rm": str(Path(args.rm).resolve()),
+    result = {"project": str(Path(args.project).resolve()), "rm": str(Path(args.project, args.rm).resolve()),
               "args": {k: v for k, v in vars(args).items() if k != "one"}, "seeds": args.seeds,
               "summary": summ.pop("methods"), **summ, "gao": gao_curve(runs), "runs": runs, "machine": machine(), "wall_s": round(time.perf_counter() - t0, 1),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
