@@ -51,6 +51,8 @@ PAIRS = [("grpo_ps_rm", "grpo_os_rm"), ("grpo_os_rm", "online_rft"), ("grpo_ps_r
          ("grpo_ps_rm", "sft"), ("grpo_ps_rm_iter4", "grpo_ps_rm"), ("grpo_os_rm_guard", "grpo_os_rm")]
 """(paper's better, worse): Figure 5's order with learned RMs, both above the SFT start, Figure 6 (iterative RL
 with an RM update every ``steps / 4`` steps above one iteration at equal steps), and the guard above no guard."""
+FIGURE6 = ("grpo_ps_rm", "grpo_ps_rm_iter4")
+"""Paper Figure 6: (one iteration, several iterations at equal total steps)."""
 
 
 def one(method: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -165,9 +167,41 @@ def summarize(runs: list[dict[str, Any]], resamples: int = 2000) -> dict[str, An
                           "hi": round(float(bs["hi"]), 4), "p_value": round(float(bs["p_value"]), 4),
                           "holds": bool(bs["diff"] > 0), "beyond_noise": bool(bs["beyond_noise"])})
     chain = {m: methods[m] for m in PAPER_ORDER_RM if m in methods}
+    comparison = compare_with_paper(chain, PAPER_ORDER_RM) if len(chain) > 1 else None
+    boot = {f"{q['better']} > {q['worse']}": q for q in pairs}
+    for c in comparison["pairs"] if comparison else []:  # the report shows the verdict: with its interval
+        q = boot[c["pair"]]
+        c["verdict"] += f"; paired bootstrap over problems, 95%: {q['lo']:+.3f} to {q['hi']:+.3f}"
     return {"methods": methods, "sft": round(sum(final["sft"]) / len(final["sft"]), 4), "pairs": pairs,
             "n_problems": len(final["sft"]),
-            "comparison": {"reward_model": compare_with_paper(chain, PAPER_ORDER_RM)} if len(chain) > 1 else {}}
+            "comparison": {"reward_model": comparison} if comparison else {}}
+
+
+def figure6(runs: list[dict[str, Any]], summ: dict[str, Any], steps: int) -> dict[str, Any] | None:
+    """Paper Figure 6 in benchmarks/results/iterative_rl.json's schema (the report reads ``runs[].supervision`` /
+    ``accuracy_per_iteration`` and ``sft_accuracy``; results_pages' ``iterations`` the ``summary``): per run of
+    :data:`FIGURE6` the held-out accuracy after each iteration's steps, mean +- sd per method, and the final
+    difference with its paired bootstrap; None without runs of both."""
+    one, many = FIGURE6
+    k = int(METHODS[many]["iterative.iterations"])
+    m_steps = steps // k
+    labels = {one: f"1 iteration x {k * m_steps} steps", many: f"{k} iterations x {m_steps} steps"}
+    rs = [r for r in runs if r["method"] in labels]
+    pair = next((q for q in summ["pairs"] if (q["better"], q["worse"]) == (many, one)), None)
+    if pair is None:
+        return None
+    out = [{"seed": r["seed"], "method": r["method"], "supervision": labels[r["method"]], "rm_updates": r["rm_updates"],
+            "accuracy_per_iteration": [r["heldout"][str(m_steps * (j + 1))] for j in range(k)]} for r in rs]
+    summary = {}
+    for m, label in labels.items():
+        accs = [r["accuracy_per_iteration"] for r in out if r["method"] == m]
+        ms = [_mean_sd([a[j] for a in accs]) for j in range(k)]
+        summary[label] = {"seeds": len(accs), "mean": [x[0] for x in ms], "sd": [x[1] for x in ms]}
+    return {"source": "benchmarks/rm_rl.py", "sft_accuracy": summ["sft"], "steps_per_iteration": m_steps, "runs": out,
+            "summary": summary, "comparison": {
+                "iterative_minus_one_final": pair["diff"], "interval_95": [pair["lo"], pair["hi"]],
+                "clear": pair["beyond_noise"],
+                "paper": "iterative RL improves on one iteration, especially at the first iteration"}}
 
 
 def gao_curve(runs: list[dict[str, Any]], bins: int = 8) -> dict[str, list[dict[str, float]]]:
@@ -213,7 +247,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     b.set(xlabel="step", title="the monitor: RM reward (solid), rule accuracy (dashed)")
     c.set(xlabel="sqrt(KL to the reference)", title="the same against sqrt(KL) (Gao et al. 2022)")
     for ax in (a, b, c):
-        ax.legend(frameon=False, fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(frameon=False, fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -232,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
     ap.add_argument("--work", default=None, help="one JSON per finished run (default: WORK beside --out)")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--iterative-out", default=None, metavar="JSON", help="also write paper Figure 6 to this file")
     ap.add_argument("--one", nargs=2, metavar=("METHOD", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -254,12 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     summ = summarize(runs)
     result = {"project": str(Path(args.project).resolve()), "rm": str(Path(args.project, args.rm).resolve()),
               "args": {k: v for k, v in vars(args).items() if k != "one"}, "seeds": args.seeds,
-              "summary": summ.pop("methods"), **summ, "gao": gao_curve(runs), "runs": runs, "machine": machine(), "wall_s": round(time.perf_counter() - t0, 1),
+              "summary": summ["methods"], **{k: v for k, v in summ.items() if k != "methods"}, "gao": gao_curve(runs),
+              "runs": runs, "note": f"benchmarks/rm_rl.py: the RM {args.rm}, {args.steps} steps, held-out greedy CoT on "
+                                    f"{summ['n_problems']} problems; a shared 2-core machine, {args.jobs} run(s) at a time", "machine": machine(), "wall_s": round(time.perf_counter() - t0, 1),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(out)
     plot(result, out.with_suffix(".png"))
+    fig6 = figure6(runs, summ, args.steps) if args.iterative_out else None
+    if fig6 is not None:
+        fig6.update(measured_at=result["measured_at"], note=result["note"], machine=result["machine"])
+        Path(args.iterative_out).write_text(json.dumps(fig6, indent=1) + "\n")
     print(f"SFT (start): {result['sft']:.3f}")
     for m, s in result["summary"].items():
         curve = zip(s["steps"], s["mean"], s["sd"], strict=True)

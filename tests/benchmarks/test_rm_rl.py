@@ -28,7 +28,8 @@ def test_pairs_average_seeds_per_problem_and_use_step_0_as_the_start():
     assert pairs["grpo_os_rm", "sft"]["diff"] == 0.375  # (1 + 1 + 1 + 0.5) / 4 - 0.5
     assert s["methods"]["online_rft"]["last5"]["kl"] == 0.375  # the last (up to) 5 step rows of both seeds
     assert s["comparison"]["reward_model"]["pairs"] == [
-        {"pair": "grpo_os_rm > online_rft", "diff": 0.625, "verdict": "agree", "clear": True}]
+        {"pair": "grpo_os_rm > online_rft", "diff": 0.625, "clear": True, "verdict": "agree; paired bootstrap over "
+         f"problems, 95%: {pairs['grpo_os_rm', 'online_rft']['lo']:+.3f} to {pairs['grpo_os_rm', 'online_rft']['hi']:+.3f}"}]
 
 
 def test_gao_curve_bins_rm_runs_by_sqrt_kl():
