@@ -14,7 +14,7 @@ and the rule accuracy of the same samples against sqrt(KL).
     python benchmarks/rm_rl.py --project RUN --rm /tmp/rm --methods grpo_os_rm grpo_os_rm_guard --seeds 0
 
 Finished runs are kept in ``--work`` (one JSON each) and not run again: a stopped comparison resumes. Writes
-``--out`` (default benchmarks/results/rm_rl.json) and a .png beside it. Not in CI (an hour of CPU).
+``--out`` (default benchmarks/results/paradigm_rm.json, which the report reads) and a .png beside it. Not in CI (an hour of CPU).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-RESULTS = ROOT / "benchmarks" / "results" / "rm_rl.json"
+RESULTS = ROOT / "benchmarks" / "results" / "paradigm_rm.json"  # the report's Figure 5 with learned RMs
 GUARD = {"action": "revert", "window": 5, "drop": 0.1}
 METHODS: dict[str, dict[str, Any]] = {
     "rft": {"algorithm": "rft", "reward.source": "rule"},
