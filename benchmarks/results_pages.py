@@ -530,10 +530,10 @@ def rm_monitor(ds: list[dict], args: str) -> list[str]:
 
 
 def rm_rl(ds: list[dict], args: str) -> list[str]:
-    """benchmarks/rm_rl.py: ARGS 'curve' (a row per method: held-out mean ± sd at each evaluation, the last 5 steps'
+    """benchmarks/rm_monitor.py: ARGS 'curve' (a row per method: held-out mean ± sd at each evaluation, the last 5 steps'
     reward, rule accuracy of the same samples, KL and length) or 'pairs' (each of the paper's claims: the paired
     bootstrap of the final accuracy over problems)."""
-    from benchmarks.rm_rl import LABELS
+    from benchmarks.rm_monitor import LABELS
 
     d = ds[0]
     if args == "pairs":

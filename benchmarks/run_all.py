@@ -56,7 +56,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "decontam": ["--quick"],
     "memory": ["--n", "4"],  # the materialised logits of 8 x 512 tokens at 152k peak near 10 GB
     "tir_rl": ["--steps", "2", "--seeds", "0", "--eval-limit", "50"],
-    "rm_rl": ["--steps", "2", "--seeds", "0", "--methods", "grpo_os_rm", "--heldout-every", "2", "--heldout-limit", "8"],
+    "rm_monitor": ["--steps", "2", "--seeds", "0", "--methods", "grpo_os_rm", "--heldout-every", "2", "--heldout-limit", "8"],
 }
 
 

@@ -1,11 +1,11 @@
-"""benchmarks/rm_rl.py's summary: the paired bootstrap of each of the paper's pairs over problems (each problem's mean
+"""benchmarks/rm_monitor.py's summary: the paired bootstrap of each of the paper's pairs over problems (each problem's mean
 over the seeds), the SFT start from the step-0 evaluation, and Gao et al.'s binning of the step rows by sqrt(KL)."""
 
 from __future__ import annotations
 
 import math
 
-from benchmarks import rm_rl
+from benchmarks import rm_monitor
 
 
 def _run(method, seed, final, kl=0.25):
@@ -18,7 +18,7 @@ def _run(method, seed, final, kl=0.25):
 def test_pairs_average_seeds_per_problem_and_use_step_0_as_the_start():
     runs = [_run("grpo_os_rm", 0, [1, 1, 1, 0]), _run("grpo_os_rm", 1, [1, 1, 1, 1]),
             _run("online_rft", 0, [1, 0, 0, 0]), _run("online_rft", 1, [1, 0, 0, 0])]
-    s = rm_rl.summarize(runs, resamples=200)
+    s = rm_monitor.summarize(runs, resamples=200)
     g = s["methods"]["grpo_os_rm"]
     assert (g["steps"], g["mean"], g["sd"]) == ([0, 4], [0.5, 0.875], [0.0, round(math.sqrt(0.03125), 4)])
     assert s["sft"] == 0.5
@@ -34,7 +34,7 @@ def test_pairs_average_seeds_per_problem_and_use_step_0_as_the_start():
 
 def test_gao_curve_bins_rm_runs_by_sqrt_kl():
     runs = [_run("grpo_ps_rm", 0, [1, 0, 0, 0]), _run("rft", 0, [0, 0, 0, 0])]
-    g = rm_rl.gao_curve(runs, bins=2)
+    g = rm_monitor.gao_curve(runs, bins=2)
     assert list(g) == ["grpo_ps_rm"]  # the rule-rewarded method has no proxy reward
     assert [p["sqrt_kl"] for p in g["grpo_ps_rm"]] == [round(math.sqrt(0.25) / 2, 4),
                                                        round((math.sqrt(0.5) + math.sqrt(0.75)) / 2, 4)]

@@ -10,8 +10,8 @@ evaluation; for each of the paper's pairs (:data:`PAIRS`) the paired bootstrap o
 (each problem's mean over the seeds; stages.core.stats.paired_bootstrap); Gao et al. (2022)'s curve: the RM reward
 and the rule accuracy of the same samples against sqrt(KL).
 
-    python benchmarks/rm_rl.py --project RUN --jobs 2         # RUN's data/models/reward_model
-    python benchmarks/rm_rl.py --project RUN --rm /tmp/rm --methods grpo_os_rm grpo_os_rm_guard --seeds 0
+    python benchmarks/rm_monitor.py --project RUN --jobs 2         # RUN's data/models/reward_model
+    python benchmarks/rm_monitor.py --project RUN --rm /tmp/rm --methods grpo_os_rm grpo_os_rm_guard --seeds 0
 
 Finished runs are kept in ``--work`` (one JSON each) and not run again: a stopped comparison resumes. Writes
 ``--out`` (default benchmarks/results/paradigm_rm.json, which the report reads) and a .png beside it. Not in CI (an hour of CPU).
@@ -197,7 +197,7 @@ def figure6(runs: list[dict[str, Any]], summ: dict[str, Any], steps: int) -> dic
         accs = [r["accuracy_per_iteration"] for r in out if r["method"] == m]
         ms = [_mean_sd([a[j] for a in accs]) for j in range(k)]
         summary[label] = {"seeds": len(accs), "mean": [x[0] for x in ms], "sd": [x[1] for x in ms]}
-    return {"source": "benchmarks/rm_rl.py", "sft_accuracy": summ["sft"], "steps_per_iteration": m_steps, "runs": out,
+    return {"source": "benchmarks/rm_monitor.py", "sft_accuracy": summ["sft"], "steps_per_iteration": m_steps, "runs": out,
             "summary": summary, "comparison": {
                 "iterative_minus_one_final": pair["diff"], "interval_95": [pair["lo"], pair["hi"]],
                 "clear": pair["beyond_noise"],
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"project": str(Path(args.project).resolve()), "rm": str(Path(args.project, args.rm).resolve()),
               "args": {k: v for k, v in vars(args).items() if k != "one"}, "seeds": args.seeds,
               "summary": summ["methods"], **{k: v for k, v in summ.items() if k != "methods"}, "gao": gao_curve(runs),
-              "runs": runs, "note": f"benchmarks/rm_rl.py: the RM {args.rm}, {args.steps} steps, held-out greedy CoT on "
+              "runs": runs, "note": f"benchmarks/rm_monitor.py: the RM {args.rm}, {args.steps} steps, held-out greedy CoT on "
                                     f"{summ['n_problems']} problems; a shared 2-core machine, {args.jobs} run(s) at a time", "machine": machine(), "wall_s": round(time.perf_counter() - t0, 1),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     tmp = out.with_suffix(".tmp")
