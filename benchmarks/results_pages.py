@@ -519,17 +519,6 @@ def stage_mfu(ds: list[dict], args: str) -> list[str]:
 
 
 def rm_monitor(ds: list[dict], args: str) -> list[str]:
-    """benchmarks/rm_monitor.py's runs: the first / last 5 steps' means of the monitor's series, the guard's events."""
-    s = lambda r, k: f"{fx(r['summary'][k + '_first5'], 3)} / {fx(r['summary'][k + '_last5'], 3)}"  # noqa: E731
-    rows = [[name, s(r, "rm_reward"), s(r, "rule_accuracy"), s(r, "kl"),
-             f"{fx(r['summary']['completion_len_first5'], 0)} / {fx(r['summary']['completion_len_last5'], 0)}",
-             ", ".join(f"{e['step']}: {e['best_step']}" for e in r["rm_divergence"]) or "none"]
-            for name, r in ds[0]["runs"].items()]
-    return table(["run", "RM reward", "rule accuracy of the same samples", "KL", "length (tokens)",
-                  "guard events (step: best window's end)"], rows)
-
-
-def rm_rl(ds: list[dict], args: str) -> list[str]:
     """benchmarks/rm_monitor.py: ARGS 'curve' (a row per method: held-out mean ± sd at each evaluation, the last 5 steps'
     reward, rule accuracy of the same samples, KL and length) or 'pairs' (each of the paper's claims: the paired
     bootstrap of the final accuracy over problems)."""
@@ -556,7 +545,7 @@ def rm_rl(ds: list[dict], args: str) -> list[str]:
 RENDERERS: dict[str, Callable[[list[dict], str], list[str]]] = {
     f.__name__: f for f in (stage_walls, heldout, curve, rm_auc, iterations, chunks, tir_modes, sampler_runs, sampler_lr0,
                              diagnose, r1_train, decontam, extractors, corpus_scale, table1, attacks, sandbox_ab, ingest,
-                             memory, stage_mfu, rm_monitor, rm_rl)}
+                             memory, stage_mfu, rm_monitor)}
 
 
 # ---- the dated line

@@ -42,15 +42,18 @@ METHODS: dict[str, dict[str, Any]] = {
     "grpo_ps_rm": {"reward.source": "process_rm"},
     "grpo_ps_rm_iter4": {"reward.source": "process_rm", "iterative.iterations": 4},
     "grpo_os_rm_guard": {"reward.source": "outcome_rm", "reward.rm_guards.divergence": GUARD},
+    "grpo_ps_rm_stop": {"reward.source": "process_rm", "reward.rm_guards.divergence": {**GUARD, "action": "stop"}},
 }
 LABELS = {"sft": "SFT (start)", "rft": "RFT", "online_rft": "Online RFT", "grpo_os_rm": "GRPO+OS(RM)",
           "grpo_ps_rm": "GRPO+PS(RM)", "grpo_ps_rm_iter4": "GRPO+PS(RM), 4 iterations",
-          "grpo_os_rm_guard": "GRPO+OS(RM), divergence guard"}
+          "grpo_os_rm_guard": "GRPO+OS(RM), guard (revert)", "grpo_ps_rm_stop": "GRPO+PS(RM), guard (stop)"}
 PAIRS = [("grpo_ps_rm", "grpo_os_rm"), ("grpo_os_rm", "online_rft"), ("grpo_ps_rm", "online_rft"),
          ("grpo_os_rm", "rft"), ("grpo_ps_rm", "rft"), ("online_rft", "rft"), ("grpo_os_rm", "sft"),
-         ("grpo_ps_rm", "sft"), ("grpo_ps_rm_iter4", "grpo_ps_rm"), ("grpo_os_rm_guard", "grpo_os_rm")]
+         ("grpo_ps_rm", "sft"), ("grpo_ps_rm_iter4", "grpo_ps_rm"), ("grpo_os_rm_guard", "grpo_os_rm"),
+         ("grpo_ps_rm_stop", "grpo_ps_rm"), ("grpo_ps_rm_stop", "sft")]
 """(paper's better, worse): Figure 5's order with learned RMs, both above the SFT start, Figure 6 (iterative RL
-with an RM update every ``steps / 4`` steps above one iteration at equal steps), and the guard above no guard."""
+with an RM update every ``steps / 4`` steps above one iteration at equal steps), and each guard above no guard and
+the start."""
 FIGURE6 = ("grpo_ps_rm", "grpo_ps_rm_iter4")
 """Paper Figure 6: (one iteration, several iterations at equal total steps)."""
 
@@ -94,6 +97,10 @@ def one(method: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         else:
             begin_iteration(run, models, state, 1, None)
             train(run, models, state, 0, p.steps)
+        if state.stopped:  # the guard's stop: the restored policy is the run's, at every later evaluation too
+            keep(args.steps, models.generator)
+            for k in range(0, args.steps, args.heldout_every):
+                correct.setdefault(str(k), correct[str(args.steps)])
     finally:
         close(run, models, state)
     rm_ups = [{"iteration": it["iteration"], **{f"{k}_{w}": ((it.get("rm") or {}).get(f"heldout_{w}_update") or {}).get(k)
@@ -102,7 +109,7 @@ def one(method: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return {"method": method, "seed": seed, "steps": [
         {"step": r["step"] + 1, "reward": r["reward_mean"], "rm_raw": r.get("rm_raw_mean"), "rule_accuracy": r["accuracy"],
          "kl": r["kl"], "completion_len": r["completion_len"]} for r in state.history],
-        "heldout": {str(r["step"]): r["heldout_accuracy"] for r in held.records}, "correct": correct,
+        "heldout": {k: sum(v) / len(v) for k, v in correct.items()}, "correct": correct, "stopped": state.stopped,
         "rm_divergence": state.info.get("rm_divergence", []), "rm_updates": rm_ups,
         "wall_s": round(time.perf_counter() - t0, 1), "load": [round(load0, 2), round(os.getloadavg()[0], 2)]}
 
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--project", default=".", help="a finished default run (its SFT model, problems, params.yaml)")
     ap.add_argument("--rm", default="data/models/reward_model", help="the reward model directory (in --project)")
-    ap.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "grpo_os_rm_guard"],
+    ap.add_argument("--methods", nargs="+", default=list(METHODS),
                     choices=list(METHODS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=40)
