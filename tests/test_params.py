@@ -82,11 +82,13 @@ def test_every_field_is_documented_and_defaults_but_what_dvc_yaml_reads() -> Non
 
 def test_the_paper_file_sets_only_data_launch_and_what_dvc_yaml_reads() -> None:
     """The schema's defaults are the paper's values: params/deepseekmath-7b.yaml changes none of them, it names its
-    data (what dvc.yaml reads), its benchmarks, the report's title and how the run is launched."""
+    data (what dvc.yaml reads), its benchmarks, the report's title, how the run is launched and the reward-hacking
+    guards around the paper's learned RM (the paper has none; each is off at its neutral default)."""
     full = yaml.safe_load((ROOT / "params" / "deepseekmath-7b.yaml").read_text())
     full.pop("runtime")
     reads = [k for k, kind in dvc_reads().items() if kind == "value"]
-    allowed = ("evaluate.common.benchmarks", "report.title", "grpo.launcher.", "pretrain.launcher.", "sft.launcher.")
+    allowed = ("evaluate.common.benchmarks", "report.title", "grpo.launcher.", "pretrain.launcher.", "sft.launcher.",
+               "grpo.reward.rm_guards.")
     extra = [k for k, v in _leaves(full).items() if v != {} and not any(k == r or k.startswith(r + ".") for r in reads)
              and not k.startswith(allowed)]
     assert not extra, f"params/deepseekmath-7b.yaml changes paper defaults: {extra}"
@@ -94,9 +96,10 @@ def test_the_paper_file_sets_only_data_launch_and_what_dvc_yaml_reads() -> None:
 
 FULL_FILES_OF = "a75a2a3"
 """The commit whose params files spelled out every value (before issue 44)."""
-CHANGED_SINCE = {"params.yaml": {"evaluate.common.num_threads": 0, "reward_model.num_threads": 0}}
-"""Values changed on purpose since :data:`FULL_FILES_OF`: evaluation and the reward model on every core (issue 42; the
-same bytes at any thread count)."""
+CHANGED_SINCE = {"params.yaml": {"evaluate.common.num_threads": 0, "reward_model.num_threads": 0},
+                 "params/deepseekmath-7b.yaml": {"grpo.reward.rm_guards.divergence.action": "stop"}}
+"""Values changed on purpose since :data:`FULL_FILES_OF`: evaluation and the reward model on every core (the same
+bytes at any thread count); the 7B run's learned RM guarded by the divergence guard's stop (issue 48)."""
 
 
 @pytest.mark.parametrize("name", ["params.yaml", "params/deepseekmath-7b.yaml", "params/qwen2.5-0.5b-gsm8k.yaml"])
@@ -111,7 +114,7 @@ def test_each_file_resolves_to_its_full_version_value_for_value(name: str) -> No
         *parents, leaf = key.split(".")
         node = full
         for part in parents:
-            node = node[part]
+            node = node.setdefault(part, {})
         node[leaf] = value
     got = resolve(load_params(ROOT / name))
     old, new = _leaves(full), _leaves(got)
