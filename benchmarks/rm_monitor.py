@@ -117,6 +117,7 @@ def one(method: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
 def run_all(args: argparse.Namespace, work: Path) -> None:
     """Every (method, seed) without a result in ``work``, ``--jobs`` child processes at a time."""
     todo = [(m, s) for m in args.methods for s in args.seeds if not (work / f"{m}-s{s}.json").exists()]
+    todo = todo if args.jobs > 0 else []  # --jobs 0: collect what finished
     live: list[tuple[subprocess.Popen[bytes], str]] = []
     while todo or live:
         while todo and len(live) < args.jobs:
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-every", type=int, default=10)
     ap.add_argument("--heldout-limit", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (0: run nothing, collect the finished runs)")
     ap.add_argument("--work", default=None, help="one JSON per finished run (default: WORK beside --out)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--iterative-out", default=None, metavar="JSON", help="also write paper Figure 6 to this file")
