@@ -526,7 +526,7 @@ def rm_monitor(ds: list[dict], args: str) -> list[str]:
 
     d = ds[0]
     if args == "pairs":
-        return table(["paper's claim", "difference", "95% interval", "p", "holds"], [
+        return table(["claim (the paper's; the guards' last)", "difference", "95% interval", "p", "holds"], [
             [f"{LABELS[q['better']]} > {LABELS[q['worse']]}", f"{q['diff']:+.3f}", f"{q['lo']:+.3f} to {q['hi']:+.3f}",
              fx(q["p_value"], 3), ("yes" if q["holds"] else "no") + (", beyond noise" if q["beyond_noise"] else "")]
             for q in d["pairs"]])
