@@ -136,17 +136,12 @@ def run_all(args: argparse.Namespace, work: Path) -> None:
                 print(f"{time.strftime('%H:%M:%S')} {name}: exit {proc.returncode}", flush=True)
 
 
-def _mean_sd(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
-
-
 def summarize(runs: list[dict[str, Any]], resamples: int = 2000) -> dict[str, Any]:
     """``methods``: per method, in benchmarks/paradigm.py's summary schema (the report draws it), the held-out mean
     and sd at each evaluation all its seeds share, with the last 5 steps' monitor means; ``sft``: the step-0
     accuracy (the same model in every run); ``pairs``: the paired bootstrap of every pair in :data:`PAIRS` with runs
     on both sides (``sft``: the step-0 evaluation); ``comparison``: Figure 5's chain as paradigm.py compares it."""
-    from benchmarks.paradigm import PAPER_ORDER_RM, compare_with_paper
+    from benchmarks.paradigm import PAPER_ORDER_RM, _mean_sd, compare_with_paper
     from stages.core.stats import paired_bootstrap
 
     by: dict[str, list[dict[str, Any]]] = {}
@@ -190,6 +185,8 @@ def figure6(runs: list[dict[str, Any]], summ: dict[str, Any], steps: int) -> dic
     ``accuracy_per_iteration`` and ``sft_accuracy``; results_pages' ``iterations`` the ``summary``): per run of
     :data:`FIGURE6` the held-out accuracy after each iteration's steps, mean +- sd per method, and the final
     difference with its paired bootstrap; None without runs of both."""
+    from benchmarks.paradigm import _mean_sd
+
     one, many = FIGURE6
     k = int(METHODS[many]["iterative.iterations"])
     m_steps = steps // k
