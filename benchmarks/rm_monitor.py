@@ -126,8 +126,9 @@ def run_all(args: argparse.Namespace, work: Path) -> None:
                    "--rm", str(Path(args.project, args.rm).resolve()), "--steps", str(args.steps), "--threads", str(args.threads),
                    "--heldout-every", str(args.heldout_every), "--heldout-limit", str(args.heldout_limit)]
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            log = open(work / f"{m}-s{s}.log", "wb")  # noqa: SIM115 - closed with the child
-            live.append((subprocess.Popen(cmd, cwd=args.project, env=env, stdout=log, stderr=subprocess.STDOUT), f"{m}-s{s}"))
+            with open(work / f"{m}-s{s}.log", "wb") as log:  # the child writes through its own copy of the fd
+                live.append((subprocess.Popen(cmd, cwd=args.project, env=env, stdout=log, stderr=subprocess.STDOUT),
+                             f"{m}-s{s}"))
             print(f"{time.strftime('%H:%M:%S')} start {m} seed {s} (load {os.getloadavg()[0]:.2f})", flush=True)
         time.sleep(5)
         for proc, name in list(live):

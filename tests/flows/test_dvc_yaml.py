@@ -166,11 +166,12 @@ def test_a_default_reruns_the_stages_that_read_it() -> None:
     whose section reads it, and of no other (but :data:`IMPORTS_WITHOUT_READING`): editing a default re-runs exactly
     its readers. tests/flows/test_dvc_repro.py checks it with DVC itself."""
     readers: dict[str, set[str]] = {}
-    for name in _stages():
+    stage_deps = {name: set(code_deps(name)) for name in _stages()}
+    for name in stage_deps:
         for mod in _schema_modules(Params.model_fields[name].annotation, set()):
             readers.setdefault(mod, set()).add(name)
     for mod in sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "stages" / "schema").glob("*.py")):
-        deps = {name for name in _stages() if mod in code_deps(name)}
+        deps = {name for name, files in stage_deps.items() if mod in files}
         if mod == "stages/schema/__init__.py":
             continue
         assert readers.get(mod, set()) <= deps, f"{mod}: read by {readers[mod] - deps} without being a code dep"
