@@ -320,6 +320,8 @@ def save_adapter(
     cfg = copy.deepcopy(model.peft_config[ADAPTER])
     cfg.base_model_name_or_path = str(base)
     cfg.inference_mode = True
+    if isinstance(cfg.target_modules, (set, frozenset)):  # peft writes a set in the hash seed's order: sorted instead
+        cfg.target_modules = sorted(cfg.target_modules)
     cfg.save_pretrained(str(path))
     save_file(
         adapter_state_dict(model) if state is None else state,

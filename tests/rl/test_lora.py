@@ -217,3 +217,34 @@ def test_bad_lora_params_are_one_line_errors(project) -> None:
     model, tok, rows = _load()
     with pytest.raises(PipelineError, match="grpo.lora.target_modules"):
         fit(tiny_params(lora={**LORA, "target_modules": ["no_such_proj"]}), model, tok, rows=rows, ckpt_dir=None)
+
+
+_SAVE_CHILD = """
+import sys
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from stages.rl import lora
+from stages.schema.grpo_lora import GrpoLoraParams
+cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+model = lora.attach(LlamaForCausalLM(cfg), GrpoLoraParams(enabled=True, target_modules=sys.argv[2].split(",")), 0)
+lora.save_adapter(model, sys.argv[1], "base")
+"""
+
+
+def test_the_saved_adapter_config_is_the_same_bytes_under_any_hash_seed(tmp_path) -> None:
+    """peft keeps ``target_modules`` in a set, which it writes in the process's string-hash order: save_adapter sorts
+    them, so two runs of one LoRA config write the same ``adapter_config.json`` (DVC sees no change)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    targets = "q_proj,k_proj,v_proj,o_proj,up_proj,gate_proj,down_proj"
+    got = []
+    for seed in ("1", "2", "3"):
+        out = tmp_path / seed
+        subprocess.run([sys.executable, "-c", _SAVE_CHILD, str(out), targets], check=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PYTHONHASHSEED": seed})
+        got.append((out / "adapter_config.json").read_bytes())
+    assert got[0] == got[1] == got[2]
+    assert json.loads(got[0])["target_modules"] == sorted(targets.split(","))
